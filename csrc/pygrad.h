@@ -1,0 +1,43 @@
+/* pygrad's C core: the one public header. cffi reads exactly this file (build.py), so it holds only
+   declarations cffi can parse: no #include, no macros beyond integer constants. */
+
+/* error codes: every function returns >= 0 on success or one of these */
+#define PG_ERR_NOMEM -1
+#define PG_ERR_BADID -2
+#define PG_ERR_ARG_GONE -3
+#define PG_ERR_ARG -4
+
+typedef struct pg_store pg_store;
+
+/* an array of node ids the core allocated; free with pg_ids_free */
+typedef struct pg_ids { int32_t *ids; int64_t n; } pg_ids;
+
+/* what a node holds besides its sources */
+typedef struct pg_info { int32_t op, dtype, nsrc, arg, tag, meta, pdata; } pg_info;
+
+/* ---- store.c: hash-consed nodes and their lifetime ---- */
+pg_store *pg_store_new(void);
+void pg_store_delete(pg_store *st);
+int32_t pg_store_make(pg_store *st, int32_t op, int32_t dtype, const int32_t *src, int32_t nsrc, int32_t arg,
+                      int32_t tag, int32_t meta);
+int32_t pg_store_make0(pg_store *st, int32_t op, int32_t dtype, int32_t arg, int32_t tag, int32_t meta);
+int32_t pg_store_make1(pg_store *st, int32_t op, int32_t dtype, int32_t s0, int32_t arg, int32_t tag, int32_t meta);
+int32_t pg_store_make2(pg_store *st, int32_t op, int32_t dtype, int32_t s0, int32_t s1, int32_t arg, int32_t tag,
+                       int32_t meta);
+int32_t pg_store_make3(pg_store *st, int32_t op, int32_t dtype, int32_t s0, int32_t s1, int32_t s2, int32_t arg,
+                       int32_t tag, int32_t meta);
+int pg_store_incref(pg_store *st, int32_t id);
+int pg_store_decref(pg_store *st, int32_t id);
+int pg_store_info(pg_store *st, int32_t id, pg_info *out);
+int32_t pg_store_src(pg_store *st, int32_t id, int32_t *out, int32_t cap);
+int pg_store_set_pdata(pg_store *st, int32_t id, int32_t pdata);
+int64_t pg_store_live(pg_store *st);
+int pg_store_arg_register(pg_store *st, int32_t aid);
+int64_t pg_store_arg_drain(pg_store *st, int32_t *out, int64_t cap);
+
+/* ---- walk.c: whole-graph walks ---- */
+void pg_ids_free(pg_ids *ids);
+int pg_walk_toposort(pg_store *st, const int32_t *roots, int32_t nroots, int32_t enter_calls, const int32_t *stop,
+                     int32_t nstop, pg_ids **out);
+int pg_walk_deepwalk(pg_store *st, int32_t root, const int32_t *targets, int32_t ntargets, pg_ids **walk,
+                     pg_ids **path);

@@ -1,0 +1,31 @@
+"""pygrad: a hash-consed tensor IR with symbolic gradients built by pattern-matched rules, on a C core (cffi) or an
+identical pure-Python core, and a vectorized C interpreter that runs any graph on the CPU."""
+from .ops import Ops, GroupOp
+from .dtype import DType, dtypes
+from .uop import UOp, Walk, CallInfo, Metadata, metadata, live_nodes, core_name
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+  # the rule, gradient and engine layers load on first use, keeping `import pygrad` light
+  if name in ("UPat", "PatternMatcher"):
+    from . import upat
+    return getattr(upat, name)
+  if name == "graph_rewrite":
+    from .rewrite import graph_rewrite
+    return graph_rewrite
+  if name == "compute_gradient":
+    from .gradient import compute_gradient
+    return compute_gradient
+  if name in ("evaluate", "compile"):
+    from . import engine
+    return getattr(engine, name)
+  if name in ("gradient", "engine", "simplify", "rewrite", "upat"):
+    import importlib
+    return importlib.import_module(f".{name}", __name__)
+  raise AttributeError(f"module 'pygrad' has no attribute {name!r}")
+
+
+__all__ = ["Ops", "GroupOp", "DType", "dtypes", "UOp", "Walk", "CallInfo", "Metadata", "metadata", "live_nodes",
+           "core_name", "UPat", "PatternMatcher", "graph_rewrite", "compute_gradient", "evaluate", "compile"]

@@ -1,0 +1,150 @@
+"""The pure-Python core: the same node store and walks as csrc/, in Python. It is the reference for the C core:
+same ids-in, ids-out interface, same identity rules, same walk orders."""
+from __future__ import annotations
+from ..ops import Ops
+
+_CALLS = (int(Ops.FUNCTION), int(Ops.CALL))
+_DETACH = int(Ops.DETACH)
+
+
+class ArgGone(Exception):
+  """An interned arg id was released between its lookup and its use; the caller interns it again."""
+
+
+class PyCore:
+  """Hash-consed nodes addressed by integer id. A node holds op, dtype, sources, arg id, tag id, meta id (interned
+  shape/device) and a pdata id (side data such as metadata). Ids > 0 of args, tags and pdata are counted: when the
+  last node naming one is freed it is queued, and `arg_drain` hands it back to the interner."""
+  name = "python"
+
+  def __init__(self):
+    self._table: dict[tuple, int] = {}
+    self._key: list = []
+    self._rc: list[int] = []
+    self._src: list[tuple[int, ...]] = []
+    self._info: list = []  # (op, dtype, nsrc, arg, tag, meta) per id
+    self._pdata: list[int] = []
+    self._free: list[int] = []
+    self._argrc: list[int] = [0]
+    self._dead: list[int] = []
+    self._live = 0
+
+  # ---- store ----
+  def make(self, op: int, dtype: int, src: tuple[int, ...], arg: int, tag: int, meta: int) -> int:
+    """The node with these fields, with one new reference for the caller."""
+    key = (op, dtype, src, arg, tag)
+    nid = self._table.get(key)
+    if nid is not None:
+      self._rc[nid] += 1
+      return nid
+    argrc = self._argrc
+    if (arg and argrc[arg] < 0) or (tag and argrc[tag] < 0): raise ArgGone()
+    if arg: argrc[arg] += 1
+    if tag: argrc[tag] += 1
+    rc = self._rc
+    for s in src: rc[s] += 1
+    info = (op, dtype, len(src), arg, tag, meta)
+    if self._free:
+      nid = self._free.pop()
+      self._key[nid], rc[nid], self._src[nid], self._info[nid], self._pdata[nid] = key, 1, src, info, 0
+    else:
+      nid = len(rc)
+      self._key.append(key); rc.append(1); self._src.append(src); self._info.append(info); self._pdata.append(0)  # noqa: E702
+    self._table[key] = nid
+    self._live += 1
+    return nid
+
+  def incref(self, nid: int) -> None: self._rc[nid] += 1
+
+  def decref(self, nid: int) -> None:
+    rc = self._rc
+    rc[nid] -= 1
+    if rc[nid]: return
+    stack = [nid]  # freeing is iterative: a 1,000,000-deep chain frees without recursion
+    while stack:
+      n = stack.pop()
+      del self._table[self._key[n]]
+      info = self._info[n]
+      for aid in (info[3], info[4], self._pdata[n]):
+        if aid:
+          self._argrc[aid] -= 1
+          if self._argrc[aid] == 0: self._dead.append(aid)
+      for s in self._src[n]:
+        rc[s] -= 1
+        if rc[s] == 0: stack.append(s)
+      self._key[n], self._src[n], self._info[n], self._pdata[n] = None, (), None, 0
+      self._free.append(n)
+      self._live -= 1
+
+  def info(self, nid: int) -> tuple[int, int, int, int, int, int, int]:
+    """(op, dtype, nsrc, arg, tag, meta, pdata) of a node."""
+    return self._info[nid] + (self._pdata[nid],)
+
+  def src(self, nid: int) -> tuple[int, ...]: return self._src[nid]
+
+  def set_pdata(self, nid: int, pid: int) -> None:
+    old = self._pdata[nid]
+    if pid: self._argrc[pid] += 1
+    self._pdata[nid] = pid
+    if old:
+      self._argrc[old] -= 1
+      if self._argrc[old] == 0: self._dead.append(old)
+
+  def live(self) -> int: return self._live
+
+  def arg_register(self, aid: int) -> None:
+    argrc = self._argrc
+    while len(argrc) <= aid: argrc.append(0)
+    argrc[aid] = 0
+
+  def arg_drain(self) -> list[int]:
+    """Ids whose last user was freed; they are marked gone (a later `make` naming one raises ArgGone)."""
+    out = []
+    for aid in self._dead:
+      if self._argrc[aid] == 0:
+        self._argrc[aid] = -1
+        out.append(aid)
+    self._dead.clear()
+    return out
+
+  # ---- walks ----
+  def toposort(self, roots: list[int], enter_calls: bool = True, stop: list[int] | tuple = ()) -> list[int]:
+    """Sources before users: depth-first, sources left to right, each node after all of its sources. Nodes in
+    `stop` are neither included nor descended into; with enter_calls False the body (src[0]) of FUNCTION and CALL
+    is skipped."""
+    done: dict[int, None] = {}
+    stopset = set(stop)
+    srcs, info = self._src, self._info
+    for root in roots:
+      stack = [(root, False)]
+      while stack:
+        n, visited = stack.pop()
+        if n in done: continue
+        if visited:
+          done[n] = None
+          continue
+        if n in stopset: continue
+        stack.append((n, True))
+        s = srcs[n]
+        if not enter_calls and info[n][0] in _CALLS: s = s[1:]
+        for x in reversed(s): stack.append((x, False))
+    return list(done)
+
+  def deepwalk(self, root: int, targets: list[int]) -> tuple[list[int], list[int]]:
+    """The seeds' `_deepwalk`: nodes with a source that is a target or on a target path are on the path. Returns
+    (walk: the path in toposort order less DETACH nodes, path: every node on the path)."""
+    tset = set(targets)
+    on: dict[int, bool] = {}
+    srcs = self._src
+    walk, path = [], []
+    for n in self.toposort([root]):
+      m = False
+      for s in srcs[n]:
+        if s in tset or on.get(s, False):
+          m = True
+          break
+      on[n] = m
+      if m:
+        path.append(n)
+        if self._info[n][0] != _DETACH: walk.append(n)
+    return walk, path

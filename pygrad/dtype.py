@@ -1,0 +1,73 @@
+"""Scalar types. A DType's `id` is shared with the C core and the VM."""
+from __future__ import annotations
+from dataclasses import dataclass
+import numpy as np
+
+
+@dataclass(frozen=True, eq=False)
+class DType:
+  """A scalar type: `id` (C enum value), `name`, `itemsize` in bytes, numpy name (`np`), kind 'f', 'i', 'u', 'b', 'v'."""
+  id: int
+  name: str
+  itemsize: int
+  np: str
+  kind: str
+
+  def __repr__(self): return f"dtypes.{self.name}"
+  def __reduce__(self): return (_by_name, (self.name,))
+  @property
+  def numpy(self) -> np.dtype:
+    """The numpy dtype that stores this type (bfloat16 is kept as float32 by the numpy evaluator)."""
+    return np.dtype(self.np)
+
+
+def _by_name(name: str) -> DType: return getattr(dtypes, name)
+
+
+class dtypes:
+  """The dtypes of SPEC §2, plus `void` for structural nodes (TUPLE, SINK, FUNCTION, CALL, NOOP)."""
+  bool = DType(0, "bool", 1, "bool", "b")
+  int8 = DType(1, "int8", 1, "int8", "i")
+  int16 = DType(2, "int16", 2, "int16", "i")
+  int32 = DType(3, "int32", 4, "int32", "i")
+  int64 = DType(4, "int64", 8, "int64", "i")
+  uint8 = DType(5, "uint8", 1, "uint8", "u")
+  uint16 = DType(6, "uint16", 2, "uint16", "u")
+  uint32 = DType(7, "uint32", 4, "uint32", "u")
+  uint64 = DType(8, "uint64", 8, "uint64", "u")
+  float16 = DType(9, "float16", 2, "float16", "f")
+  bfloat16 = DType(10, "bfloat16", 2, "float32", "f")
+  float32 = DType(11, "float32", 4, "float32", "f")
+  float64 = DType(12, "float64", 8, "float64", "f")
+  void = DType(13, "void", 0, "void", "v")
+
+  @staticmethod
+  def is_float(d: DType) -> bool: return d.kind == "f"
+  @staticmethod
+  def is_int(d: DType) -> bool: return d.kind in "iu"
+  @staticmethod
+  def is_unsigned(d: DType) -> bool: return d.kind == "u"
+  @staticmethod
+  def is_bool(d: DType) -> bool: return d.kind == "b"
+  @staticmethod
+  def from_numpy(d) -> DType:
+    """The DType of a numpy dtype."""
+    d = np.dtype(d)
+    for t in ALL:
+      if t.np == d.name and t is not dtypes.bfloat16: return t
+    raise TypeError(f"numpy dtype {d} has no pygrad dtype")
+
+
+ALL: tuple[DType, ...] = tuple(v for v in vars(dtypes).values() if isinstance(v, DType))
+BY_ID: tuple[DType, ...] = tuple(sorted(ALL, key=lambda d: d.id))
+VALUE_DTYPES: tuple[DType, ...] = tuple(d for d in BY_ID if d is not dtypes.void)
+
+# promotion order for mixed-dtype method calls (a user of numpy/torch expects the wider/float type to win)
+_RANK = {d: i for i, d in enumerate([dtypes.bool, dtypes.uint8, dtypes.int8, dtypes.uint16, dtypes.int16, dtypes.uint32,
+                                     dtypes.int32, dtypes.uint64, dtypes.int64, dtypes.float16, dtypes.bfloat16,
+                                     dtypes.float32, dtypes.float64])}
+
+
+def promote(a: DType, b: DType) -> DType:
+  """The dtype a binary method computes in when its operands differ."""
+  return a if _RANK[a] >= _RANK[b] else b

@@ -1,0 +1,83 @@
+"""Interning of args, tags and side data into integer ids the cores store. Equality is type-strict and deep:
+`1`, `1.0` and `True` differ, `0.0` and `-0.0` differ, NaN equals NaN."""
+from __future__ import annotations
+import math
+from .core import CORE
+
+_SCALARS = (int, bool, str, bytes, type(None))
+
+
+def argkey(x):
+  """A hashable key equal for two args exactly when they are the same value of the same type, deeply."""
+  t = type(x)
+  if t is float: return (float, "nan") if x != x else (float, x, math.copysign(1.0, x) < 0)
+  if t is tuple: return (tuple, *map(argkey, x))
+  if t is complex: return (complex, argkey(x.real), argkey(x.imag))
+  try:
+    hash(x)
+  except TypeError:
+    raise TypeError(f"arg of type {t.__name__} is not hashable: {x!r}") from None
+  return (t, x)
+
+
+class Interner:
+  """key -> id and id -> object for counted ids (> 0); id 0 is None and is never counted."""
+
+  def __init__(self, core):
+    self.core = core
+    self.ids: dict = {}
+    self.objs: dict[int, object] = {0: None}
+    self.keys: dict[int, object] = {}
+    self.next = 1
+    self.since_drain = 0
+
+  def get(self, x) -> int:
+    if x is None: return 0
+    k = argkey(x)
+    aid = self.ids.get(k)
+    if aid is None: aid = self._new(k, x)
+    return aid
+
+  def _new(self, k, x) -> int:
+    self.since_drain += 1
+    if self.since_drain >= 1024: self.drain()
+    aid = self.next
+    self.next += 1
+    self.core.arg_register(aid)
+    self.ids[k], self.objs[aid], self.keys[aid] = aid, x, k
+    return aid
+
+  def forget(self, aid: int) -> None:
+    """Drops an id that turned out to be gone (a race with drain), so that `get` makes a fresh one."""
+    k = self.keys.pop(aid, None)
+    self.objs.pop(aid, None)
+    if k is not None and self.ids.get(k) == aid: del self.ids[k]
+
+  def drain(self) -> None:
+    self.since_drain = 0
+    for aid in self.core.arg_drain():
+      k = self.keys.pop(aid, None)
+      self.objs.pop(aid, None)
+      if k is not None and self.ids.get(k) == aid: del self.ids[k]
+
+
+ARGS = Interner(CORE)
+
+
+class MetaTable:
+  """Permanent interning of (shape, device) pairs: few distinct ones exist."""
+
+  def __init__(self):
+    self.ids: dict = {}
+    self.vals: list = []
+
+  def get(self, shape, device) -> int:
+    k = (shape, device)
+    mid = self.ids.get(k)
+    if mid is None:
+      mid = self.ids[k] = len(self.vals)
+      self.vals.append(k)
+    return mid
+
+
+META = MetaTable()

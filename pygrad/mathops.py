@@ -1,0 +1,275 @@
+"""The convenience methods of UOp. Each builds graph nodes of the primitive op table; derived ops (exp, log, cos,
+tanh, sigmoid, relu, abs, minimum, mean, softmax, matmul, ...) decompose into primitives. Methods broadcast their
+operands numpy-style (RESHAPE + EXPAND) and turn Python scalars into () constants of the other operand's dtype."""
+from __future__ import annotations
+import math
+from .ops import Ops
+from .dtype import DType, dtypes, promote
+
+UOp = None  # bound by uop.py once the class exists (the two modules need each other)
+_LN2, _INV_LN2 = math.log(2), 1 / math.log(2)
+
+
+def _bind(cls) -> None:
+  global UOp
+  UOp = cls
+
+
+def _axes(ndim: int, axis) -> tuple[int, ...]:
+  if axis is None: return tuple(range(ndim))
+  axs = (axis,) if isinstance(axis, int) else tuple(axis)
+  out = []
+  for a in axs:
+    if not -ndim <= a < max(ndim, 1): raise ValueError(f"axis {a} out of range for {ndim} dims")
+    out.append(a % ndim if ndim else 0)
+  return tuple(sorted(set(out)))
+
+
+def _bshape(a: tuple, b: tuple) -> tuple:
+  n = max(len(a), len(b))
+  a, b = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
+  out = []
+  for x, y in zip(a, b):
+    if x != y and x != 1 and y != 1: raise ValueError(f"shapes {a} and {b} do not broadcast")
+    out.append(y if x == 1 else x)
+  return tuple(out)
+
+
+class MathMixin:
+  __slots__ = ()
+
+  # ---- operand preparation ----
+  def _operand(self, x, dtype: DType | None = None):
+    if type(x) is UOp: return x
+    if isinstance(x, bool) or isinstance(x, (int, float)) or hasattr(x, "item"):
+      return UOp.const(x, dtype if dtype is not None else self.dtype)
+    raise TypeError(f"cannot use a {type(x).__name__} as a UOp operand")
+
+  def broadcast_to(self, shape) -> UOp:
+    """This node expanded numpy-style to `shape`."""
+    shape = tuple(shape)
+    if self.shape == shape: return self
+    if len(self.shape) > len(shape) or _bshape(self.shape, shape) != shape:
+      raise ValueError(f"cannot broadcast {self.shape} to {shape}")
+    x = self if len(self.shape) == len(shape) else self.reshape((1,) * (len(shape) - len(self.shape)) + self.shape)
+    return x.expand(shape)
+
+  def _pair(self, other, reverse: bool = False):
+    a = self
+    if type(other) is not UOp:
+      if isinstance(other, float) and not dtypes.is_float(a.dtype): a = a.cast(dtypes.float32)
+      b = a._operand(other)
+    else:
+      b = other
+      if a.dtype is not b.dtype:
+        d = promote(a.dtype, b.dtype)
+        a, b = a.cast(d), b.cast(d)
+    if a.shape != b.shape and a.shape != () and b.shape != ():
+      s = _bshape(a.shape, b.shape)
+      a, b = a.broadcast_to(s), b.broadcast_to(s)
+    return (b, a) if reverse else (a, b)
+
+  def alu(self, op: Ops, *srcs) -> UOp:
+    """The node `op(self, *srcs)` with srcs taken as they are (no broadcasting or casting)."""
+    return UOp(op, None, (self, *srcs))
+
+  def _bin(self, op: Ops, other, reverse: bool = False) -> UOp:
+    a, b = self._pair(other, reverse)
+    return UOp(op, None, (a, b))
+
+  # ---- arithmetic ----
+  def __add__(self, x): return self._bin(Ops.ADD, x)
+  def __radd__(self, x): return self._bin(Ops.ADD, x, True)
+  def __mul__(self, x): return self._bin(Ops.MUL, x)
+  def __rmul__(self, x): return self._bin(Ops.MUL, x, True)
+  def __sub__(self, x):
+    a, b = self._pair(x)
+    return a + b.neg()
+  def __rsub__(self, x):
+    a, b = self._pair(x, True)
+    return a + b.neg()
+  def __neg__(self): return self.neg()
+  def neg(self) -> UOp:
+    """-x (logical not for bool)."""
+    if self.dtype is dtypes.bool: return self.ne(True)
+    return self * -1
+  def __truediv__(self, x):
+    a, b = self._pair(x)
+    if not dtypes.is_float(a.dtype): a, b = a.cast(dtypes.float32), b.cast(dtypes.float32)
+    return a * b.reciprocal()
+  def __rtruediv__(self, x):
+    a, b = self._pair(x, True)
+    if not dtypes.is_float(a.dtype): a, b = a.cast(dtypes.float32), b.cast(dtypes.float32)
+    return a * b.reciprocal()
+  def __floordiv__(self, x):
+    a, b = self._pair(x)
+    return UOp(Ops.IDIV, None, (a, b)) if dtypes.is_int(a.dtype) else (a / b).floor()
+  def __rfloordiv__(self, x):
+    a, b = self._pair(x, True)
+    return UOp(Ops.IDIV, None, (a, b)) if dtypes.is_int(a.dtype) else (a / b).floor()
+  def __mod__(self, x):
+    a, b = self._pair(x)
+    return UOp(Ops.MOD, None, (a, b)) if dtypes.is_int(a.dtype) else a - b * (a / b).floor()
+  def __pow__(self, x): return self._bin(Ops.POW, x)
+  def __rpow__(self, x): return self._bin(Ops.POW, x, True)
+  def pow(self, x) -> UOp: return self._bin(Ops.POW, x)
+  def __and__(self, x): return self._bin(Ops.AND, x)
+  def __rand__(self, x): return self._bin(Ops.AND, x, True)
+  def __or__(self, x): return self._bin(Ops.OR, x)
+  def __ror__(self, x): return self._bin(Ops.OR, x, True)
+  def __xor__(self, x): return self._bin(Ops.XOR, x)
+  def __rxor__(self, x): return self._bin(Ops.XOR, x, True)
+  def __lshift__(self, x): return self._bin(Ops.SHL, x)
+  def __rshift__(self, x): return self._bin(Ops.SHR, x)
+  def __lt__(self, x): return self._bin(Ops.CMPLT, x)
+  def __gt__(self, x): return self._bin(Ops.CMPLT, x, True)
+  def __le__(self, x): return self._bin(Ops.CMPLT, x, True).ne(True)
+  def __ge__(self, x): return self._bin(Ops.CMPLT, x).ne(True)
+  def eq(self, x) -> UOp: return self._bin(Ops.CMPEQ, x)
+  def ne(self, x) -> UOp: return self._bin(Ops.CMPNE, x)
+  def logical_not(self) -> UOp: return self.ne(True)
+  def maximum(self, x) -> UOp: return self._bin(Ops.MAX, x)
+  def minimum(self, x) -> UOp:
+    a, b = self._pair(x)
+    if dtypes.is_unsigned(a.dtype) or dtypes.is_bool(a.dtype): return (a < b).where(a, b)
+    return -((-a).maximum(-b))
+  def where(self, x, y) -> UOp:
+    """cond.where(x, y): x where self is True, else y."""
+    if type(x) is not UOp and type(y) is UOp: x = y._operand(x)
+    if type(y) is not UOp and type(x) is UOp: y = x._operand(y)
+    if type(x) is not UOp: x, y = UOp.const(x), UOp.const(y)
+    x, y = x._pair(y)
+    c = self
+    shape = x.shape if x.shape != () else c.shape
+    if c.shape != shape and c.shape != () and shape != ():
+      shape = _bshape(c.shape, shape)
+    if c.shape not in ((), shape): c = c.broadcast_to(shape)
+    if x.shape not in ((), shape): x, y = x.broadcast_to(shape), y.broadcast_to(shape)
+    return UOp(Ops.WHERE, None, (c, x, y))
+  def cast(self, dtype: DType) -> UOp: return self if self.dtype is dtype else UOp(Ops.CAST, dtype, (self,))
+  def bitcast(self, dtype: DType) -> UOp: return UOp(Ops.BITCAST, dtype, (self,))
+
+  # ---- unary math ----
+  def reciprocal(self) -> UOp: return UOp(Ops.RECIPROCAL, None, (self,))
+  def sqrt(self) -> UOp: return UOp(Ops.SQRT, None, (self,))
+  def sin(self) -> UOp: return UOp(Ops.SIN, None, (self,))
+  def exp2(self) -> UOp: return UOp(Ops.EXP2, None, (self,))
+  def log2(self) -> UOp: return UOp(Ops.LOG2, None, (self,))
+  def trunc(self) -> UOp: return UOp(Ops.TRUNC, None, (self,))
+  def cos(self) -> UOp: return ((math.pi / 2) - self).sin()
+  def exp(self) -> UOp: return (self * _INV_LN2).exp2()
+  def log(self) -> UOp: return self.log2() * _LN2
+  def floor(self) -> UOp:
+    t = self.trunc()
+    return (self < t).where(t - 1, t)
+  def sign(self) -> UOp: return self.ne(0).where((self < 0).where(self.const_like(-1), self.const_like(1)), self.const_like(0))
+  def abs(self) -> UOp: return self * self.sign()
+  def relu(self) -> UOp: return (self > 0).where(self, 0)
+  def sigmoid(self) -> UOp: return (1 + (-self).exp()).reciprocal()
+  def tanh(self) -> UOp: return 2 * (2 * self).sigmoid() - 1
+  def square(self) -> UOp: return self * self
+
+  # ---- movement ----
+  def reshape(self, *shape) -> UOp:
+    shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+    if -1 in shape:
+      known = math.prod(s for s in shape if s != -1)
+      if shape.count(-1) > 1 or known == 0 or self.numel % known:
+        raise ValueError(f"RESHAPE: cannot infer -1 in {shape} from {self.shape}")
+      shape = tuple(self.numel // known if s == -1 else s for s in shape)
+    return self if shape == self.shape else UOp(Ops.RESHAPE, None, (self,), shape)
+  def expand(self, *shape) -> UOp:
+    shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+    shape = tuple(o if n == -1 else n for o, n in zip(self.shape, shape)) if len(shape) == len(self.shape) else shape
+    return self if shape == self.shape else UOp(Ops.EXPAND, None, (self,), shape)
+  def permute(self, *order) -> UOp:
+    order = tuple(order[0]) if len(order) == 1 and isinstance(order[0], (tuple, list)) else tuple(order)
+    order = tuple(o % max(self.ndim, 1) for o in order)
+    return self if order == tuple(range(self.ndim)) else UOp(Ops.PERMUTE, None, (self,), order)
+  def flip(self, *axes) -> UOp:
+    axes = tuple(axes[0]) if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else tuple(axes)
+    ax = set(_axes(self.ndim, axes))
+    return UOp(Ops.FLIP, None, (self,), tuple(i in ax for i in range(self.ndim)))
+  def pad(self, padding) -> UOp:
+    arg = tuple((0, 0) if p is None else (int(p[0]), int(p[1])) for p in padding)
+    return self if all(p == (0, 0) for p in arg) else UOp(Ops.PAD, None, (self,), arg)
+  def shrink(self, bounds) -> UOp:
+    arg = tuple((0, s) if b is None else (int(b[0]), int(b[1])) for b, s in zip(bounds, self.shape))
+    return self if all(b == (0, s) for b, s in zip(arg, self.shape)) else UOp(Ops.SHRINK, None, (self,), arg)
+  def transpose(self, dim0: int = 1, dim1: int = 0) -> UOp:
+    order = list(range(self.ndim))
+    order[dim0], order[dim1] = order[dim1], order[dim0]
+    return self.permute(order)
+  @property
+  def T(self) -> UOp: return self.transpose()
+
+  # ---- reductions ----
+  def r(self, op: Ops, axes) -> UOp:
+    """REDUCE_AXIS over `axes` (kept as size 1)."""
+    return UOp(Ops.REDUCE_AXIS, None, (self,), (op, tuple(axes)))
+  def _reduce(self, op: Ops, axis, keepdim: bool) -> UOp:
+    axes = _axes(self.ndim, axis)
+    ret = self.r(op, axes) if axes else self
+    return ret if keepdim else ret.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+  def sum(self, axis=None, keepdim: bool = False) -> UOp: return self._reduce(Ops.ADD, axis, keepdim)
+  def prod(self, axis=None, keepdim: bool = False) -> UOp: return self._reduce(Ops.MUL, axis, keepdim)
+  def max(self, axis=None, keepdim: bool = False) -> UOp: return self._reduce(Ops.MAX, axis, keepdim)
+  def min(self, axis=None, keepdim: bool = False) -> UOp:
+    if dtypes.is_unsigned(self.dtype) or dtypes.is_bool(self.dtype):
+      raise TypeError(f"min: not defined here for {self.dtype.name}")
+    return -((-self).max(axis, keepdim))
+  def mean(self, axis=None, keepdim: bool = False) -> UOp:
+    x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.float32)
+    n = math.prod(self.shape[a] for a in _axes(self.ndim, axis))
+    return x.sum(axis, keepdim) * (1.0 / n if n else math.nan)
+  def softmax(self, axis: int = -1) -> UOp:
+    m = self - self.max(axis, keepdim=True)
+    e = m.exp()
+    return e / e.sum(axis, keepdim=True)
+  def log_softmax(self, axis: int = -1) -> UOp:
+    m = self - self.max(axis, keepdim=True)
+    return m - m.exp().sum(axis, keepdim=True).log()
+
+  # ---- matmul ----
+  def matmul(self, w) -> UOp:
+    """self @ w as reshape/expand/mul/sum over the contracted axis."""
+    x = self
+    if x.ndim == 0 or w.ndim == 0: raise ValueError(f"matmul: operands must be at least 1-D, got {x.shape} @ {w.shape}")
+    x1, w1 = x.ndim == 1, w.ndim == 1
+    if x1: x = x.reshape((1, x.shape[0]))
+    if w1: w = w.reshape((w.shape[0], 1))
+    if x.shape[-1] != w.shape[-2]: raise ValueError(f"matmul: contracted dims differ in {self.shape} @ {w.shape}")
+    n, k, m = x.shape[-2], x.shape[-1], w.shape[-1]
+    batch = _bshape(x.shape[:-2], w.shape[:-2])
+    xe = x.reshape(x.shape[:-1] + (1, k)).broadcast_to(batch + (n, m, k))
+    wt = w.transpose(-1, -2)
+    we = wt.reshape(wt.shape[:-2] + (1, m, k)).broadcast_to(batch + (n, m, k))
+    out = (xe * we).sum(-1)
+    if x1: out = out.reshape(out.shape[:-2] + (m,))
+    if w1: out = out.reshape(out.shape[:-1])
+    return out
+  def __matmul__(self, w): return self.matmul(w)
+  def __rmatmul__(self, x): return x.matmul(self)
+
+  # ---- identities and devices ----
+  def contiguous(self) -> UOp: return UOp(Ops.CONTIGUOUS, None, (self,))
+  def contiguous_backward(self) -> UOp: return UOp(Ops.CONTIGUOUS_BACKWARD, None, (self,))
+  def detach(self) -> UOp: return UOp(Ops.DETACH, None, (self,))
+  def copy_to_device(self, device) -> UOp:
+    """A copy on another device; a tuple of devices gives a replicated MULTI."""
+    if isinstance(device, tuple): return self.shard(device, None)
+    return UOp(Ops.COPY, None, (self,), device)
+  def shard(self, devices, axis: int | None = None) -> UOp:
+    """This tensor split along `axis` (or replicated, axis None) over `devices`, as a MULTI."""
+    devices = tuple(devices)
+    if not devices: raise ValueError("shard: needs at least one device")
+    if axis is None: return UOp(Ops.MULTI, None, tuple(self.copy_to_device(d) for d in devices), None)
+    axis = axis % self.ndim
+    size = self.shape[axis]
+    if size % len(devices): raise ValueError(f"shard: axis {axis} of size {size} does not split over {len(devices)} devices")
+    step = size // len(devices)
+    pieces = []
+    for i, d in enumerate(devices):
+      b = tuple((i * step, (i + 1) * step) if j == axis else (0, s) for j, s in enumerate(self.shape))
+      pieces.append(UOp(Ops.SHRINK, None, (self,), b).copy_to_device(d))
+    return UOp(Ops.MULTI, None, tuple(pieces), axis)

@@ -1,0 +1,326 @@
+"""UOp: a handle on one hash-consed node of the core. Handles are made lazily (a node made inside a core pass has
+no Python object until Python asks for it), unique per node while alive (so `is` is node identity), and each owns
+one core reference, dropped when the handle dies."""
+from __future__ import annotations
+import itertools, weakref, contextlib, traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+from .ops import Ops
+from .dtype import DType, dtypes, BY_ID
+from .core import CORE, ArgGone
+from .intern import ARGS, META
+from .shapes import INFER
+from .mathops import MathMixin
+
+_handles: dict[int, weakref.ref] = {}
+_core_make, _core_decref, _core_incref, _core_info = CORE.make, CORE.decref, CORE.incref, CORE.info
+_args_get, _args_objs, _meta_get, _meta_vals = ARGS.get, ARGS.objs, META.get, META.vals
+_OPS = tuple(Ops)
+_uids = itertools.count()
+
+
+@dataclass(frozen=True)
+class CallInfo:
+  """The arg of FUNCTION and CALL: a custom gradient, a name, precompile flags, and (CALL) the kernel's `fxn`."""
+  grad_fxn: Callable | None = None
+  name: str | None = None
+  precompile: bool = False
+  precompile_backward: bool = False
+  fxn: Callable | None = None
+
+
+@dataclass(frozen=True)
+class Metadata:
+  """Where a node came from: `name` given to `pygrad.metadata`, the `caller` line, and whether it is `backward`."""
+  name: str
+  caller: str = ""
+  backward: bool = False
+
+
+_md_current: tuple[Metadata, ...] | None = None
+
+
+@contextlib.contextmanager
+def metadata(name: str, caller: str | None = None):
+  """Attach Metadata(name, caller) to every node made inside the block that has none yet."""
+  global _md_current
+  if caller is None:
+    fr = traceback.extract_stack(limit=3)[0]
+    caller = f"{fr.filename}:{fr.lineno}"
+  prev, _md_current = _md_current, (Metadata(name, caller),)
+  try:
+    yield
+  finally:
+    _md_current = prev
+
+
+def _make(op: Ops, dtype: DType, src: tuple, arg, tag, shape, device) -> UOp:
+  """The node with these fields (its shape and device already inferred), as its unique handle."""
+  meta = _meta_get(shape, device)
+  while True:
+    aid = 0 if arg is None else _args_get(arg)
+    tid = 0 if tag is None else _args_get(tag)
+    try:
+      nid = _core_make(op, dtype.id, tuple([s._id for s in src]), aid, tid, meta)
+      break
+    except ArgGone:
+      if aid: ARGS.forget(aid)
+      if tid: ARGS.forget(tid)
+  r = _handles.get(nid)
+  if r is not None:
+    o = r()
+    if o is not None:
+      _core_decref(nid)
+      if _md_current is not None: _attach_metadata(o, _md_current, only_if_none=True)
+      return o
+  o = object.__new__(UOp)
+  o._id, o.op, o.dtype, o.arg, o.tag, o.shape, o.device, o._src = nid, op, dtype, arg, tag, shape, device, None
+  _handles[nid] = weakref.ref(o)
+  if _md_current is not None: _attach_metadata(o, _md_current, only_if_none=True)
+  return o
+
+
+def handle(nid: int) -> UOp:
+  """The handle of a live node id (made now if Python has none)."""
+  r = _handles.get(nid)
+  if r is not None:
+    o = r()
+    if o is not None: return o
+  op, dt, _, aid, tid, mid, _ = _core_info(nid)
+  _core_incref(nid)
+  o = object.__new__(UOp)
+  shape, device = _meta_vals[mid]
+  o._id, o.op, o.dtype, o.arg, o.tag, o.shape, o.device, o._src = \
+    nid, _OPS[op], BY_ID[dt], _args_objs[aid], _args_objs[tid] if tid else None, shape, device, None
+  _handles[nid] = weakref.ref(o)
+  return o
+
+
+def _attach_metadata(u: UOp, md: tuple, only_if_none: bool = False) -> None:
+  cur = u.metadata
+  if only_if_none and cur: return
+  new = cur + tuple(m for m in md if m not in cur)
+  while True:
+    pid = _args_get(new)
+    try:
+      CORE.set_pdata(u._id, pid)
+      return
+    except ArgGone:
+      ARGS.forget(pid)
+
+
+class Walk:
+  """An ordered, read-only set of nodes (a toposort): len, `in`, iteration, reversed and indexing. Python handles
+  are made only for the nodes touched; the walk keeps its roots, and so its nodes, alive."""
+  __slots__ = ("_ids", "_roots", "_set")
+
+  def __init__(self, ids, roots):
+    self._ids, self._roots, self._set = ids, roots, None
+
+  def __len__(self) -> int: return len(self._ids)
+  def __iter__(self) -> Iterator[UOp]: return map(handle, self._ids)
+  def __reversed__(self) -> Iterator[UOp]: return map(handle, reversed(self._ids))
+  def __getitem__(self, i):
+    if isinstance(i, slice): return [handle(n) for n in list(self._ids)[i]]
+    return handle(self._ids[i])
+  def __contains__(self, u) -> bool:
+    if not isinstance(u, UOp): return False
+    if self._set is None: self._set = set(self._ids)
+    return u._id in self._set
+  def __repr__(self): return f"<Walk of {len(self)} nodes>"
+  @property
+  def ids(self):
+    """The node ids in order (a sequence of ints)."""
+    return self._ids
+
+
+class UOp(MathMixin):
+  """A node: `UOp(op, dtype=None, src=(), arg=None, tag=None)` returns *the* node with those fields."""
+  __slots__ = ("_id", "op", "dtype", "arg", "tag", "shape", "device", "_src", "__weakref__")
+
+  def __new__(cls, op: Ops, dtype: DType | None = None, src: tuple = (), arg: Any = None, tag: Any = None) -> UOp:
+    if type(op) is not Ops:
+      if isinstance(op, int) and not isinstance(op, bool) and 0 <= op < len(_OPS): op = _OPS[op]
+      else: raise TypeError(f"UOp: op must be an Ops member, got {op!r}")
+    if type(src) is not tuple: src = tuple(src) if isinstance(src, (list, tuple)) else (src,)
+    for s in src:
+      if type(s) is not UOp: raise TypeError(f"{op.name}: sources must be UOps, got {type(s).__name__}")
+    if dtype is not None and not isinstance(dtype, DType): raise TypeError(f"{op.name}: dtype must be a DType")
+    d, shape, device = INFER[op](op, dtype, src, arg)
+    return _make(op, d, src, arg, tag, shape, device)
+
+  def __del__(self):
+    try:
+      del _handles[self._id]
+      _core_decref(self._id)
+    except Exception:  # interpreter shutdown: the tables may already be gone
+      pass
+
+  def __reduce__(self): raise TypeError("UOp handles are not picklable")
+  def __bool__(self): raise TypeError("a UOp has no truth value: use .where, or compare nodes with `is`")
+  def __repr__(self) -> str: return _repr(self)
+
+  # ---- fields ----
+  @property
+  def src(self) -> tuple[UOp, ...]:
+    s = self._src
+    if s is None: s = self._src = tuple(map(handle, CORE.src(self._id)))
+    return s
+  @property
+  def ndim(self) -> int: return len(self.shape)
+  @property
+  def numel(self) -> int:
+    n = 1
+    for s in self.shape: n *= s
+    return n
+  @property
+  def metadata(self) -> tuple[Metadata, ...]:
+    pid = _core_info(self._id)[6]
+    return _args_objs[pid] if pid else ()
+  @property
+  def axis(self):
+    """The sharded axis of a MULTI node (None: replicated)."""
+    if self.op is not Ops.MULTI: raise ValueError(f"axis: {self.op.name} is not a MULTI node")
+    return self.arg
+  @property
+  def marg(self): return self.arg
+
+  # ---- walks ----
+  def toposort(self, gate: Callable[[UOp], bool] | None = None, enter_calls: bool = True) -> Walk:
+    """Sources before users, depth-first, sources left to right. `gate(node)` False stops the walk at that node
+    (it is not included); with enter_calls False the body (src[0]) of FUNCTION and CALL is not entered."""
+    if gate is None: return Walk(CORE.toposort([self._id], enter_calls), self)
+    done: dict[int, None] = {}
+    stack = [(self, False)]
+    while stack:
+      n, visited = stack.pop()
+      if n._id in done: continue
+      if visited:
+        done[n._id] = None
+        continue
+      if not gate(n): continue
+      stack.append((n, True))
+      s = n.src if enter_calls or n.op not in (Ops.FUNCTION, Ops.CALL) else n.src[1:]
+      for x in reversed(s): stack.append((x, False))
+    return Walk(list(done), self)
+
+  def substitute(self, mapping: dict[UOp, UOp]) -> UOp:
+    """This graph with every node in `mapping` replaced (and every user of a replaced node rebuilt)."""
+    if not mapping: return self
+    stop = [k._id for k in mapping]
+    rep: dict[int, UOp] = {k._id: v for k, v in mapping.items()}
+    for nid in CORE.toposort([self._id], True, stop):
+      srcs = CORE.src(nid)
+      if not any(s in rep for s in srcs): continue
+      u = handle(nid)
+      rep[nid] = UOp(u.op, u.dtype if u.op in _KEEP_DTYPE else None, tuple(rep.get(s._id, s) for s in u.src), u.arg, u.tag)
+    return rep.get(self._id, self)
+
+  def simplify(self) -> UOp:
+    """This graph with the bundled algebraic rules applied to a fixed point."""
+    from .simplify import simplify
+    return simplify(self)
+
+  # ---- constructors ----
+  @staticmethod
+  def const(value, dtype: DType | None = None) -> UOp:
+    """A scalar constant: shape (), dtype from the value's type (float→float32, int→int32, bool→bool)."""
+    if hasattr(value, "item") and not isinstance(value, UOp): value = value.item()
+    if dtype is None:
+      if type(value) is bool: dtype = dtypes.bool
+      elif type(value) is int: dtype = dtypes.int32
+      elif type(value) is float: dtype = dtypes.float32
+      else: raise TypeError(f"CONST: value must be a bool, int or float, got {type(value).__name__}")
+    return UOp(Ops.CONST, dtype, (), _coerce(value, dtype))
+
+  @staticmethod
+  def placeholder(shape, dtype: DType = dtypes.float32, name: str | None = None, device: str = "CPU") -> UOp:
+    """An input tensor (BUFFER); every call makes a distinct node."""
+    shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+    if not all(type(s) is int for s in shape): raise TypeError(f"BUFFER: shape must be ints, got {shape!r}")
+    return UOp(Ops.BUFFER, dtype, (), (next(_uids), shape, device, name))
+
+  @staticmethod
+  def variable(name: str, vmin, vmax, dtype: DType = dtypes.float32) -> UOp:
+    """A scalar input (DEFINE_VAR) named `name` ranging over [vmin, vmax]."""
+    return UOp(Ops.DEFINE_VAR, dtype, (), (name, vmin, vmax))
+
+  def const_like(self, value) -> UOp:
+    """A constant of this node's dtype and shape (a () CONST broadcast to the shape)."""
+    c = UOp.const(value, self.dtype)
+    return c if not self.shape else c.reshape((1,) * len(self.shape)).expand(self.shape)
+
+  def param_like(self, slot: int) -> UOp:
+    """A PARAM of this node's shape, dtype and device, for function bodies."""
+    return UOp(Ops.PARAM, self.dtype, (), (slot, self.shape, self.device if self.device is not None else "CPU"))
+
+  @staticmethod
+  def maketuple(*srcs: UOp) -> UOp: return UOp(Ops.TUPLE, None, srcs)
+
+  @staticmethod
+  def sink(*srcs: UOp) -> UOp: return UOp(Ops.SINK, None, srcs)
+
+  def gettuple(self, i: int) -> UOp: return UOp(Ops.GETTUPLE, None, (self,), i)
+
+  def call(self, *args: UOp, grad_fxn: Callable | None = None, name: str | None = None, precompile: bool = False,
+           precompile_backward: bool = False) -> UOp:
+    """A FUNCTION with this node (wrapped in a TUPLE unless it is one) as its body over PARAMs, bound to args."""
+    body = self if self.op is Ops.TUPLE else UOp.maketuple(self)
+    info = CallInfo(grad_fxn, name, precompile, precompile_backward)
+    return UOp(Ops.FUNCTION, None, (body, *args), info)
+
+  @staticmethod
+  def custom_kernel(*buffers: UOp, fxn: Callable, grad_fxn: Callable | None = None) -> list[UOp]:
+    """A CALL running `fxn(*arrays)` on writable arrays of the buffers; returns one AFTER node per buffer."""
+    if not callable(fxn): raise TypeError("custom_kernel: fxn must be callable")
+    kernel = UOp.sink(*[b.param_like(i) for i, b in enumerate(buffers)])
+    k = UOp(Ops.CALL, None, (kernel, *buffers), CallInfo(grad_fxn, getattr(fxn, "__name__", None), fxn=fxn))
+    return [UOp(Ops.AFTER, None, (b, k)) for b in buffers]
+
+  # ---- gradients ----
+  def gradient(self, *targets: UOp, gradient: UOp | None = None) -> list[UOp]:
+    """d(self)/d(target) for each target; self must be scalar unless `gradient` (the incoming grad) is given."""
+    from .gradient import gradient as _gradient
+    return _gradient(self, targets, gradient)
+
+
+_KEEP_DTYPE = frozenset({Ops.CAST, Ops.BITCAST, Ops.CONST, Ops.DEFINE_VAR, Ops.BUFFER, Ops.PARAM})
+
+
+def _coerce(value, dtype: DType):
+  if dtypes.is_float(dtype): return float(value)
+  if dtypes.is_bool(dtype): return bool(value)
+  if dtypes.is_int(dtype):
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+      raise ValueError(f"CONST: {value} has no {dtype.name} value")
+    v = int(value)
+    lo, hi = (0, 2 ** (8 * dtype.itemsize) - 1) if dtypes.is_unsigned(dtype) else \
+      (-2 ** (8 * dtype.itemsize - 1), 2 ** (8 * dtype.itemsize - 1) - 1)
+    if not lo <= v <= hi: raise ValueError(f"CONST: {v} out of range for {dtype.name}")
+    return v
+  raise TypeError(f"CONST: dtype {dtype.name} holds no value")
+
+
+def _repr(u: UOp, depth: int = 3) -> str:
+  """A bounded rendering (never recursing on graph depth): nodes below `depth` levels show as `...`."""
+  def one(n: UOp, d: int) -> str:
+    head = f"UOp({n.op!r}, {n.dtype!r}, shape={n.shape}, arg={n.arg!r}"
+    if not n.src: return head + ")"
+    if d == 0: return head + f", src=(...{len(n.src)}))"
+    return head + ", src=(" + ", ".join(one(s, d - 1) for s in n.src[:4]) + (", ..." if len(n.src) > 4 else "") + "))"
+  return one(u, depth)
+
+
+def live_nodes() -> int:
+  """How many nodes the core holds now."""
+  return CORE.live()
+
+
+def core_name() -> str:
+  """'c' or 'python': the core this process runs."""
+  return CORE.name
+
+
+from . import mathops as _mathops  # noqa: E402
+_mathops._bind(UOp)
+__all__ = ["UOp", "Walk", "CallInfo", "Metadata", "metadata", "handle", "live_nodes", "core_name"]
