@@ -38,6 +38,7 @@ class Metadata:
 
 
 _md_current: tuple[Metadata, ...] | None = None
+_md_count = 0  # how many times metadata was attached: 0 lets the gradient skip metadata work entirely
 
 
 @contextlib.contextmanager
@@ -97,6 +98,8 @@ def handle(nid: int) -> UOp:
 
 
 def _attach_metadata(u: UOp, md: tuple, only_if_none: bool = False) -> None:
+  global _md_count
+  _md_count += 1
   cur = u.metadata
   if only_if_none and cur: return
   new = cur + tuple(m for m in md if m not in cur)
@@ -213,7 +216,7 @@ class UOp(MathMixin):
       srcs = CORE.src(nid)
       if not any(s in rep for s in srcs): continue
       u = handle(nid)
-      rep[nid] = UOp(u.op, u.dtype if u.op in _KEEP_DTYPE else None, tuple(rep.get(s._id, s) for s in u.src), u.arg, u.tag)
+      rep[nid] = rebuild(u, tuple(rep.get(s._id, s) for s in u.src))
     return rep.get(self._id, self)
 
   def simplify(self) -> UOp:
@@ -287,6 +290,11 @@ class UOp(MathMixin):
 _KEEP_DTYPE = frozenset({Ops.CAST, Ops.BITCAST, Ops.CONST, Ops.DEFINE_VAR, Ops.BUFFER, Ops.PARAM})
 
 
+def rebuild(u: UOp, src: tuple) -> UOp:
+  """u with new sources (its dtype inferred again unless the op fixes it)."""
+  return UOp(u.op, u.dtype if u.op in _KEEP_DTYPE else None, src, u.arg, u.tag)
+
+
 def _coerce(value, dtype: DType):
   if dtypes.is_float(dtype): return float(value)
   if dtypes.is_bool(dtype): return bool(value)
@@ -323,4 +331,4 @@ def core_name() -> str:
 
 from . import mathops as _mathops  # noqa: E402
 _mathops._bind(UOp)
-__all__ = ["UOp", "Walk", "CallInfo", "Metadata", "metadata", "handle", "live_nodes", "core_name"]
+__all__ = ["UOp", "Walk", "CallInfo", "Metadata", "metadata", "handle", "rebuild", "live_nodes", "core_name"]

@@ -1,0 +1,209 @@
+"""Reverse-mode gradients as graph rewrites: `pm_gradient` holds one rule per op (the rule gets the incoming
+gradient as ctx and returns one gradient per source, None where none flows), and `compute_gradient` walks the
+target path from the root down, accumulating. FUNCTION/CALL nodes are differentiated by `call_gradient`."""
+from __future__ import annotations
+import math, dataclasses
+from .ops import Ops
+from .dtype import dtypes
+from .upat import UPat, PatternMatcher
+from .uop import UOp, handle
+from .core import CORE
+from . import uop as _uop
+
+_LN2 = math.log(2)
+
+
+def _argsort(x) -> tuple[int, ...]: return tuple(sorted(range(len(x)), key=x.__getitem__))
+
+
+def _to_input(x: UOp, ret: UOp) -> UOp:
+  """A reduced-shape gradient expanded back over the reduce's input."""
+  return x.expand(ret.src[0].shape)
+
+
+def reduce_gradient(ctx: UOp, ret: UOp) -> tuple[UOp]:
+  op, axes = ret.arg
+  x = ret.src[0]
+  if op is Ops.ADD: return (_to_input(ctx, ret),)
+  if op is Ops.MAX:
+    # ties share the gradient evenly
+    mask = x.eq(_to_input(ret, ret)).cast(ctx.dtype)
+    count = mask.r(Ops.ADD, axes)
+    return ((mask / _to_input(count, ret)) * _to_input(ctx, ret),)
+  # MUL: the product of the other entries, exact where inputs are zero (one zero: only it gets a gradient)
+  zero = x.eq(0)
+  nzeros = zero.cast(x.dtype).r(Ops.ADD, axes)
+  safe = zero.where(x.const_like(1), x)
+  pnz = _to_input(safe.r(Ops.MUL, axes), ret)
+  one_zero = _to_input(nzeros.eq(1), ret)
+  other = (zero & one_zero).where(pnz, x.const_like(0))
+  return (_to_input(ctx, ret) * _to_input(nzeros.eq(0), ret).where(pnz / safe, other),)
+
+
+def _after_gradient(ctx: UOp, ret: UOp) -> tuple[UOp, UOp]:
+  buf, k = ret.src
+  i = k.src[1:].index(buf)
+  noop = UOp(Ops.NOOP)
+  return (ctx, UOp.maketuple(*(ctx if j == i else noop for j in range(len(k.src) - 1))))
+
+
+# ctx is the gradient flowing into the matched node
+pm_gradient = PatternMatcher([
+  (UPat(Ops.CAST, name="ret"), lambda ctx, ret: (ctx.cast(ret.src[0].dtype),)),
+  (UPat(Ops.RECIPROCAL, name="ret"), lambda ctx, ret: (-ctx * ret * ret,)),
+  (UPat(Ops.SIN, name="ret"), lambda ctx, ret: ((math.pi / 2 - ret.src[0]).sin() * ctx,)),
+  (UPat(Ops.LOG2, name="ret"), lambda ctx, ret: (ctx / (ret.src[0] * _LN2),)),
+  (UPat(Ops.EXP2, name="ret"), lambda ctx, ret: (ret * ctx * _LN2,)),
+  (UPat(Ops.SQRT, name="ret"), lambda ctx, ret: (ctx / (ret * 2),)),
+  (UPat(Ops.TRUNC), lambda ctx: (ctx.const_like(0),)),
+  (UPat((Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ)), lambda: (None, None)),
+  (UPat(Ops.ADD), lambda ctx: (ctx, ctx)),
+  (UPat(Ops.POW, name="ret", src=(UPat.var("b"), UPat.var("e"))), lambda ctx, ret, b, e:
+    (ctx * (b.eq(0) & e.eq(0)).where(e, e * b.pow(e - 1)),
+     ctx * b.eq(0).where((e < 0).where(ret.const_like(-math.inf), 0), ret * b.log2() * _LN2))),
+  (UPat(Ops.MAX, src=(UPat.var("x"), UPat.var("y"))), lambda ctx, x, y:
+    ((x > y).where(ctx, x.eq(y).where(ctx * 0.5, 0)), (x < y).where(ctx, x.eq(y).where(ctx * 0.5, 0)))),
+  (UPat(Ops.MUL, name="ret"), lambda ctx, ret: (ret.src[1] * ctx, ret.src[0] * ctx)),
+  (UPat(Ops.WHERE, name="ret"), lambda ctx, ret:
+    (None, ret.src[0].where(ctx, ctx.const_like(0)), ret.src[0].where(ctx.const_like(0), ctx))),
+  (UPat(Ops.REDUCE_AXIS, name="ret"), reduce_gradient),
+  (UPat(Ops.CONTIGUOUS), lambda ctx: (ctx,)),
+  (UPat(Ops.CONTIGUOUS_BACKWARD), lambda ctx: (ctx.contiguous(),)),
+  (UPat(Ops.RESHAPE, name="ret"), lambda ctx, ret: (ctx.reshape(ret.src[0].shape),)),
+  (UPat(Ops.EXPAND, name="ret"), lambda ctx, ret:
+    (ctx.r(Ops.ADD, tuple(i for i, (s, n) in enumerate(zip(ret.src[0].shape, ret.shape)) if s != n)),)),
+  (UPat(Ops.PAD, name="ret"), lambda ctx, ret:
+    (ctx.shrink(tuple((p[0], s + p[0]) for s, p in zip(ret.src[0].shape, ret.marg))),)),
+  (UPat(Ops.SHRINK, name="ret"), lambda ctx, ret:
+    (ctx.pad(tuple((p[0], s - p[1]) for s, p in zip(ret.src[0].shape, ret.marg))),)),
+  (UPat(Ops.PERMUTE, name="ret"), lambda ctx, ret: (ctx.permute(_argsort(ret.marg)),)),
+  (UPat(Ops.FLIP, name="ret"), lambda ctx, ret: (ctx.flip(tuple(i for i, f in enumerate(ret.marg) if f)),)),
+  (UPat(Ops.COPY, name="ret"), lambda ctx, ret: (ctx.copy_to_device(ret.src[0].device),)),
+  (UPat(Ops.MULTI, name="ret"), lambda ctx, ret: ctx.shard(ret.device, ret.axis).src),
+  (UPat(Ops.TUPLE), lambda ctx: ctx.src),
+  (UPat(Ops.AFTER, name="ret"), _after_gradient),
+  # there's no gradient through a bitcast
+  (UPat(Ops.BITCAST), lambda: (None,)),
+])
+
+
+def _noop() -> UOp: return UOp(Ops.NOOP)
+
+
+def call_gradient(ctx: UOp, k: UOp, needed: set[int]) -> tuple[UOp | None, ...]:
+  """Gradients of a FUNCTION or CALL for its sources (None for the body). ctx is a TUPLE with one gradient per
+  output (NOOP where an output got none). A grad_fxn gets the gradients, NOOPs dropped, and the call node; else the
+  body is differentiated for the `needed` argument indices into one backward FUNCTION."""
+  args = k.src[1:]
+  grads_in = list(ctx.src) if ctx.op is Ops.TUPLE else [ctx]
+  if k.arg.grad_fxn is not None:
+    ret = k.arg.grad_fxn(*[g for g in grads_in if g.op is not Ops.NOOP], call=k)
+    ret = tuple(ret) if isinstance(ret, (tuple, list)) else (ret,)
+    if len(ret) != len(args):
+      raise RuntimeError(f"grad_fxn of {k.op.name} {k.arg.name!r} returned {len(ret)} gradients for {len(args)} args")
+    return (None, *ret)
+  if k.op is Ops.CALL:
+    raise RuntimeError(f"failed to compute gradient for CALL {k.arg.name!r}: a CALL needs a grad_fxn")
+  body = k.src[0]
+  params = {p.arg[0]: p for p in body.toposort(enter_calls=False) if p.op is Ops.PARAM}
+  n = len(args)
+  gin: list[UOp] = []
+  root = []
+  for g in grads_in:
+    if g.op is Ops.NOOP: root.append(g)
+    else:
+      root.append(g.param_like(n + len(gin)))
+      gin.append(g)
+  targets = {params[i] for i in needed if i in params}
+  grads = compute_gradient(body, UOp.maketuple(*root), targets)
+  outs = [(i, grads[params[i]]) for i in sorted(needed) if i in params and params[i] in grads]
+  ret: list[UOp | None] = [None] * (n + 1)
+  if not outs: return tuple(ret)
+  bwd_body = UOp.maketuple(*(g for _, g in outs))
+  bwd_args = list(args) + gin
+  if k.arg.precompile:
+    # reuse the forward's outputs: each one the backward needs becomes a parameter bound to it
+    inside = bwd_body.toposort(enter_calls=False)
+    reuse = {}
+    for j, o in enumerate(body.src):
+      if o.op not in (Ops.PARAM, Ops.CONST, Ops.NOOP) and o in inside and o not in reuse:
+        reuse[o] = o.param_like(len(bwd_args))
+        bwd_args.append(k.gettuple(j))
+    bwd_body = bwd_body.substitute(reuse)
+  # compact the parameters: keep those the backward uses, renumbered in order
+  bparams = {p.arg[0]: p for p in bwd_body.toposort(enter_calls=False) if p.op is Ops.PARAM}
+  used = sorted(bparams)
+  renum = {bparams[old]: UOp(Ops.PARAM, bparams[old].dtype, (), (new, *bparams[old].arg[1:]))
+           for new, old in enumerate(used) if new != old}
+  bwd_body = bwd_body.substitute(renum)
+  bwd = bwd_body.call(*(bwd_args[i] for i in used), name=(k.arg.name or "") + "_backward",
+                      precompile=k.arg.precompile_backward)
+  for idx, (i, _) in enumerate(outs): ret[1 + i] = bwd.gettuple(idx)
+  return tuple(ret)
+
+
+def _accumulate(prev: UOp | None, v: UOp, k: UOp) -> UOp:
+  if k.shape == () and v.shape != () and v.op is not Ops.TUPLE: v = v.sum()
+  if prev is None or prev.op is Ops.NOOP: return v
+  if v.op is Ops.NOOP: return prev
+  if v.op is Ops.TUPLE and prev.op is Ops.TUPLE:
+    return UOp.maketuple(*(n if p.op is Ops.NOOP else p if n.op is Ops.NOOP else p + n for p, n in zip(prev.src, v.src)))
+  return prev + v
+
+
+def _copy_metadata(t0: UOp, v: UOp, ctx: UOp) -> None:
+  fwd = t0.metadata
+  if not fwd: return
+  bwd = tuple(dataclasses.replace(m, backward=True) for m in fwd)
+  stop = [t0._id, ctx._id, *(s._id for s in t0.src)]
+  for nid in CORE.toposort([v._id], True, stop): _uop._attach_metadata(handle(nid), bwd)
+
+
+def compute_gradient(root: UOp, root_grad: UOp, targets) -> dict[UOp, UOp]:
+  """Reverse-mode gradients of `root` (seeded with `root_grad`) for every node on a path from root to a target
+  (not through DETACH), and for every reached target."""
+  targets = set(targets)
+  walk_ids, path_ids = CORE.deepwalk(root._id, [t._id for t in targets])
+  path: set[int] | None = None
+  grads: dict[UOp, UOp] = {root: root_grad}
+  for nid in reversed(walk_ids):
+    t0 = handle(nid)
+    g0 = grads.get(t0)
+    if g0 is None or g0.op is Ops.NOOP: continue
+    if t0.op is Ops.GETTUPLE:
+      k = t0.src[0]
+      n_out = len(k.src[0].src) if k.op is Ops.FUNCTION else len(k.src)
+      prev = grads[k].src if k in grads else tuple(_noop() for _ in range(n_out))
+      i = t0.arg
+      grads[k] = UOp.maketuple(*(g0 if j == i and prev[j].op is Ops.NOOP else prev[j] + g0 if j == i else prev[j]
+                                 for j in range(n_out)))
+      continue
+    if t0.op in (Ops.FUNCTION, Ops.CALL):
+      if path is None: path = set(path_ids)
+      needed = {i for i, a in enumerate(t0.src[1:]) if a in targets or a._id in path}
+      lgrads = call_gradient(g0, t0, needed)
+    else:
+      lgrads = pm_gradient.rewrite(t0, ctx=g0)
+    if lgrads is None: raise RuntimeError(f"failed to compute gradient for {t0.op.name}\n\nin {str(t0)[0:1000]}...")
+    if len(lgrads) != len(t0.src):
+      raise RuntimeError(f"gradient rule for {t0.op.name} gave {len(lgrads)} gradients for {len(t0.src)} sources")
+    for k, v in zip(t0.src, lgrads):
+      if v is None: continue
+      grads[k] = _accumulate(grads.get(k), v, k)
+      if _uop._md_count: _copy_metadata(t0, v, g0)
+  return grads
+
+
+def gradient(root: UOp, targets, grad: UOp | None = None) -> list[UOp]:
+  """`root.gradient(*targets, gradient=None)`: d(root)/d(target) per target; zeros for unreached targets."""
+  for t in targets:
+    if type(t) is not UOp: raise TypeError(f"gradient: targets must be UOps, got {type(t).__name__}")
+    if not dtypes.is_float(t.dtype): raise TypeError(f"gradient: target {t.op.name}{t.shape} is {t.dtype.name}, not float")
+  if grad is None:
+    if root.shape != (): raise ValueError(f"gradient: root of shape {root.shape} is not scalar; pass gradient=")
+    if not dtypes.is_float(root.dtype): raise TypeError(f"gradient: root is {root.dtype.name}, not float")
+    grad = root.const_like(1.0)
+  elif grad.shape != root.shape:
+    raise ValueError(f"gradient: gradient of shape {grad.shape} for a root of shape {root.shape}")
+  grads = compute_gradient(root, grad, targets)
+  return [grads[t] if t in grads else t.const_like(0) for t in targets]
