@@ -4,14 +4,17 @@ from __future__ import annotations
 import math
 from .core import CORE
 
-_SCALARS = (int, bool, str, bytes, type(None))
+_INTS = "ints"
 
 
 def argkey(x):
   """A hashable key equal for two args exactly when they are the same value of the same type, deeply."""
   t = type(x)
   if t is float: return (float, "nan") if x != x else (float, x, math.copysign(1.0, x) < 0)
-  if t is tuple: return (tuple, *map(argkey, x))
+  if t is tuple:
+    for e in x:
+      if type(e) is not int: return (tuple, *map(argkey, x))
+    return (_INTS, x)  # the common case, a shape or axes: ints only
   if t is complex: return (complex, argkey(x.real), argkey(x.imag))
   try:
     hash(x)

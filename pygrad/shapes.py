@@ -59,8 +59,11 @@ def _leaf(op, dtype, src, arg):
     raise TypeError(f"{op.name}: arg must be (id, shape, device, ...), got {arg!r}")
   shape = _static_ints(op, arg[1], "shape")
   if any(d < 0 for d in shape): raise ValueError(f"{op.name}: negative dimension in shape {shape}")
-  if type(arg[2]) is not str: raise TypeError(f"{op.name}: device must be a str, got {arg[2]!r}")
-  return dtype, shape, arg[2]
+  dev = arg[2]
+  if not (type(dev) is str or (op is Ops.PARAM and (dev is None or (type(dev) is tuple and
+                                                                    all(type(d) is str for d in dev))))):
+    raise TypeError(f"{op.name}: device must be a str, got {dev!r}")
+  return dtype, shape, dev
 
 
 def _broadcast(op, src):

@@ -255,7 +255,7 @@ class UOp(MathMixin):
 
   def param_like(self, slot: int) -> UOp:
     """A PARAM of this node's shape, dtype and device, for function bodies."""
-    return UOp(Ops.PARAM, self.dtype, (), (slot, self.shape, self.device if self.device is not None else "CPU"))
+    return UOp(Ops.PARAM, self.dtype, (), (slot, self.shape, self.device))
 
   @staticmethod
   def maketuple(*srcs: UOp) -> UOp: return UOp(Ops.TUPLE, None, srcs)
