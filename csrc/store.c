@@ -1,0 +1,430 @@
+/* store.c: hash-consed nodes and their lifetime. The semantics are pygrad/core/pycore.py's PyCore, id for id:
+   same identity rule, same id recycling (LIFO), same freeing order, same arg/tag/pdata counting and drain. */
+#include <stdlib.h>
+#include <string.h>
+#include "store_impl.h"
+
+#define INIT_BUCKETS 1024u
+
+/* one round of the key hash: xor a word in, multiply, fold the high half down */
+static PG_INLINE uint64_t hash_mix(uint64_t h, uint32_t w) {
+  h ^= w;
+  h *= 0xff51afd7ed558ccdull;
+  return h ^ (h >> 32);
+}
+
+/* the hash of a key; meta is not part of the key (it is derived from it) */
+static PG_INLINE uint32_t key_hash(int32_t op, int32_t dtype, const int32_t *src, int32_t nsrc, int32_t arg,
+                                   int32_t tag) {
+  uint64_t h = 0x243f6a8885a308d3ull;
+  int32_t i;
+  h = hash_mix(h, (uint32_t)op ^ ((uint32_t)dtype << 16) ^ ((uint32_t)nsrc << 24));
+  for (i = 0; i < nsrc; i++) h = hash_mix(h, (uint32_t)src[i]);
+  h = hash_mix(h, (uint32_t)arg);
+  h = hash_mix(h, (uint32_t)tag);
+  h *= 0xc4ceb9fe1a85ec53ull;
+  return (uint32_t)(h ^ (h >> 29));
+}
+
+/* whether node n has exactly this key */
+static PG_INLINE int key_equal(const pg_node *n, uint32_t h, int32_t op, int32_t dtype, const int32_t *src,
+                               int32_t nsrc, int32_t arg, int32_t tag) {
+  const int32_t *s;
+  int32_t i;
+  if (n->hash != h || n->op != op || n->dtype != dtype || n->nsrc != nsrc || n->arg != arg || n->tag != tag) return 0;
+  s = pg_node_src(n);
+  for (i = 0; i < nsrc; i++)
+    if (s[i] != src[i]) return 0;
+  return 1;
+}
+
+/* double the bucket array and relink every live node; on allocation failure keep the old (longer chains only) */
+static void table_grow(pg_store *st) {
+  uint32_t nb = (st->mask + 1) * 2, i, id, nx;
+  uint32_t *b;
+  if (nb == 0 || nb > (1u << 31)) return;  /* cannot grow further: chains just get longer */
+  b = (uint32_t *)malloc((size_t)nb * sizeof *b);
+  if (!b) return;
+  memset(b, 0xff, (size_t)nb * sizeof *b);  /* PG_NIL everywhere */
+  for (i = 0; i <= st->mask; i++) {
+    for (id = st->buckets[i]; id != PG_NIL; id = nx) {
+      pg_node *n = pg_node_at(st, id);
+      nx = n->next;
+      n->next = b[n->hash & (nb - 1)];
+      b[n->hash & (nb - 1)] = id;
+    }
+  }
+  free(st->buckets);
+  st->buckets = b;
+  st->mask = nb - 1;
+}
+
+/* unlink id from its bucket chain (it is there: every live node is in the table) */
+static void table_remove(pg_store *st, uint32_t id, pg_node *n) {
+  uint32_t *p = &st->buckets[n->hash & st->mask];
+  while (*p != id) p = &pg_node_at(st, *p)->next;
+  *p = n->next;
+}
+
+/* an empty store; NULL if memory or a mutex cannot be had */
+pg_store *pg_store_new(void) {
+  pg_store *st = (pg_store *)calloc(1, sizeof *st);
+  if (!st) return NULL;
+  st->buckets = (uint32_t *)malloc(INIT_BUCKETS * sizeof *st->buckets);
+  if (!st->buckets || pg_lock_init(&st->lock) != 0) {
+    free(st->buckets);
+    free(st);
+    return NULL;
+  }
+  memset(st->buckets, 0xff, INIT_BUCKETS * sizeof *st->buckets);
+  st->mask = INIT_BUCKETS - 1;
+  st->free_head = PG_NIL;
+  st->epoch = 1;
+  return st;
+}
+
+/* free the store and everything in it; no other thread may use it any more */
+void pg_store_delete(pg_store *st) {
+  uint32_t i;
+  if (!st) return;
+  for (i = 0; i < st->nalloc; i++) {
+    pg_node *n = pg_node_at(st, i);
+    if (n->rc && n->nsrc > PG_INLINE_SRC) free(n->src.ext);
+  }
+  for (i = 0; i < st->npages; i++) free(st->pages[i]);
+  free(st->pages);
+  free(st->buckets);
+  free(st->argrc);
+  free(st->argq);
+  free(st->dead);
+  free(st->scratch);
+  pg_lock_destroy(&st->lock);
+  free(st);
+}
+
+/* make sure the slot for a new id exists (a new page when nalloc crosses a page boundary) */
+static int reserve_slot(pg_store *st) {
+  pg_node *page;
+  if (st->free_head != PG_NIL) return 0;                    /* a recycled id */
+  if (st->nalloc >= PG_MAX_NODES) return PG_ERR_NOMEM;      /* ids are int32 */
+  if ((st->nalloc >> PG_PAGE_BITS) < st->npages) return 0;  /* room in the last page */
+  if (st->npages == st->pagecap) {
+    uint32_t cap = st->pagecap ? st->pagecap * 2 : 16;
+    pg_node **pp = (pg_node **)realloc(st->pages, (size_t)cap * sizeof *pp);
+    if (!pp) return PG_ERR_NOMEM;
+    st->pages = pp;
+    st->pagecap = cap;
+  }
+  page = (pg_node *)malloc(PG_PAGE_SIZE * sizeof *page);
+  if (!page) return PG_ERR_NOMEM;
+  st->pages[st->npages++] = page;
+  return 0;
+}
+
+/* an arg/tag/pdata id lost a user: queue it for arg_drain when its count reaches 0 (at most once at a time) */
+static PG_INLINE void count_release(pg_store *st, int32_t aid) {
+  if (--st->argrc[aid] == 0 && !st->argq[aid]) {
+    st->argq[aid] = 1;
+    st->dead[st->ndead++] = aid;  /* capacity argcap: an id is queued at most once */
+  }
+}
+
+/* whether aid may name an arg: 0 (none) or a registered id */
+static PG_INLINE int arg_ok(const pg_store *st, int32_t aid) { return aid == 0 || (aid > 0 && aid < st->argcap); }
+
+/* make with the lock held: look the key up, else validate, allocate and link a new node */
+int32_t pg_store_make_locked(pg_store *st, int32_t op, int32_t dtype, const int32_t *src, int32_t nsrc, int32_t arg,
+                             int32_t tag, int32_t meta) {
+  uint32_t h, id;
+  int32_t i, *ext = NULL;
+  pg_node *n;
+  int err;
+  if (nsrc < 0 || (nsrc > 0 && !src)) return PG_ERR_BADID;
+  h = key_hash(op, dtype, src, nsrc, arg, tag);
+  for (id = st->buckets[h & st->mask]; id != PG_NIL; id = n->next) {
+    n = pg_node_at(st, id);
+    if (key_equal(n, h, op, dtype, src, nsrc, arg, tag)) {  /* a match implies its sources and args are valid */
+      if (n->rc == UINT32_MAX) return PG_ERR_NOMEM;         /* out of references */
+      n->rc++;
+      return (int32_t)id;
+    }
+  }
+  for (i = 0; i < nsrc; i++) {
+    pg_node *s = pg_node_live(st, src[i]);
+    if (!s) return PG_ERR_BADID;
+    if (s->rc >= UINT32_MAX - (uint32_t)nsrc) return PG_ERR_NOMEM;
+  }
+  if (!arg_ok(st, arg) || !arg_ok(st, tag)) return PG_ERR_ARG;
+  if ((arg && st->argrc[arg] < 0) || (tag && st->argrc[tag] < 0)) return PG_ERR_ARG_GONE;
+  if (nsrc > PG_INLINE_SRC) {
+    ext = (int32_t *)malloc((size_t)nsrc * sizeof *ext);
+    if (!ext) return PG_ERR_NOMEM;
+  }
+  if ((err = reserve_slot(st)) != 0) {
+    free(ext);
+    return err;
+  }
+  /* nothing can fail from here on */
+  if (st->free_head != PG_NIL) {
+    id = st->free_head;
+    n = pg_node_at(st, id);
+    st->free_head = n->mark;
+  } else {
+    id = st->nalloc++;
+    n = pg_node_at(st, id);
+  }
+  if (arg) st->argrc[arg]++;
+  if (tag) st->argrc[tag]++;
+  for (i = 0; i < nsrc; i++) pg_node_at(st, (uint32_t)src[i])->rc++;
+  n->hash = h;
+  n->rc = 1;
+  n->mark = 0;
+  n->op = op;
+  n->dtype = dtype;
+  n->nsrc = nsrc;
+  n->arg = arg;
+  n->tag = tag;
+  n->meta = meta;
+  n->pdata = 0;
+  if (ext) {
+    memcpy(ext, src, (size_t)nsrc * sizeof *ext);
+    n->src.ext = ext;
+  } else {
+    memset(n->src.in, 0, sizeof n->src.in);
+    if (nsrc) memcpy(n->src.in, src, (size_t)nsrc * sizeof *src);
+  }
+  n->next = st->buckets[h & st->mask];
+  st->buckets[h & st->mask] = id;
+  if (++st->live > (int64_t)st->mask + 1) table_grow(st);  /* load factor 1 */
+  return (int32_t)id;
+}
+
+/* the node with these fields, with one new reference for the caller; or a negative error */
+int32_t pg_store_make(pg_store *st, int32_t op, int32_t dtype, const int32_t *src, int32_t nsrc, int32_t arg,
+                      int32_t tag, int32_t meta) {
+  int32_t r;
+  pg_lock_take(&st->lock);
+  r = pg_store_make_locked(st, op, dtype, src, nsrc, arg, tag, meta);
+  pg_lock_drop(&st->lock);
+  return r;
+}
+
+/* make without sources: fixed arity saves Python building an array */
+int32_t pg_store_make0(pg_store *st, int32_t op, int32_t dtype, int32_t arg, int32_t tag, int32_t meta) {
+  return pg_store_make(st, op, dtype, NULL, 0, arg, tag, meta);
+}
+
+/* make with one source */
+int32_t pg_store_make1(pg_store *st, int32_t op, int32_t dtype, int32_t s0, int32_t arg, int32_t tag, int32_t meta) {
+  int32_t s[1];
+  s[0] = s0;
+  return pg_store_make(st, op, dtype, s, 1, arg, tag, meta);
+}
+
+/* make with two sources */
+int32_t pg_store_make2(pg_store *st, int32_t op, int32_t dtype, int32_t s0, int32_t s1, int32_t arg, int32_t tag,
+                       int32_t meta) {
+  int32_t s[2];
+  s[0] = s0;
+  s[1] = s1;
+  return pg_store_make(st, op, dtype, s, 2, arg, tag, meta);
+}
+
+/* make with three sources */
+int32_t pg_store_make3(pg_store *st, int32_t op, int32_t dtype, int32_t s0, int32_t s1, int32_t s2, int32_t arg,
+                       int32_t tag, int32_t meta) {
+  int32_t s[3];
+  s[0] = s0;
+  s[1] = s1;
+  s[2] = s2;
+  return pg_store_make(st, op, dtype, s, 3, arg, tag, meta);
+}
+
+/* one more reference on a live node */
+int pg_store_incref(pg_store *st, int32_t id) {
+  pg_node *n;
+  int r = 0;
+  pg_lock_take(&st->lock);
+  n = pg_node_live(st, id);
+  if (!n) r = PG_ERR_BADID;
+  else if (n->rc == UINT32_MAX) r = PG_ERR_NOMEM;  /* out of references */
+  else n->rc++;
+  pg_lock_drop(&st->lock);
+  return r;
+}
+
+/* decref with the lock held: at 0 free the node and, iteratively, every source it was the last user of */
+int pg_store_decref_locked(pg_store *st, int32_t id) {
+  pg_node *n = pg_node_live(st, id);
+  uint32_t head, cur;
+  if (!n) return PG_ERR_BADID;
+  if (--n->rc) return 0;
+  n->mark = PG_NIL;  /* an intrusive stack through mark: freeing never recurses nor allocates */
+  head = (uint32_t)id;
+  while (head != PG_NIL) {
+    const int32_t *s;
+    int32_t i;
+    cur = head;
+    n = pg_node_at(st, cur);
+    head = n->mark;
+    table_remove(st, cur, n);
+    if (n->arg) count_release(st, n->arg);
+    if (n->tag) count_release(st, n->tag);
+    if (n->pdata) count_release(st, n->pdata);
+    s = pg_node_src(n);
+    for (i = 0; i < n->nsrc; i++) {
+      pg_node *c = pg_node_at(st, (uint32_t)s[i]);
+      if (--c->rc == 0) {  /* last user gone: free it next (PyCore's stack order) */
+        c->mark = head;
+        head = (uint32_t)s[i];
+      }
+    }
+    if (n->nsrc > PG_INLINE_SRC) free(n->src.ext);
+    n->nsrc = 0;
+    n->mark = st->free_head;
+    st->free_head = cur;
+    st->live--;
+  }
+  return 0;
+}
+
+/* drop one reference */
+int pg_store_decref(pg_store *st, int32_t id) {
+  int r;
+  pg_lock_take(&st->lock);
+  r = pg_store_decref_locked(st, id);
+  pg_lock_drop(&st->lock);
+  return r;
+}
+
+/* the fields of a live node */
+int pg_store_info(pg_store *st, int32_t id, pg_info *out) {
+  pg_node *n;
+  int r = 0;
+  pg_lock_take(&st->lock);
+  n = pg_node_live(st, id);
+  if (!n || !out) r = PG_ERR_BADID;
+  else {
+    out->op = n->op;
+    out->dtype = n->dtype;
+    out->nsrc = n->nsrc;
+    out->arg = n->arg;
+    out->tag = n->tag;
+    out->meta = n->meta;
+    out->pdata = n->pdata;
+  }
+  pg_lock_drop(&st->lock);
+  return r;
+}
+
+/* write up to cap sources of a live node to out; returns how many it has (call again if more than cap) */
+int32_t pg_store_src(pg_store *st, int32_t id, int32_t *out, int32_t cap) {
+  pg_node *n;
+  int32_t r;
+  pg_lock_take(&st->lock);
+  n = pg_node_live(st, id);
+  if (!n || cap < 0 || (cap > 0 && !out)) r = PG_ERR_BADID;
+  else {
+    r = n->nsrc;
+    if (r) memcpy(out, pg_node_src(n), (size_t)(r < cap ? r : cap) * sizeof *out);
+  }
+  pg_lock_drop(&st->lock);
+  return r;
+}
+
+/* attach side data (a counted id, 0 for none) to a node, releasing the previous one */
+int pg_store_set_pdata(pg_store *st, int32_t id, int32_t pdata) {
+  pg_node *n;
+  int r = 0;
+  pg_lock_take(&st->lock);
+  n = pg_node_live(st, id);
+  if (!n) r = PG_ERR_BADID;
+  else if (!arg_ok(st, pdata)) r = PG_ERR_ARG;
+  else if (pdata && st->argrc[pdata] < 0) r = PG_ERR_ARG_GONE;  /* drained: the caller interns it again */
+  else {
+    int32_t old = n->pdata;
+    if (pdata) st->argrc[pdata]++;
+    n->pdata = pdata;
+    if (old) count_release(st, old);
+  }
+  pg_lock_drop(&st->lock);
+  return r;
+}
+
+/* how many nodes are live */
+int64_t pg_store_live(pg_store *st) {
+  int64_t r;
+  pg_lock_take(&st->lock);
+  r = st->live;
+  pg_lock_drop(&st->lock);
+  return r;
+}
+
+/* grow the count array (and its queue, so releasing never allocates) to hold ids below need */
+static int args_grow(pg_store *st, int32_t need) {
+  int64_t cap = st->argcap ? st->argcap : 64;
+  int32_t *rc, *dead;
+  uint8_t *q;
+  while (cap < need) cap *= 2;
+  if (cap > INT32_MAX) cap = INT32_MAX;
+  rc = (int32_t *)realloc(st->argrc, (size_t)cap * sizeof *rc);
+  if (!rc) return PG_ERR_NOMEM;
+  st->argrc = rc;
+  q = (uint8_t *)realloc(st->argq, (size_t)cap);
+  if (!q) return PG_ERR_NOMEM;
+  st->argq = q;
+  dead = (int32_t *)realloc(st->dead, (size_t)cap * sizeof *dead);
+  if (!dead) return PG_ERR_NOMEM;
+  st->dead = dead;
+  memset(rc + st->argcap, 0, (size_t)(cap - st->argcap) * sizeof *rc);
+  memset(q + st->argcap, 0, (size_t)(cap - st->argcap));
+  st->argcap = (int32_t)cap;
+  return 0;
+}
+
+/* make aid a counted id with count 0 (growing the table as needed) */
+int pg_store_arg_register(pg_store *st, int32_t aid) {
+  int r = 0;
+  pg_lock_take(&st->lock);
+  if (aid < 0 || aid == INT32_MAX) r = PG_ERR_ARG;
+  else if (aid >= st->argcap) r = args_grow(st, aid + 1);
+  if (r == 0) st->argrc[aid] = 0;
+  pg_lock_drop(&st->lock);
+  return r;
+}
+
+/* hand back queued ids whose count is still 0, marking them gone (-1); up to cap, the rest stay queued */
+int64_t pg_store_arg_drain(pg_store *st, int32_t *out, int64_t cap) {
+  int64_t i, n = 0;
+  if (cap < 0 || (cap > 0 && !out)) return PG_ERR_ARG;
+  pg_lock_take(&st->lock);
+  for (i = 0; i < st->ndead; i++) {
+    int32_t aid = st->dead[i];
+    if (st->argrc[aid] == 0) {
+      if (n == cap) break;  /* full: this one and the rest wait for the next call */
+      st->argrc[aid] = -1;
+      out[n++] = aid;
+    }
+    st->argq[aid] = 0;
+  }
+  memmove(st->dead, st->dead + i, (size_t)(st->ndead - i) * sizeof *st->dead);
+  st->ndead -= i;
+  pg_lock_drop(&st->lock);
+  return n;
+}
+
+/* k fresh walk marks; on wrap-around every node's mark is cleared so stale marks never match */
+uint32_t pg_store_epoch_locked(pg_store *st, uint32_t k) {
+  uint32_t base;
+  if (st->epoch > UINT32_MAX - k - 1) {
+    uint32_t i;
+    for (i = 0; i < st->nalloc; i++) {
+      pg_node *n = pg_node_at(st, i);
+      if (n->rc) n->mark = 0;  /* free slots keep their free-list link */
+    }
+    st->epoch = 1;
+  }
+  base = st->epoch;
+  st->epoch += k;
+  return base;
+}

@@ -1,0 +1,77 @@
+/* Internals of the node store shared by the C files (store.c, walk.c, and later passes). Not seen by cffi.
+   It includes pygrad.h (which has no include guard, since cffi reads it): a .c file includes this header or
+   pygrad.h, never both. */
+#ifndef PG_STORE_IMPL_H
+#define PG_STORE_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "pygrad.h"
+#include "lock.h"
+
+#define PG_NIL UINT32_MAX       /* "no id" in chains and intrusive stacks */
+#define PG_INLINE_SRC 4         /* sources kept inside the node; more go to a side allocation */
+#define PG_PAGE_BITS 12         /* nodes live in pages of 4096: ids never move them */
+#define PG_PAGE_SIZE (1u << PG_PAGE_BITS)
+#define PG_MAX_NODES 0x7fffffffu /* ids are int32 */
+
+/* ops the walks treat specially (values of pygrad.ops.Ops) */
+#define PG_OP_DETACH 37
+#define PG_OP_FUNCTION 42
+#define PG_OP_CALL 43
+
+/* one node: 64 bytes, one cache line */
+typedef struct pg_node {
+  uint32_t hash;  /* hash of the key (op, dtype, src, arg, tag), cached for lookup and rehash */
+  uint32_t next;  /* next id in the same hash bucket, or PG_NIL */
+  uint32_t rc;    /* references: users plus Python handles; 0 marks a free slot */
+  uint32_t mark;  /* walk epoch while live; the intrusive stack link while being freed or free */
+  int32_t op, dtype, nsrc, arg, tag, meta, pdata;
+  union { int32_t in[PG_INLINE_SRC]; int32_t *ext; } src;
+} pg_node;
+
+struct pg_store {
+  pg_lock lock;
+  pg_node **pages;       /* pages[id >> PG_PAGE_BITS][id & (PG_PAGE_SIZE - 1)] */
+  uint32_t npages, pagecap;
+  uint32_t nalloc;       /* ids handed out so far: [0, nalloc) */
+  uint32_t free_head;    /* LIFO of freed ids, linked through mark (PyCore's free list order) */
+  int64_t live;
+  uint32_t *buckets;     /* chained hash table: bucket -> first id */
+  uint32_t mask;         /* buckets - 1 (a power of two minus one) */
+  int32_t *argrc;        /* counts of arg/tag/pdata ids; -1 = gone */
+  uint8_t *argq;         /* 1 if the id is in the dead queue (so the queue never exceeds argcap) */
+  int32_t *dead;         /* queue of ids whose count reached 0, oldest first; capacity argcap */
+  int64_t ndead;
+  int32_t argcap;
+  uint32_t epoch;        /* next unused walk mark; 0 is never a mark */
+  void *scratch;         /* walk stack, kept between walks while small */
+  size_t scratchcap;     /* bytes */
+};
+
+/* the node of a valid id */
+static PG_INLINE pg_node *pg_node_at(const pg_store *st, uint32_t id) {
+  return &st->pages[id >> PG_PAGE_BITS][id & (PG_PAGE_SIZE - 1)];
+}
+
+/* the node of id if it names a live node, else NULL: every id from Python goes through this */
+static PG_INLINE pg_node *pg_node_live(const pg_store *st, int32_t id) {
+  pg_node *n;
+  if (id < 0 || (uint32_t)id >= st->nalloc) return NULL;
+  n = pg_node_at(st, (uint32_t)id);
+  return n->rc ? n : NULL;
+}
+
+/* a node's sources, wherever they are stored */
+static PG_INLINE const int32_t *pg_node_src(const pg_node *n) {
+  return n->nsrc <= PG_INLINE_SRC ? n->src.in : n->src.ext;
+}
+
+/* unlocked store operations for C passes that already hold st->lock (same semantics as the public ones) */
+int32_t pg_store_make_locked(pg_store *st, int32_t op, int32_t dtype, const int32_t *src, int32_t nsrc, int32_t arg,
+                             int32_t tag, int32_t meta);
+int pg_store_decref_locked(pg_store *st, int32_t id);
+/* reserve k consecutive walk marks and return the first; resets every mark when the counter would wrap */
+uint32_t pg_store_epoch_locked(pg_store *st, uint32_t k);
+
+#endif
