@@ -1,0 +1,195 @@
+"""The C core behind PyCore's interface: the node store and walks of csrc/ (pygrad._core, built by cffi). Ids in,
+ids out, the same identity rules, id recycling and walk orders as PyCore; walks return `Ids` over C arrays."""
+from __future__ import annotations
+import operator
+from collections.abc import Sequence
+from typing import Iterator
+from .pycore import ArgGone
+from .._core import ffi, lib
+
+_ERRORS = {lib.PG_ERR_NOMEM: "out of memory", lib.PG_ERR_BADID: "not a live node id",
+           lib.PG_ERR_ARG_GONE: "arg id gone", lib.PG_ERR_ARG: "bad argument (unregistered arg id or size)"}
+_CHUNK = 1 << 16
+_ERR_GONE, _ERR_NOMEM = lib.PG_ERR_ARG_GONE, lib.PG_ERR_NOMEM
+
+
+def _raise(code: int, what: str, *ids):
+  """Turn a negative core result into the exception the Python interface promises."""
+  if code == _ERR_GONE: raise ArgGone()
+  if code == _ERR_NOMEM: raise MemoryError(f"pygrad C core: {what}: out of memory")
+  raise ValueError(f"pygrad C core: {what}{ids}: {_ERRORS.get(code, f'error {code}')}")
+
+
+def _id_array(ids):
+  """An int32 array for C from a list/tuple of ints (or an int32 numpy array, without copying)."""
+  if hasattr(ids, "dtype") and hasattr(ids, "__array_interface__"):
+    import numpy as np
+    a = np.ascontiguousarray(ids, dtype=np.int32)
+    return ffi.from_buffer("int32_t[]", a), len(a)
+  try:
+    return ffi.new("int32_t[]", ids), len(ids)
+  except (OverflowError, TypeError) as e:
+    raise ValueError(f"pygrad C core: ids must be int32: {e}") from None
+
+
+class Ids(Sequence):
+  """A read-only sequence of node ids in a C array (a walk's result): len, indexing, iteration, reversed, and
+  `.numpy()` as a zero-copy int32 view that keeps this object (and so the array) alive."""
+  __slots__ = ("_p", "_a", "_n", "__weakref__")
+
+  def __init__(self, p):
+    self._p = ffi.gc(p, lib.pg_ids_free)
+    self._a, self._n = p.ids, int(p.n)
+
+  def __len__(self) -> int: return self._n
+
+  def __getitem__(self, i):
+    if type(i) is not int:
+      if isinstance(i, slice): return ffi.unpack(self._a, self._n)[i]
+      i = operator.index(i)
+    n = self._n
+    if i < 0: i += n
+    if 0 <= i < n: return self._a[i]
+    raise IndexError("Ids index out of range")
+
+  def __iter__(self) -> Iterator[int]:
+    a, n = self._a, self._n
+    if n <= _CHUNK: return iter(ffi.unpack(a, n))
+    return self._chunks(a, n)
+
+  def _chunks(self, a, n) -> Iterator[int]:
+    for i in range(0, n, _CHUNK): yield from ffi.unpack(a + i, min(_CHUNK, n - i))
+
+  def __reversed__(self) -> Iterator[int]:
+    a, n = self._a, self._n
+    for i in range(n, 0, -_CHUNK):
+      lo = max(0, i - _CHUNK)
+      yield from reversed(ffi.unpack(a + lo, i - lo))
+
+  def __contains__(self, x) -> bool:
+    if not isinstance(x, int): return False
+    return bool((self.numpy() == x).any())
+
+  def __eq__(self, other):
+    if isinstance(other, (Ids, list, tuple)): return len(self) == len(other) and list(self) == list(other)
+    return NotImplemented
+
+  __hash__ = None  # type: ignore[assignment]
+
+  def __repr__(self) -> str:
+    head = ", ".join(map(str, ffi.unpack(self._a, min(self._n, 8))))
+    return f"Ids([{head}{', ...' if self._n > 8 else ''}], n={self._n})"
+
+  @property
+  def __array_interface__(self):
+    return {"shape": (self._n,), "typestr": "<i4" if _LITTLE else ">i4", "version": 3,
+            "data": (int(ffi.cast("uintptr_t", self._a)), True)}
+
+  def numpy(self):
+    """The ids as a read-only int32 numpy array sharing the C memory; it keeps this object alive."""
+    import numpy as np
+    return np.asarray(self)
+
+
+_LITTLE = __import__("sys").byteorder == "little"
+
+
+class CCore:
+  """Hash-consed nodes addressed by integer id, stored in C (see PyCore for the meaning of every method). Every
+  call takes the store's mutex, so threads may share one CCore; cffi releases the GIL meanwhile."""
+  name = "c"
+
+  def __init__(self):
+    p = lib.pg_store_new()
+    if p == ffi.NULL: raise MemoryError("pygrad C core: cannot create a store")
+    self._st = st = ffi.gc(p, lib.pg_store_delete)
+    make0, make1, make2, make3, maken = lib.pg_store_make0, lib.pg_store_make1, lib.pg_store_make2, \
+      lib.pg_store_make3, lib.pg_store_make
+    c_incref, c_decref, new = lib.pg_store_incref, lib.pg_store_decref, ffi.new
+
+    # the hot path: plain closures over the store pointer and the lib functions, set as instance attributes
+    def make(op: int, dtype: int, src: tuple[int, ...], arg: int, tag: int, meta: int) -> int:
+      """The node with these fields, with one new reference for the caller."""
+      n = len(src)
+      try:
+        if n == 1: r = make1(st, op, dtype, src[0], arg, tag, meta)
+        elif n == 2: r = make2(st, op, dtype, src[0], src[1], arg, tag, meta)
+        elif n == 0: r = make0(st, op, dtype, arg, tag, meta)
+        elif n == 3: r = make3(st, op, dtype, src[0], src[1], src[2], arg, tag, meta)
+        else: r = maken(st, op, dtype, new("int32_t[]", src), n, arg, tag, meta)
+      except (OverflowError, TypeError) as e:
+        raise ValueError(f"pygrad C core: make: ids must be int32: {e}") from None
+      if r < 0: _raise(r, "make", op, dtype, src, arg, tag)
+      return r
+
+    def incref(nid: int) -> None:
+      try: r = c_incref(st, nid)
+      except (OverflowError, TypeError): r = -2
+      if r: _raise(r, "incref", nid)
+
+    def decref(nid: int) -> None:
+      try: r = c_decref(st, nid)
+      except (OverflowError, TypeError): r = -2
+      if r: _raise(r, "decref", nid)
+
+    self.make, self.incref, self.decref = make, incref, decref
+
+  def info(self, nid: int) -> tuple[int, int, int, int, int, int, int]:
+    """(op, dtype, nsrc, arg, tag, meta, pdata) of a node."""
+    o = ffi.new("pg_info *")
+    r = self._call(lib.pg_store_info, nid, o)
+    if r: _raise(r, "info", nid)
+    return (o.op, o.dtype, o.nsrc, o.arg, o.tag, o.meta, o.pdata)
+
+  def src(self, nid: int) -> tuple[int, ...]:
+    buf = ffi.new("int32_t[4]")
+    n = self._call(lib.pg_store_src, nid, buf, 4)
+    if n > 4:
+      buf = ffi.new("int32_t[]", n)
+      n = lib.pg_store_src(self._st, nid, buf, n)
+    if n < 0: _raise(n, "src", nid)
+    return tuple(ffi.unpack(buf, n))
+
+  def set_pdata(self, nid: int, pid: int) -> None:
+    r = self._call(lib.pg_store_set_pdata, nid, pid)
+    if r: _raise(r, "set_pdata", nid, pid)
+
+  def live(self) -> int: return lib.pg_store_live(self._st)
+
+  def arg_register(self, aid: int) -> None:
+    r = self._call(lib.pg_store_arg_register, aid)
+    if r: _raise(r, "arg_register", aid)
+
+  def arg_drain(self) -> list[int]:
+    """Ids whose last user was freed; they are marked gone (a later `make` naming one raises ArgGone)."""
+    cap = 256
+    buf = ffi.new("int32_t[]", cap)
+    out: list[int] = []
+    while True:
+      n = lib.pg_store_arg_drain(self._st, buf, cap)
+      if n < 0: _raise(n, "arg_drain")
+      out += ffi.unpack(buf, n)
+      if n < cap: return out
+
+  # ---- walks ----
+  def toposort(self, roots, enter_calls: bool = True, stop=()) -> Ids:
+    """Sources before users (PyCore.toposort's order), as an Ids sequence."""
+    ra, nr = _id_array(roots)
+    sa, ns = _id_array(stop) if len(stop) else (ffi.NULL, 0)
+    out = ffi.new("pg_ids **")
+    r = lib.pg_walk_toposort(self._st, ra, nr, 1 if enter_calls else 0, sa, ns, out)
+    if r: _raise(r, "toposort", roots if nr <= 8 else f"{nr} roots")
+    return Ids(out[0])
+
+  def deepwalk(self, root: int, targets) -> tuple[Ids, Ids]:
+    """(walk, path) as PyCore.deepwalk, as Ids sequences."""
+    ta, nt = _id_array(targets) if len(targets) else (ffi.NULL, 0)
+    w, p = ffi.new("pg_ids **"), ffi.new("pg_ids **")
+    r = self._call(lib.pg_walk_deepwalk, root, ta, nt, w, p)
+    if r: _raise(r, "deepwalk", root)
+    return Ids(w[0]), Ids(p[0])
+
+  def _call(self, fn, *args):
+    """fn(store, *args), with ids outside int32 reported like any other bad id."""
+    try: return fn(self._st, *args)
+    except (OverflowError, TypeError): return lib.PG_ERR_BADID
