@@ -4,7 +4,7 @@
 #include <string.h>
 #include "store_impl.h"
 
-#define INIT_BUCKETS 1024u
+#define INIT_SLOTS 1024u
 
 /* one round of the key hash: xor a word in, multiply, fold the high half down */
 static PG_INLINE uint64_t hash_mix(uint64_t h, uint32_t w) {
@@ -13,7 +13,8 @@ static PG_INLINE uint64_t hash_mix(uint64_t h, uint32_t w) {
   return h ^ (h >> 32);
 }
 
-/* the hash of a key; meta is not part of the key (it is derived from it) */
+/* the hash of a key; meta is not part of the key (it is derived from it). Finished with murmur3's fmix64 so the
+   low bits, which pick the slot, depend on every word */
 static PG_INLINE uint32_t key_hash(int32_t op, int32_t dtype, const int32_t *src, int32_t nsrc, int32_t arg,
                                    int32_t tag) {
   uint64_t h = 0x243f6a8885a308d3ull;
@@ -22,8 +23,10 @@ static PG_INLINE uint32_t key_hash(int32_t op, int32_t dtype, const int32_t *src
   for (i = 0; i < nsrc; i++) h = hash_mix(h, (uint32_t)src[i]);
   h = hash_mix(h, (uint32_t)arg);
   h = hash_mix(h, (uint32_t)tag);
+  h ^= h >> 33;
   h *= 0xc4ceb9fe1a85ec53ull;
-  return (uint32_t)(h ^ (h >> 29));
+  h ^= h >> 33;
+  return (uint32_t)h;
 }
 
 /* whether node n has exactly this key */
@@ -38,46 +41,61 @@ static PG_INLINE int key_equal(const pg_node *n, uint32_t h, int32_t op, int32_t
   return 1;
 }
 
-/* double the bucket array and relink every live node; on allocation failure keep the old (longer chains only) */
-static void table_grow(pg_store *st) {
-  uint32_t nb = (st->mask + 1) * 2, i, id, nx;
-  uint32_t *b;
-  if (nb == 0 || nb > (1u << 31)) return;  /* cannot grow further: chains just get longer */
-  b = (uint32_t *)malloc((size_t)nb * sizeof *b);
-  if (!b) return;
-  memset(b, 0xff, (size_t)nb * sizeof *b);  /* PG_NIL everywhere */
-  for (i = 0; i <= st->mask; i++) {
-    for (id = st->buckets[i]; id != PG_NIL; id = nx) {
-      pg_node *n = pg_node_at(st, id);
-      nx = n->next;
-      n->next = b[n->hash & (nb - 1)];
-      b[n->hash & (nb - 1)] = id;
-    }
-  }
-  free(st->buckets);
-  st->buckets = b;
-  st->mask = nb - 1;
+/* a table of n empty slots (n a power of two), or NULL */
+static pg_slot *slots_new(uint32_t n) {
+  pg_slot *t = (pg_slot *)malloc((size_t)n * sizeof *t);
+  if (t) memset(t, 0xff, (size_t)n * sizeof *t);  /* id PG_NIL everywhere */
+  return t;
 }
 
-/* unlink id from its bucket chain (it is there: every live node is in the table) */
-static void table_remove(pg_store *st, uint32_t id, pg_node *n) {
-  uint32_t *p = &st->buckets[n->hash & st->mask];
-  while (*p != id) p = &pg_node_at(st, *p)->next;
-  *p = n->next;
+/* double the table and reinsert every slot (hashes are stored: no node is touched); on allocation failure keep
+   the old table, which still works while it has an empty slot */
+static int table_grow(pg_store *st) {
+  uint32_t n = (st->mask + 1) * 2, i;
+  pg_slot *t;
+  if (n == 0 || n > (1u << 31)) return PG_ERR_NOMEM;
+  if (!(t = slots_new(n))) return PG_ERR_NOMEM;
+  for (i = 0; i <= st->mask; i++) {
+    pg_slot s = st->slots[i];
+    uint32_t j;
+    if (s.id == PG_NIL) continue;
+    for (j = s.hash & (n - 1); t[j].id != PG_NIL; j = (j + 1) & (n - 1)) {}
+    t[j] = s;
+  }
+  free(st->slots);
+  st->slots = t;
+  st->mask = n - 1;
+  return 0;
+}
+
+/* remove id (with hash h) from the table, shifting later entries of its probe run back so no tombstones exist */
+static void table_remove(pg_store *st, uint32_t id, uint32_t h) {
+  pg_slot *t = st->slots;
+  uint32_t m = st->mask, i = h & m, j;
+  while (t[i].id != id) i = (i + 1) & m;  /* it is there: every live node is in the table */
+  for (j = i;;) {
+    uint32_t k;
+    j = (j + 1) & m;
+    if (t[j].id == PG_NIL) break;
+    k = t[j].hash & m;  /* home slot of the entry at j: it may move to i unless its home lies in (i, j] */
+    if (i <= j ? (i < k && k <= j) : (i < k || k <= j)) continue;
+    t[i] = t[j];
+    i = j;
+  }
+  t[i].id = PG_NIL;
 }
 
 /* an empty store; NULL if memory or a mutex cannot be had */
 pg_store *pg_store_new(void) {
   pg_store *st = (pg_store *)calloc(1, sizeof *st);
   if (!st) return NULL;
-  st->buckets = (uint32_t *)malloc(INIT_BUCKETS * sizeof *st->buckets);
-  if (!st->buckets || pg_lock_init(&st->lock) != 0) {
-    free(st->buckets);
+  st->slots = slots_new(INIT_SLOTS);
+  if (!st->slots || pg_lock_init(&st->lock) != 0) {
+    free(st->slots);
     free(st);
     return NULL;
   }
-  memset(st->buckets, 0xff, INIT_BUCKETS * sizeof *st->buckets);
-  st->mask = INIT_BUCKETS - 1;
+  st->mask = INIT_SLOTS - 1;
   st->free_head = PG_NIL;
   st->epoch = 1;
   return st;
@@ -93,7 +111,7 @@ void pg_store_delete(pg_store *st) {
   }
   for (i = 0; i < st->npages; i++) free(st->pages[i]);
   free(st->pages);
-  free(st->buckets);
+  free(st->slots);
   free(st->argrc);
   free(st->argq);
   free(st->dead);
@@ -130,23 +148,26 @@ static PG_INLINE void count_release(pg_store *st, int32_t aid) {
 }
 
 /* whether aid may name an arg: 0 (none) or a registered id */
-static PG_INLINE int arg_ok(const pg_store *st, int32_t aid) { return aid == 0 || (aid > 0 && aid < st->argcap); }
+static PG_INLINE int arg_ok(const pg_store *st, int32_t aid) { return aid == 0 || (aid > 0 && aid < st->argn); }
 
 /* make with the lock held: look the key up, else validate, allocate and link a new node */
 int32_t pg_store_make_locked(pg_store *st, int32_t op, int32_t dtype, const int32_t *src, int32_t nsrc, int32_t arg,
                              int32_t tag, int32_t meta) {
-  uint32_t h, id;
+  uint32_t h, id, slot;
   int32_t i, *ext = NULL;
   pg_node *n;
   int err;
   if (nsrc < 0 || (nsrc > 0 && !src)) return PG_ERR_BADID;
   h = key_hash(op, dtype, src, nsrc, arg, tag);
-  for (id = st->buckets[h & st->mask]; id != PG_NIL; id = n->next) {
-    n = pg_node_at(st, id);
+  for (slot = h & st->mask;; slot = (slot + 1) & st->mask) {
+    pg_slot e = st->slots[slot];
+    if (e.id == PG_NIL) break;  /* not there: slot is where it goes */
+    if (e.hash != h) continue;
+    n = pg_node_at(st, e.id);
     if (key_equal(n, h, op, dtype, src, nsrc, arg, tag)) {  /* a match implies its sources and args are valid */
       if (n->rc == UINT32_MAX) return PG_ERR_NOMEM;         /* out of references */
       n->rc++;
-      return (int32_t)id;
+      return (int32_t)e.id;
     }
   }
   for (i = 0; i < nsrc; i++) {
@@ -163,6 +184,14 @@ int32_t pg_store_make_locked(pg_store *st, int32_t op, int32_t dtype, const int3
   if ((err = reserve_slot(st)) != 0) {
     free(ext);
     return err;
+  }
+  if (((uint64_t)st->live + 1) * 4 > ((uint64_t)st->mask + 1) * 3) {  /* keep the load factor <= 3/4 */
+    if (table_grow(st) == 0) {
+      for (slot = h & st->mask; st->slots[slot].id != PG_NIL; slot = (slot + 1) & st->mask) {}
+    } else if ((uint64_t)st->live + 1 > st->mask) {  /* no memory to grow, and probes need one empty slot */
+      free(ext);
+      return PG_ERR_NOMEM;
+    }
   }
   /* nothing can fail from here on */
   if (st->free_head != PG_NIL) {
@@ -193,9 +222,9 @@ int32_t pg_store_make_locked(pg_store *st, int32_t op, int32_t dtype, const int3
     memset(n->src.in, 0, sizeof n->src.in);
     if (nsrc) memcpy(n->src.in, src, (size_t)nsrc * sizeof *src);
   }
-  n->next = st->buckets[h & st->mask];
-  st->buckets[h & st->mask] = id;
-  if (++st->live > (int64_t)st->mask + 1) table_grow(st);  /* load factor 1 */
+  st->slots[slot].hash = h;
+  st->slots[slot].id = id;
+  st->live++;
   return (int32_t)id;
 }
 
@@ -267,7 +296,7 @@ int pg_store_decref_locked(pg_store *st, int32_t id) {
     cur = head;
     n = pg_node_at(st, cur);
     head = n->mark;
-    table_remove(st, cur, n);
+    table_remove(st, cur, n->hash);
     if (n->arg) count_release(st, n->arg);
     if (n->tag) count_release(st, n->tag);
     if (n->pdata) count_release(st, n->pdata);
@@ -388,7 +417,10 @@ int pg_store_arg_register(pg_store *st, int32_t aid) {
   pg_lock_take(&st->lock);
   if (aid < 0 || aid == INT32_MAX) r = PG_ERR_ARG;
   else if (aid >= st->argcap) r = args_grow(st, aid + 1);
-  if (r == 0) st->argrc[aid] = 0;
+  if (r == 0) {
+    st->argrc[aid] = 0;
+    if (aid >= st->argn) st->argn = aid + 1;  /* ids in between count as registered, as in PyCore's list */
+  }
   pg_lock_drop(&st->lock);
   return r;
 }

@@ -20,10 +20,12 @@
 #define PG_OP_FUNCTION 42
 #define PG_OP_CALL 43
 
+/* a hash table slot: the key's hash beside the id, so probes touch no node until the hashes agree */
+typedef struct pg_slot { uint32_t hash, id; } pg_slot;
+
 /* one node: 64 bytes, one cache line */
 typedef struct pg_node {
   uint32_t hash;  /* hash of the key (op, dtype, src, arg, tag), cached for lookup and rehash */
-  uint32_t next;  /* next id in the same hash bucket, or PG_NIL */
   uint32_t rc;    /* references: users plus Python handles; 0 marks a free slot */
   uint32_t mark;  /* walk epoch while live; the intrusive stack link while being freed or free */
   int32_t op, dtype, nsrc, arg, tag, meta, pdata;
@@ -37,13 +39,14 @@ struct pg_store {
   uint32_t nalloc;       /* ids handed out so far: [0, nalloc) */
   uint32_t free_head;    /* LIFO of freed ids, linked through mark (PyCore's free list order) */
   int64_t live;
-  uint32_t *buckets;     /* chained hash table: bucket -> first id */
-  uint32_t mask;         /* buckets - 1 (a power of two minus one) */
+  pg_slot *slots;        /* open addressing, linear probing, backward-shift deletion; id PG_NIL = empty */
+  uint32_t mask;         /* slots - 1 (a power of two minus one) */
   int32_t *argrc;        /* counts of arg/tag/pdata ids; -1 = gone */
   uint8_t *argq;         /* 1 if the id is in the dead queue (so the queue never exceeds argcap) */
   int32_t *dead;         /* queue of ids whose count reached 0, oldest first; capacity argcap */
   int64_t ndead;
-  int32_t argcap;
+  int32_t argn;          /* ids below argn are registered (PyCore's len(argrc)) */
+  int32_t argcap;        /* allocated length of argrc, argq and dead */
   uint32_t epoch;        /* next unused walk mark; 0 is never a mark */
   void *scratch;         /* walk stack, kept between walks while small */
   size_t scratchcap;     /* bytes */
