@@ -121,8 +121,12 @@ class Walk:
     self._ids, self._roots, self._set = ids, roots, None
 
   def __len__(self) -> int: return len(self._ids)
-  def __iter__(self) -> Iterator[UOp]: return map(handle, self._ids)
-  def __reversed__(self) -> Iterator[UOp]: return map(handle, reversed(self._ids))
+  # generators, not bare map()s: the iterator must keep the walk (and so its roots and nodes) alive, or
+  # `for u in x.toposort()` on a temporary root frees the nodes it is about to hand out
+  def __iter__(self) -> Iterator[UOp]:
+    for n in self._ids: yield handle(n)
+  def __reversed__(self) -> Iterator[UOp]:
+    for n in reversed(self._ids): yield handle(n)
   def __getitem__(self, i):
     if isinstance(i, slice): return [handle(n) for n in list(self._ids)[i]]
     return handle(self._ids[i])
