@@ -41,3 +41,30 @@ int pg_walk_toposort(pg_store *st, const int32_t *roots, int32_t nroots, int32_t
                      int32_t nstop, pg_ids **out);
 int pg_walk_deepwalk(pg_store *st, int32_t root, const int32_t *targets, int32_t ntargets, pg_ids **walk,
                      pg_ids **path);
+
+/* ---- grad.c: gradient derivation by cached rule templates ---- */
+#define PG_GRAD_DONE 0
+#define PG_GRAD_NEED_RULE 1
+#define PG_GRAD_NEED_ACC 2
+#define PG_GRAD_PY_STEP 3
+#define PG_GRAD_PY_ACC 4
+
+typedef struct pg_tcache pg_tcache;
+typedef struct pg_grad pg_grad;
+/* why a run stopped: the walk position, the node and its gradient, and for accumulations the source k, its
+   gradient so far (prev, or -1) and the new one (v); key is the missing template's key */
+typedef struct pg_stop { int64_t pos; int32_t node, ctx, k, prev, v, nkey; int32_t key[16]; } pg_stop;
+
+pg_tcache *pg_tcache_new(void);
+void pg_tcache_delete(pg_tcache *tc);
+int pg_tcache_add(pg_store *st, pg_tcache *tc, const int32_t *key, int32_t nkey, const int32_t *prog, int32_t nprog);
+pg_grad *pg_grad_new(pg_store *st, const int32_t *walk, int64_t nwalk, int32_t root, int32_t root_grad,
+                     const uint8_t *fast, int32_t nfast, int32_t check_pdata);
+void pg_grad_delete(pg_grad *g);
+int pg_grad_run(pg_grad *g, pg_tcache *tc, pg_stop *out);
+int32_t pg_grad_get(pg_grad *g, int32_t node);
+int pg_grad_set(pg_grad *g, int32_t node, int32_t grad);
+int pg_grad_skip(pg_grad *g);
+int pg_grad_consume(pg_grad *g);
+int64_t pg_grad_count(pg_grad *g);
+int64_t pg_grad_items(pg_grad *g, int32_t *keys, int32_t *vals, int64_t cap);

@@ -142,7 +142,7 @@ def call_gradient(ctx: UOp, k: UOp, needed: set[int]) -> tuple[UOp | None, ...]:
   return tuple(ret)
 
 
-def _accumulate(prev: UOp | None, v: UOp, k: UOp) -> UOp:
+def accumulate(prev: UOp | None, v: UOp, k: UOp) -> UOp:
   if k.shape == () and v.shape != () and v.op is not Ops.TUPLE: v = v.sum()
   if prev is None or prev.op is Ops.NOOP: return v
   if v.op is Ops.NOOP: return prev
@@ -159,39 +159,62 @@ def _copy_metadata(t0: UOp, v: UOp, ctx: UOp) -> None:
   for nid in CORE.toposort([v._id], True, stop): _uop._attach_metadata(handle(nid), bwd)
 
 
-def compute_gradient(root: UOp, root_grad: UOp, targets) -> dict[UOp, UOp]:
-  """Reverse-mode gradients of `root` (seeded with `root_grad`) for every node on a path from root to a target
-  (not through DETACH), and for every reached target."""
+def step(t0: UOp, g0: UOp, get, put, targets: set, on_path) -> None:
+  """One node of the reverse walk: t0's gradient g0 flows into its sources through `get`/`put` (the accumulated
+  gradients). `on_path(node)` tells whether a node lies on a target path."""
+  if t0.op is Ops.GETTUPLE:
+    # accumulate per output into a TUPLE on the FUNCTION (or TUPLE); it is differentiated when the walk reaches it
+    k = t0.src[0]
+    n_out = len(k.src[0].src) if k.op is Ops.FUNCTION else len(k.src)
+    cur = get(k)
+    prev = cur.src if cur is not None else tuple(_noop() for _ in range(n_out))
+    i = t0.arg
+    put(k, UOp.maketuple(*(g0 if j == i and prev[j].op is Ops.NOOP else prev[j] + g0 if j == i else prev[j]
+                           for j in range(n_out))))
+    return
+  if t0.op in (Ops.FUNCTION, Ops.CALL):
+    needed = {i for i, a in enumerate(t0.src[1:]) if a in targets or on_path(a)}
+    lgrads = call_gradient(g0, t0, needed)
+  else:
+    lgrads = pm_gradient.rewrite(t0, ctx=g0)
+  check_rule_result(t0, lgrads)
+  for k, v in zip(t0.src, lgrads):
+    if v is None: continue
+    put(k, accumulate(get(k), v, k))
+    if _uop._md_count: _copy_metadata(t0, v, g0)
+
+
+def check_rule_result(t0: UOp, lgrads) -> None:
+  if lgrads is None: raise RuntimeError(f"failed to compute gradient for {t0.op.name}\n\nin {str(t0)[0:1000]}...")
+  if len(lgrads) != len(t0.src):
+    raise RuntimeError(f"gradient rule for {t0.op.name} gave {len(lgrads)} gradients for {len(t0.src)} sources")
+
+
+def compute_gradient_direct(root: UOp, root_grad: UOp, targets) -> dict[UOp, UOp]:
+  """compute_gradient running every rule on every node (the reference path, and the pure-Python core's)."""
   targets = set(targets)
   walk_ids, path_ids = CORE.deepwalk(root._id, [t._id for t in targets])
   path: set[int] | None = None
+
+  def on_path(u: UOp) -> bool:
+    nonlocal path
+    if path is None: path = set(path_ids)
+    return u._id in path
   grads: dict[UOp, UOp] = {root: root_grad}
   for nid in reversed(walk_ids):
     t0 = handle(nid)
     g0 = grads.get(t0)
     if g0 is None or g0.op is Ops.NOOP: continue
-    if t0.op is Ops.GETTUPLE:
-      k = t0.src[0]
-      n_out = len(k.src[0].src) if k.op is Ops.FUNCTION else len(k.src)
-      prev = grads[k].src if k in grads else tuple(_noop() for _ in range(n_out))
-      i = t0.arg
-      grads[k] = UOp.maketuple(*(g0 if j == i and prev[j].op is Ops.NOOP else prev[j] + g0 if j == i else prev[j]
-                                 for j in range(n_out)))
-      continue
-    if t0.op in (Ops.FUNCTION, Ops.CALL):
-      if path is None: path = set(path_ids)
-      needed = {i for i, a in enumerate(t0.src[1:]) if a in targets or a._id in path}
-      lgrads = call_gradient(g0, t0, needed)
-    else:
-      lgrads = pm_gradient.rewrite(t0, ctx=g0)
-    if lgrads is None: raise RuntimeError(f"failed to compute gradient for {t0.op.name}\n\nin {str(t0)[0:1000]}...")
-    if len(lgrads) != len(t0.src):
-      raise RuntimeError(f"gradient rule for {t0.op.name} gave {len(lgrads)} gradients for {len(t0.src)} sources")
-    for k, v in zip(t0.src, lgrads):
-      if v is None: continue
-      grads[k] = _accumulate(grads.get(k), v, k)
-      if _uop._md_count: _copy_metadata(t0, v, g0)
+    step(t0, g0, grads.get, grads.__setitem__, targets, on_path)
   return grads
+
+
+def compute_gradient(root: UOp, root_grad: UOp, targets) -> dict[UOp, UOp]:
+  """Reverse-mode gradients of `root` (seeded with `root_grad`) for every node on a path from root to a target
+  (not through DETACH), and for every reached target. On the C core, rules run once per distinct node signature
+  and C instantiates their cached results (pygrad.gradfast); the graphs are node for node the same."""
+  if _fast is not None and _fast.enabled(): return _fast.compute_gradient_fast(root, root_grad, targets)
+  return compute_gradient_direct(root, root_grad, targets)
 
 
 def gradient(root: UOp, targets, grad: UOp | None = None) -> list[UOp]:
@@ -207,3 +230,9 @@ def gradient(root: UOp, targets, grad: UOp | None = None) -> list[UOp]:
     raise ValueError(f"gradient: gradient of shape {grad.shape} for a root of shape {root.shape}")
   grads = compute_gradient(root, grad, targets)
   return [grads[t] if t in grads else t.const_like(0) for t in targets]
+
+
+try:
+  from . import gradfast as _fast
+except ImportError:  # the C core is not built: only the direct path exists
+  _fast = None

@@ -1,0 +1,528 @@
+/* Gradient derivation at C speed. A gradient rule whose result depends only on what it reads of the matched node
+   (op, dtype, arg, tag, shape/device of the node, of its sources and of the incoming gradient) is run once by
+   Python on placeholders; its result graph is recorded as a template program keyed by that signature, and this
+   file instantiates it (hash-consing every node) for each later node with the same key. The reverse walk and the
+   accumulation of gradients run here too; whenever a template is missing, or a node needs Python (FUNCTION, CALL,
+   GETTUPLE, metadata...), pg_grad_run returns and says why, and Python answers and calls it again. */
+#include <stdlib.h>
+#include <string.h>
+#include "store_impl.h"
+
+#define TPL_MAXSRC 3    /* fast ops have at most this many sources */
+#define KEY_MAX 16      /* longest key: 7 + 2 * TPL_MAXSRC + 2 */
+#define PROG_HDR 3      /* ninputs, ninstr, noutputs */
+#define INSTR_HDR 6     /* op, dtype, arg, tag, meta, nsrc */
+#define OP_NOOP 4
+#define OP_TUPLE 40
+
+typedef struct tpl {
+  struct tpl *next;
+  uint32_t hash;
+  int32_t nkey, nprog;
+  int32_t key[KEY_MAX];
+  int32_t *prog;
+} tpl;
+
+struct pg_tcache {
+  tpl **buckets;
+  uint32_t mask, n;
+};
+
+/* node id -> gradient id, open addressing; both sides hold one reference */
+typedef struct gmap {
+  int32_t *keys, *vals;
+  uint32_t mask, n;
+} gmap;
+
+struct pg_grad {
+  pg_store *st;
+  int32_t *walk;
+  int64_t nwalk, pos;
+  uint8_t fast[64];
+  int32_t check_pdata;
+  gmap map;
+  int32_t stage, j, nlg;       /* stage 1: accumulating lg[j..] of walk[pos] */
+  int32_t lg[TPL_MAXSRC];
+  int32_t *vals;               /* instantiation scratch */
+  int32_t nvals;
+};
+
+/* FNV-style mix of a key: templates are few, lookups many */
+static uint32_t key_hash(const int32_t *key, int32_t n) {
+  uint32_t h = 2166136261u;
+  int32_t i;
+  for (i = 0; i < n; i++) h = (h ^ (uint32_t)key[i]) * 16777619u;
+  return h ^ (h >> 15);
+}
+
+/* an empty template cache */
+pg_tcache *pg_tcache_new(void) {
+  pg_tcache *tc = (pg_tcache *)calloc(1, sizeof *tc);
+  if (!tc) return NULL;
+  tc->buckets = (tpl **)calloc(64, sizeof *tc->buckets);
+  if (!tc->buckets) {
+    free(tc);
+    return NULL;
+  }
+  tc->mask = 63;
+  return tc;
+}
+
+/* free every template */
+void pg_tcache_delete(pg_tcache *tc) {
+  uint32_t b;
+  if (!tc) return;
+  for (b = 0; b <= tc->mask; b++) {
+    tpl *t = tc->buckets[b];
+    while (t) {
+      tpl *nx = t->next;
+      free(t->prog);
+      free(t);
+      t = nx;
+    }
+  }
+  free(tc->buckets);
+  free(tc);
+}
+
+/* the template of a key, or NULL */
+static const tpl *tcache_find(const pg_tcache *tc, const int32_t *key, int32_t nkey) {
+  uint32_t h = key_hash(key, nkey);
+  const tpl *t;
+  for (t = tc->buckets[h & tc->mask]; t; t = t->next)
+    if (t->hash == h && t->nkey == nkey && !memcmp(t->key, key, (size_t)nkey * sizeof *key)) return t;
+  return NULL;
+}
+
+/* double the bucket array when the cache is as full as it is wide */
+static void tcache_grow(pg_tcache *tc) {
+  uint32_t nmask = tc->mask * 2 + 1, b;
+  tpl **nb = (tpl **)calloc((size_t)nmask + 1, sizeof *nb);
+  if (!nb) return;  /* a slower cache, still correct */
+  for (b = 0; b <= tc->mask; b++) {
+    tpl *t = tc->buckets[b];
+    while (t) {
+      tpl *nx = t->next;
+      t->next = nb[t->hash & nmask];
+      nb[t->hash & nmask] = t;
+      t = nx;
+    }
+  }
+  free(tc->buckets);
+  tc->buckets = nb;
+  tc->mask = nmask;
+}
+
+/* check a program once, so that instantiation trusts it: every reference points backwards, sizes add up */
+static int prog_valid(const int32_t *prog, int32_t nprog) {
+  int32_t nin, ninstr, nout, i, p, avail;
+  if (nprog < PROG_HDR) return 0;
+  nin = prog[0];
+  ninstr = prog[1];
+  nout = prog[2];
+  if (nin < 0 || ninstr < 0 || nout < 0 || nout > TPL_MAXSRC || nin > 64 || ninstr > (1 << 20)) return 0;
+  p = PROG_HDR;
+  avail = nin;
+  for (i = 0; i < ninstr; i++) {
+    int32_t ns, k;
+    if (p + INSTR_HDR > nprog) return 0;
+    ns = prog[p + 5];
+    if (ns < 0 || ns > 64 || p + INSTR_HDR + ns > nprog) return 0;
+    if (prog[p + 2] < 0 || prog[p + 3] < 0) return 0;  /* arg and tag ids */
+    for (k = 0; k < ns; k++)
+      if (prog[p + INSTR_HDR + k] < 0 || prog[p + INSTR_HDR + k] >= avail) return 0;
+    p += INSTR_HDR + ns;
+    avail++;
+  }
+  if (p + nout != nprog) return 0;
+  for (i = 0; i < nout; i++)
+    if (prog[p + i] < -1 || prog[p + i] >= avail) return 0;
+  return 1;
+}
+
+/* add the template of a key (a later add of the same key is ignored); takes the store lock, like every reader */
+int pg_tcache_add(pg_store *st, pg_tcache *tc, const int32_t *key, int32_t nkey, const int32_t *prog, int32_t nprog) {
+  tpl *t;
+  uint32_t h;
+  int r = 0;
+  if (!st || !tc || !key || !prog || nkey <= 0 || nkey > KEY_MAX || !prog_valid(prog, nprog)) return PG_ERR_ARG;
+  pg_lock_take(&st->lock);
+  if (tcache_find(tc, key, nkey)) goto done;
+  t = (tpl *)calloc(1, sizeof *t);
+  if (!t || !(t->prog = (int32_t *)malloc((size_t)nprog * sizeof *prog))) {
+    free(t);
+    r = PG_ERR_NOMEM;
+    goto done;
+  }
+  memcpy(t->key, key, (size_t)nkey * sizeof *key);
+  memcpy(t->prog, prog, (size_t)nprog * sizeof *prog);
+  t->nkey = nkey;
+  t->nprog = nprog;
+  t->hash = h = key_hash(key, nkey);
+  t->next = tc->buckets[h & tc->mask];
+  tc->buckets[h & tc->mask] = t;
+  if (++tc->n > tc->mask) tcache_grow(tc);
+done:
+  pg_lock_drop(&st->lock);
+  return r;
+}
+
+/* ---- the gradient map ---- */
+
+/* the slot of key in the map (its own, or the empty one where it would go) */
+static uint32_t gmap_slot(const gmap *m, int32_t key) {
+  uint32_t i = ((uint32_t)key * 2654435761u) & m->mask;
+  while (m->keys[i] != -1 && m->keys[i] != key) i = (i + 1) & m->mask;
+  return i;
+}
+
+/* room for at least n entries at load <= 1/2 */
+static int gmap_init(gmap *m, int64_t n) {
+  uint32_t cap = 16;
+  while ((int64_t)cap < 2 * n + 2 && cap < (1u << 30)) cap *= 2;
+  m->keys = (int32_t *)malloc((size_t)cap * sizeof *m->keys);
+  m->vals = (int32_t *)malloc((size_t)cap * sizeof *m->vals);
+  if (!m->keys || !m->vals) return PG_ERR_NOMEM;
+  memset(m->keys, 0xff, (size_t)cap * sizeof *m->keys);
+  m->mask = cap - 1;
+  m->n = 0;
+  return 0;
+}
+
+/* double the map */
+static int gmap_grow(gmap *m) {
+  gmap nm;
+  uint32_t i;
+  if (m->mask >= (1u << 30)) return PG_ERR_NOMEM;
+  if (gmap_init(&nm, (int64_t)m->mask + 1) != 0) {
+    free(nm.keys);
+    free(nm.vals);
+    return PG_ERR_NOMEM;
+  }
+  for (i = 0; i <= m->mask; i++)
+    if (m->keys[i] != -1) {
+      uint32_t s = gmap_slot(&nm, m->keys[i]);
+      nm.keys[s] = m->keys[i];
+      nm.vals[s] = m->vals[i];
+      nm.n++;
+    }
+  free(m->keys);
+  free(m->vals);
+  *m = nm;
+  return 0;
+}
+
+/* the gradient of a node, or -1 (borrowed) */
+static int32_t gmap_get(const gmap *m, int32_t key) {
+  uint32_t s = gmap_slot(m, key);
+  return m->keys[s] == key ? m->vals[s] : -1;
+}
+
+/* one more reference on a live node, with the lock held */
+static int incref_locked(pg_store *st, int32_t id) {
+  pg_node *n = pg_node_live(st, id);
+  if (!n) return PG_ERR_BADID;
+  if (n->rc == UINT32_MAX) return PG_ERR_NOMEM;
+  n->rc++;
+  return 0;
+}
+
+/* set key's gradient to val, whose reference the map takes over; the old value's reference is dropped */
+static int gmap_put(pg_store *st, gmap *m, int32_t key, int32_t val) {
+  uint32_t s;
+  int r;
+  if (2 * (m->n + 1) > m->mask + 1 && (r = gmap_grow(m)) != 0) return r;
+  s = gmap_slot(m, key);
+  if (m->keys[s] == key) {
+    int32_t old = m->vals[s];
+    m->vals[s] = val;
+    return pg_store_decref_locked(st, old);
+  }
+  if ((r = incref_locked(st, key)) != 0) return r;
+  m->keys[s] = key;
+  m->vals[s] = val;
+  m->n++;
+  return 0;
+}
+
+/* ---- runs ---- */
+
+/* a run over a reverse walk, starting from {root: root_grad}; fast[op] says which ops may use templates */
+pg_grad *pg_grad_new(pg_store *st, const int32_t *walk, int64_t nwalk, int32_t root, int32_t root_grad,
+                     const uint8_t *fast, int32_t nfast, int32_t check_pdata) {
+  pg_grad *g;
+  int64_t i;
+  int ok = 1;
+  if (!st || nwalk < 0 || (nwalk && !walk) || !fast || nfast < 0 || nfast > 64) return NULL;
+  g = (pg_grad *)calloc(1, sizeof *g);
+  if (!g) return NULL;
+  g->st = st;
+  g->walk = (int32_t *)malloc((size_t)(nwalk ? nwalk : 1) * sizeof *walk);
+  if (!g->walk || gmap_init(&g->map, 64) != 0) ok = 0;
+  if (ok && nwalk) memcpy(g->walk, walk, (size_t)nwalk * sizeof *walk);
+  memcpy(g->fast, fast, (size_t)nfast);
+  g->nwalk = nwalk;
+  g->pos = nwalk - 1;
+  g->check_pdata = check_pdata;
+  pg_lock_take(&st->lock);
+  for (i = 0; ok && i < nwalk; i++)
+    if (!pg_node_live(st, walk[i])) ok = 0;
+  if (ok && (!pg_node_live(st, root) || incref_locked(st, root_grad) != 0)) ok = 0;
+  if (ok && gmap_put(st, &g->map, root, root_grad) != 0) {
+    pg_store_decref_locked(st, root_grad);
+    ok = 0;
+  }
+  pg_lock_drop(&st->lock);
+  if (!ok) {
+    pg_grad_delete(g);
+    return NULL;
+  }
+  return g;
+}
+
+/* release every reference the run holds */
+void pg_grad_delete(pg_grad *g) {
+  uint32_t i;
+  int32_t j;
+  if (!g) return;
+  if (g->map.keys) {
+    pg_lock_take(&g->st->lock);
+    for (i = 0; i <= g->map.mask; i++)
+      if (g->map.keys[i] != -1) {
+        pg_store_decref_locked(g->st, g->map.vals[i]);
+        pg_store_decref_locked(g->st, g->map.keys[i]);
+      }
+    for (j = 0; g->stage == 1 && j < g->nlg; j++)
+      if (g->lg[j] >= 0) pg_store_decref_locked(g->st, g->lg[j]);
+    pg_lock_drop(&g->st->lock);
+  }
+  free(g->map.keys);
+  free(g->map.vals);
+  free(g->walk);
+  free(g->vals);
+  free(g);
+}
+
+/* build a template's nodes over inputs; outs get one reference each (-1 where the rule gave none) */
+static int instantiate(pg_grad *g, const int32_t *prog, const int32_t *inputs, int32_t *outs) {
+  pg_store *st = g->st;
+  int32_t nin = prog[0], ninstr = prog[1], nout = prog[2], i, p = PROG_HDR, built = 0, r = 0;
+  int32_t srcbuf[64];
+  if (nin + ninstr > g->nvals) {
+    int32_t *v = (int32_t *)realloc(g->vals, (size_t)(nin + ninstr) * sizeof *v);
+    if (!v) return PG_ERR_NOMEM;
+    g->vals = v;
+    g->nvals = nin + ninstr;
+  }
+  memcpy(g->vals, inputs, (size_t)nin * sizeof *inputs);
+  for (i = 0; i < ninstr; i++, built++) {
+    int32_t ns = prog[p + 5], k, id;
+    for (k = 0; k < ns; k++) srcbuf[k] = g->vals[prog[p + INSTR_HDR + k]];
+    id = pg_store_make_locked(st, prog[p], prog[p + 1], srcbuf, ns, prog[p + 2], prog[p + 3], prog[p + 4]);
+    if (id < 0) {
+      r = id;
+      break;
+    }
+    g->vals[nin + i] = id;
+    p += INSTR_HDR + ns;
+  }
+  for (i = 0; r == 0 && i < nout; i++) {
+    int32_t ref = prog[p + i];
+    outs[i] = ref < 0 ? -1 : g->vals[ref];
+    if (ref >= 0 && (r = incref_locked(st, outs[i])) != 0)
+      while (i-- > 0)
+        if (outs[i] >= 0) pg_store_decref_locked(st, outs[i]);
+  }
+  for (i = 0; i < built; i++) pg_store_decref_locked(st, g->vals[nin + i]);  /* outputs keep what they need */
+  return r;
+}
+
+/* the key of a node's rule: its op, dtype, arg, tag, meta, and dtype/meta of each source and of the gradient */
+static int32_t rule_key(pg_store *st, const pg_node *n, const pg_node *ctx, int32_t *key) {
+  const int32_t *s = pg_node_src(n);
+  int32_t k = 0, i;
+  key[k++] = 0;
+  key[k++] = n->op;
+  key[k++] = n->dtype;
+  key[k++] = n->arg;
+  key[k++] = n->tag;
+  key[k++] = n->meta;
+  key[k++] = n->nsrc;
+  for (i = 0; i < n->nsrc; i++) {
+    const pg_node *c = pg_node_at(st, (uint32_t)s[i]);
+    key[k++] = c->dtype;
+    key[k++] = c->meta;
+  }
+  key[k++] = ctx->dtype;
+  key[k++] = ctx->meta;
+  return k;
+}
+
+/* the key of an accumulation: whether a gradient was there, and dtype/meta of it, of the new one and of the node */
+static int32_t acc_key(const pg_node *prev, const pg_node *v, const pg_node *k, int32_t *key) {
+  key[0] = 1;
+  key[1] = prev != NULL;
+  key[2] = prev ? prev->dtype : -1;
+  key[3] = prev ? prev->meta : -1;
+  key[4] = v->dtype;
+  key[5] = v->meta;
+  key[6] = k->dtype;
+  key[7] = k->meta;
+  return 8;
+}
+
+/* advance past the node at pos */
+static void next_node(pg_grad *g) {
+  g->stage = 0;
+  g->pos--;
+}
+
+/* run the reverse walk until done (0) or until Python is needed (PG_GRAD_* > 0, with `out` saying for what) */
+static int run_locked(pg_grad *g, pg_tcache *tc, pg_stop *out) {
+  pg_store *st = g->st;
+  int32_t key[KEY_MAX], nkey, r;
+  while (g->pos >= 0) {
+    int32_t nid = g->walk[g->pos];
+    pg_node *n = pg_node_at(st, (uint32_t)nid);
+    const int32_t *src;
+    if (g->stage == 0) {
+      int32_t gid = gmap_get(&g->map, nid), inputs[TPL_MAXSRC + 2], i;
+      const pg_node *ctx;
+      const tpl *t;
+      if (gid < 0) { g->pos--; continue; }                   /* no gradient reached it */
+      ctx = pg_node_at(st, (uint32_t)gid);
+      if (ctx->op == OP_NOOP) { g->pos--; continue; }
+      out->pos = g->pos;
+      out->node = nid;
+      out->ctx = gid;
+      if (n->op < 0 || n->op >= 64 || !g->fast[n->op] || n->nsrc > TPL_MAXSRC || ctx->op == OP_TUPLE ||
+          (g->check_pdata && n->pdata))
+        return PG_GRAD_PY_STEP;                               /* FUNCTION, GETTUPLE, metadata, ... */
+      nkey = rule_key(st, n, ctx, key);
+      t = tcache_find(tc, key, nkey);
+      if (!t) {
+        memcpy(out->key, key, (size_t)nkey * sizeof *key);
+        out->nkey = nkey;
+        return PG_GRAD_NEED_RULE;
+      }
+      if (t->prog[2] != n->nsrc) return PG_ERR_ARG;
+      src = pg_node_src(n);
+      inputs[0] = nid;
+      for (i = 0; i < n->nsrc; i++) inputs[1 + i] = src[i];
+      inputs[1 + n->nsrc] = gid;
+      if ((r = instantiate(g, t->prog, inputs, g->lg)) != 0) return r;
+      g->nlg = n->nsrc;
+      g->stage = 1;
+      g->j = 0;
+    }
+    src = pg_node_src(n);
+    out->pos = g->pos;
+    out->node = nid;
+    for (; g->j < g->nlg; g->j++) {
+      int32_t v = g->lg[g->j], k = src[g->j], prev, inputs[3], res, ni = 0;
+      const pg_node *pv, *vv, *kn;
+      const tpl *t;
+      if (v < 0) continue;
+      prev = gmap_get(&g->map, k);
+      pv = prev >= 0 ? pg_node_at(st, (uint32_t)prev) : NULL;
+      vv = pg_node_at(st, (uint32_t)v);
+      kn = pg_node_at(st, (uint32_t)k);
+      out->k = k;
+      out->prev = prev;
+      out->v = v;
+      if (vv->op == OP_TUPLE || vv->op == OP_NOOP || (pv && (pv->op == OP_TUPLE || pv->op == OP_NOOP)))
+        return PG_GRAD_PY_ACC;
+      nkey = acc_key(pv, vv, kn, key);
+      t = tcache_find(tc, key, nkey);
+      if (!t) {
+        memcpy(out->key, key, (size_t)nkey * sizeof *key);
+        out->nkey = nkey;
+        return PG_GRAD_NEED_ACC;
+      }
+      if (pv) inputs[ni++] = prev;
+      inputs[ni++] = v;
+      inputs[ni++] = k;
+      if (t->prog[0] != ni || t->prog[2] != 1) return PG_ERR_ARG;
+      if ((r = instantiate(g, t->prog, inputs, &res)) != 0) return r;
+      if (res < 0) return PG_ERR_ARG;
+      if ((r = gmap_put(st, &g->map, k, res)) != 0) return r;
+      pg_store_decref_locked(st, v);
+      g->lg[g->j] = -1;
+    }
+    next_node(g);
+  }
+  return PG_GRAD_DONE;
+}
+
+/* continue the run; see run_locked */
+int pg_grad_run(pg_grad *g, pg_tcache *tc, pg_stop *out) {
+  int r;
+  if (!g || !tc || !out) return PG_ERR_ARG;
+  pg_lock_take(&g->st->lock);
+  r = run_locked(g, tc, out);
+  pg_lock_drop(&g->st->lock);
+  return r;
+}
+
+/* the gradient of a node so far, or -1 (borrowed: valid while the run holds it) */
+int32_t pg_grad_get(pg_grad *g, int32_t node) {
+  int32_t r;
+  if (!g) return PG_ERR_ARG;
+  pg_lock_take(&g->st->lock);
+  r = gmap_get(&g->map, node);
+  pg_lock_drop(&g->st->lock);
+  return r;
+}
+
+/* set a node's gradient (Python's answer to PY_STEP / PY_ACC); the run takes a reference of its own */
+int pg_grad_set(pg_grad *g, int32_t node, int32_t grad) {
+  int r;
+  if (!g) return PG_ERR_ARG;
+  pg_lock_take(&g->st->lock);
+  if (!pg_node_live(g->st, node)) r = PG_ERR_BADID;
+  else if ((r = incref_locked(g->st, grad)) == 0 && (r = gmap_put(g->st, &g->map, node, grad)) != 0)
+    pg_store_decref_locked(g->st, grad);
+  pg_lock_drop(&g->st->lock);
+  return r;
+}
+
+/* Python did the whole step of the pending node: move on */
+int pg_grad_skip(pg_grad *g) {
+  int32_t j;
+  if (!g || g->pos < 0) return PG_ERR_ARG;
+  pg_lock_take(&g->st->lock);
+  for (j = 0; g->stage == 1 && j < g->nlg; j++)
+    if (g->lg[j] >= 0) pg_store_decref_locked(g->st, g->lg[j]);
+  next_node(g);
+  pg_lock_drop(&g->st->lock);
+  return 0;
+}
+
+/* Python did the pending accumulation (PY_ACC): drop that source's gradient and go on with the next */
+int pg_grad_consume(pg_grad *g) {
+  if (!g || g->stage != 1 || g->j >= g->nlg) return PG_ERR_ARG;
+  pg_lock_take(&g->st->lock);
+  if (g->lg[g->j] >= 0) pg_store_decref_locked(g->st, g->lg[g->j]);
+  g->lg[g->j] = -1;
+  g->j++;
+  pg_lock_drop(&g->st->lock);
+  return 0;
+}
+
+/* how many nodes have a gradient */
+int64_t pg_grad_count(pg_grad *g) { return g ? (int64_t)g->map.n : PG_ERR_ARG; }
+
+/* every (node, gradient) pair, borrowed; returns how many were written (at most cap) */
+int64_t pg_grad_items(pg_grad *g, int32_t *keys, int32_t *vals, int64_t cap) {
+  uint32_t i;
+  int64_t k = 0;
+  if (!g || cap < 0 || (cap && (!keys || !vals))) return PG_ERR_ARG;
+  pg_lock_take(&g->st->lock);
+  for (i = 0; i <= g->map.mask && k < cap; i++)
+    if (g->map.keys[i] != -1) {
+      keys[k] = g->map.keys[i];
+      vals[k++] = g->map.vals[i];
+    }
+  pg_lock_drop(&g->st->lock);
+  return k;
+}
