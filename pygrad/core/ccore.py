@@ -102,7 +102,9 @@ class CCore:
   def __init__(self):
     p = lib.pg_store_new()
     if p == ffi.NULL: raise MemoryError("pygrad C core: cannot create a store")
-    self._st = st = ffi.gc(p, lib.pg_store_delete)
+    # the store lives as long as the process: handles still alive at interpreter exit decref into it from their
+    # finalizers, in whatever order the interpreter tears modules down, so it is never freed under them
+    self._st = st = p
     make0, make1, make2, make3, maken = lib.pg_store_make0, lib.pg_store_make1, lib.pg_store_make2, \
       lib.pg_store_make3, lib.pg_store_make
     c_incref, c_decref, new = lib.pg_store_incref, lib.pg_store_decref, ffi.new
