@@ -2,7 +2,10 @@
 import sys
 import sysconfig
 from setuptools import setup
-from wheel.bdist_wheel import bdist_wheel
+try:
+  from setuptools.command.bdist_wheel import bdist_wheel  # setuptools >= 70.1
+except ImportError:
+  from wheel.bdist_wheel import bdist_wheel
 
 
 class bdist_wheel_abi3(bdist_wheel):
