@@ -1,7 +1,7 @@
 """The C core behind PyCore's interface: the node store and walks of csrc/ (pygrad._core, built by cffi). Ids in,
 ids out, the same identity rules, id recycling and walk orders as PyCore; walks return `Ids` over C arrays."""
 from __future__ import annotations
-import operator
+import functools, operator, sys
 from collections.abc import Sequence
 from typing import Iterator
 from .pycore import ArgGone
@@ -91,7 +91,12 @@ class Ids(Sequence):
     return np.asarray(self)
 
 
-_LITTLE = __import__("sys").byteorder == "little"
+_LITTLE = sys.byteorder == "little"
+
+
+def _store_delete(p, finalizing=sys.is_finalizing, delete=lib.pg_store_delete):
+  """ffi.gc destructor of a store: free it, unless the interpreter is exiting (then the OS takes it back)."""
+  if not finalizing(): delete(p)
 
 
 class CCore:
@@ -102,9 +107,9 @@ class CCore:
   def __init__(self):
     p = lib.pg_store_new()
     if p == ffi.NULL: raise MemoryError("pygrad C core: cannot create a store")
-    # the store lives as long as the process: handles still alive at interpreter exit decref into it from their
-    # finalizers, in whatever order the interpreter tears modules down, so it is never freed under them
-    self._st = st = p
+    # freed with its last reference, except while the interpreter shuts down: handles still alive then decref into
+    # it from their finalizers, in whatever order modules are torn down, so it is never freed under them
+    self._st = st = ffi.gc(p, _store_delete)
     make0, make1, make2, make3, maken = lib.pg_store_make0, lib.pg_store_make1, lib.pg_store_make2, \
       lib.pg_store_make3, lib.pg_store_make
     c_incref, c_decref, new = lib.pg_store_incref, lib.pg_store_decref, ffi.new
