@@ -10,7 +10,9 @@ _INTS = "ints"
 def argkey(x):
   """A hashable key equal for two args exactly when they are the same value of the same type, deeply."""
   t = type(x)
-  if t is float: return (float, "nan") if x != x else (float, x, math.copysign(1.0, x) < 0)
+  if t is float:
+    if x != x: return (float, "nan")
+    return (float, x, math.copysign(1.0, x) < 0) if x == 0.0 else (float, x)
   if t is tuple:
     for e in x:
       if type(e) is not int: return (tuple, *map(argkey, x))
@@ -36,7 +38,8 @@ class Interner:
 
   def get(self, x) -> int:
     if x is None: return 0
-    k = argkey(x)
+    t = type(x)
+    k = (t, x) if t is int or t is bool or (t is float and x != 0.0 and x == x) else argkey(x)  # argkey's own form
     aid = self.ids.get(k)
     if aid is None: aid = self._new(k, x)
     return aid

@@ -6,13 +6,13 @@ import math
 from .ops import Ops
 from .dtype import DType, dtypes, promote
 
-UOp = None  # bound by uop.py once the class exists (the two modules need each other)
+UOp = _alu1 = _alu2 = _const = None  # bound by uop.py once the class exists (the two modules need each other)
 _LN2, _INV_LN2 = math.log(2), 1 / math.log(2)
 
 
-def _bind(cls) -> None:
-  global UOp
-  UOp = cls
+def _bind(cls, alu1, alu2, const) -> None:
+  global UOp, _alu1, _alu2, _const
+  UOp, _alu1, _alu2, _const = cls, alu1, alu2, const
 
 
 def _axes(ndim: int, axis) -> tuple[int, ...]:
@@ -41,7 +41,10 @@ class MathMixin:
   # ---- operand preparation ----
   def _operand(self, x, dtype: DType | None = None):
     if type(x) is UOp: return x
-    if isinstance(x, bool) or isinstance(x, (int, float)) or hasattr(x, "item"):
+    if type(x) in (int, float, bool):
+      d = dtype if dtype is not None else self.dtype
+      return _const(float(x) if d.kind == "f" else x, d)
+    if isinstance(x, (int, float)) or hasattr(x, "item"):
       return UOp.const(x, dtype if dtype is not None else self.dtype)
     raise TypeError(f"cannot use a {type(x).__name__} as a UOp operand")
 
@@ -75,12 +78,18 @@ class MathMixin:
 
   def _bin(self, op: Ops, other, reverse: bool = False) -> UOp:
     a, b = self._pair(other, reverse)
-    return UOp(op, None, (a, b))
+    return _alu2(op, a, b)
 
   # ---- arithmetic ----
-  def __add__(self, x): return self._bin(Ops.ADD, x)
+  def __add__(self, x):
+    if type(x) is UOp and x.dtype is self.dtype and (x.shape == self.shape or not x.shape or not self.shape):
+      return _alu2(Ops.ADD, self, x)
+    return self._bin(Ops.ADD, x)
   def __radd__(self, x): return self._bin(Ops.ADD, x, True)
-  def __mul__(self, x): return self._bin(Ops.MUL, x)
+  def __mul__(self, x):
+    if type(x) is UOp and x.dtype is self.dtype and (x.shape == self.shape or not x.shape or not self.shape):
+      return _alu2(Ops.MUL, self, x)
+    return self._bin(Ops.MUL, x)
   def __rmul__(self, x): return self._bin(Ops.MUL, x, True)
   def __sub__(self, x):
     a, b = self._pair(x)
@@ -150,12 +159,12 @@ class MathMixin:
   def bitcast(self, dtype: DType) -> UOp: return UOp(Ops.BITCAST, dtype, (self,))
 
   # ---- unary math ----
-  def reciprocal(self) -> UOp: return UOp(Ops.RECIPROCAL, None, (self,))
-  def sqrt(self) -> UOp: return UOp(Ops.SQRT, None, (self,))
-  def sin(self) -> UOp: return UOp(Ops.SIN, None, (self,))
-  def exp2(self) -> UOp: return UOp(Ops.EXP2, None, (self,))
-  def log2(self) -> UOp: return UOp(Ops.LOG2, None, (self,))
-  def trunc(self) -> UOp: return UOp(Ops.TRUNC, None, (self,))
+  def reciprocal(self) -> UOp: return _alu1(Ops.RECIPROCAL, self)
+  def sqrt(self) -> UOp: return _alu1(Ops.SQRT, self)
+  def sin(self) -> UOp: return _alu1(Ops.SIN, self)
+  def exp2(self) -> UOp: return _alu1(Ops.EXP2, self)
+  def log2(self) -> UOp: return _alu1(Ops.LOG2, self)
+  def trunc(self) -> UOp: return _alu1(Ops.TRUNC, self)
   def cos(self) -> UOp: return ((math.pi / 2) - self).sin()
   def exp(self) -> UOp: return (self * _INV_LN2).exp2()
   def log(self) -> UOp: return self.log2() * _LN2

@@ -14,7 +14,9 @@ from .mathops import MathMixin
 
 _handles: dict[int, weakref.ref] = {}
 _core_make, _core_decref, _core_incref, _core_info = CORE.make, CORE.decref, CORE.incref, CORE.info
-_args_get, _args_objs, _meta_get, _meta_vals = ARGS.get, ARGS.objs, META.get, META.vals
+_make1, _make2 = CORE.make1, CORE.make2
+_args_get, _args_objs, _meta_get, _meta_vals, _meta_ids = ARGS.get, ARGS.objs, META.get, META.vals, META.ids
+_new_handle, _wref = object.__new__, weakref.ref
 _OPS = tuple(Ops)
 _uids = itertools.count()
 
@@ -57,7 +59,9 @@ def metadata(name: str, caller: str | None = None):
 
 def _make(op: Ops, dtype: DType, src: tuple, arg, tag, shape, device) -> UOp:
   """The node with these fields (its shape and device already inferred), as its unique handle."""
-  meta = _meta_get(shape, device)
+  mk = (shape, device)
+  meta = _meta_ids.get(mk)
+  if meta is None: meta = _meta_get(shape, device)
   while True:
     aid = 0 if arg is None else _args_get(arg)
     tid = 0 if tag is None else _args_get(tag)
@@ -67,6 +71,11 @@ def _make(op: Ops, dtype: DType, src: tuple, arg, tag, shape, device) -> UOp:
     except ArgGone:
       if aid: ARGS.forget(aid)
       if tid: ARGS.forget(tid)
+  return _wrap(nid, op, dtype, arg, tag, shape, device, meta)
+
+
+def _wrap(nid: int, op: Ops, dtype: DType, arg, tag, shape, device, meta: int) -> UOp:
+  """The unique handle of a node the caller holds one new reference on (dropped if a handle exists already)."""
   r = _handles.get(nid)
   if r is not None:
     o = r()
@@ -74,11 +83,47 @@ def _make(op: Ops, dtype: DType, src: tuple, arg, tag, shape, device) -> UOp:
       _core_decref(nid)
       if _md_current is not None: _attach_metadata(o, _md_current, only_if_none=True)
       return o
-  o = object.__new__(UOp)
-  o._id, o.op, o.dtype, o.arg, o.tag, o.shape, o.device, o._src = nid, op, dtype, arg, tag, shape, device, None
-  _handles[nid] = weakref.ref(o)
+  o = _new_handle(UOp)
+  o._id, o.op, o.dtype, o.arg, o.tag, o.shape, o.device, o._src, o._m = nid, op, dtype, arg, tag, shape, device, None, meta
+  _handles[nid] = _wref(o)
   if _md_current is not None: _attach_metadata(o, _md_current, only_if_none=True)
   return o
+
+
+def alu1(op: Ops, x: UOp) -> UOp:
+  """A unary ALU node (the hot path of the math methods: checks by table, no generic inference)."""
+  if (op, x.dtype) not in _UNARY_OK: return UOp(op, None, (x,))  # the generic path raises the precise error
+  nid = _make1(op, x.dtype.id, x._id, 0, 0, x._m)
+  if nid < 0: return UOp(op, None, (x,))
+  return _wrap(nid, op, x.dtype, None, None, x.shape, x.device, x._m)
+
+
+def alu2(op: Ops, a: UOp, b: UOp) -> UOp:
+  """A binary ALU node over operands of equal dtype, shapes equal or one (): the hot path of the math methods."""
+  out = _BINARY_OUT.get((op, a.dtype))
+  sa, sb = a.shape, b.shape
+  da, db = a.device, b.device
+  if out is None or a.dtype is not b.dtype or not (sa == sb or not sb or not sa) or \
+     (da != db and da is not None and db is not None):
+    return UOp(op, None, (a, b))
+  if sa and (da is not None or db is None): meta, shape, dev = a._m, sa, da
+  elif sb and (db is not None or da is None): meta, shape, dev = b._m, sb, db
+  else:
+    shape, dev = sa or sb, da if da is not None else db
+    meta = _meta_ids.get((shape, dev))
+    if meta is None: meta = _meta_get(shape, dev)
+  nid = _make2(op, out.id, a._id, b._id, 0, 0, meta)
+  if nid < 0: return UOp(op, None, (a, b))
+  return _wrap(nid, op, out, None, None, shape, dev, meta)
+
+
+def const(value, dtype: DType) -> UOp:
+  """UOp.const for a Python scalar already of the dtype's kind (the math methods' hot path)."""
+  t, kind = type(value), dtype.kind
+  if not ((kind == "f" and t is float) or (kind == "b" and t is bool) or
+          (t is int and kind in "iu" and _INT_RANGE[dtype][0] <= value <= _INT_RANGE[dtype][1])):
+    return UOp.const(value, dtype)
+  return _make(Ops.CONST, dtype, (), value, None, (), None)
 
 
 def handle(nid: int) -> UOp:
@@ -89,10 +134,10 @@ def handle(nid: int) -> UOp:
     if o is not None: return o
   op, dt, _, aid, tid, mid, _ = _core_info(nid)
   _core_incref(nid)
-  o = object.__new__(UOp)
+  o = _new_handle(UOp)
   shape, device = _meta_vals[mid]
-  o._id, o.op, o.dtype, o.arg, o.tag, o.shape, o.device, o._src = \
-    nid, _OPS[op], BY_ID[dt], _args_objs[aid], _args_objs[tid] if tid else None, shape, device, None
+  o._id, o.op, o.dtype, o.arg, o.tag, o.shape, o.device, o._src, o._m = \
+    nid, _OPS[op], BY_ID[dt], _args_objs[aid], _args_objs[tid] if tid else None, shape, device, None, mid
   _handles[nid] = weakref.ref(o)
   return o
 
@@ -143,7 +188,7 @@ class Walk:
 
 class UOp(MathMixin):
   """A node: `UOp(op, dtype=None, src=(), arg=None, tag=None)` returns *the* node with those fields."""
-  __slots__ = ("_id", "op", "dtype", "arg", "tag", "shape", "device", "_src", "__weakref__")
+  __slots__ = ("_id", "op", "dtype", "arg", "tag", "shape", "device", "_src", "_m", "__weakref__")
 
   def __new__(cls, op: Ops, dtype: DType | None = None, src: tuple = (), arg: Any = None, tag: Any = None) -> UOp:
     if type(op) is not Ops:
@@ -299,6 +344,10 @@ def rebuild(u: UOp, src: tuple) -> UOp:
   return UOp(u.op, u.dtype if u.op in _KEEP_DTYPE else None, src, u.arg, u.tag)
 
 
+_INT_RANGE = {d: ((0, 2 ** (8 * d.itemsize) - 1) if dtypes.is_unsigned(d) else
+                  (-2 ** (8 * d.itemsize - 1), 2 ** (8 * d.itemsize - 1) - 1)) for d in BY_ID if dtypes.is_int(d)}
+
+
 def _coerce(value, dtype: DType):
   if dtypes.is_float(dtype): return float(value)
   if dtypes.is_bool(dtype): return bool(value)
@@ -306,8 +355,7 @@ def _coerce(value, dtype: DType):
     if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
       raise ValueError(f"CONST: {value} has no {dtype.name} value")
     v = int(value)
-    lo, hi = (0, 2 ** (8 * dtype.itemsize) - 1) if dtypes.is_unsigned(dtype) else \
-      (-2 ** (8 * dtype.itemsize - 1), 2 ** (8 * dtype.itemsize - 1) - 1)
+    lo, hi = _INT_RANGE[dtype]
     if not lo <= v <= hi: raise ValueError(f"CONST: {v} out of range for {dtype.name}")
     return v
   raise TypeError(f"CONST: dtype {dtype.name} holds no value")
@@ -333,6 +381,26 @@ def core_name() -> str:
   return CORE.name
 
 
+def _tables():
+  from .shapes import INFER as _inf
+  from .ops import GroupOp
+  from .dtype import VALUE_DTYPES
+  from types import SimpleNamespace
+  probe = {d: SimpleNamespace(op=Ops.CONST, dtype=d, shape=(), device=None) for d in VALUE_DTYPES}
+  un, bi = set(), {}
+  for op in GroupOp.Unary:
+    for d, p in probe.items():
+      try: _inf[op](op, None, (p,), None)
+      except (TypeError, ValueError): continue
+      un.add((op, d))
+  for op in GroupOp.Binary:
+    for d, p in probe.items():
+      try: bi[(op, d)] = _inf[op](op, None, (p, p), None)[0]
+      except (TypeError, ValueError): continue
+  return frozenset(un), bi
+
+
+_UNARY_OK, _BINARY_OUT = _tables()
 from . import mathops as _mathops  # noqa: E402
-_mathops._bind(UOp)
-__all__ = ["UOp", "Walk", "CallInfo", "Metadata", "metadata", "handle", "rebuild", "live_nodes", "core_name"]
+_mathops._bind(UOp, alu1, alu2, const)
+__all__ = ["UOp", "Walk", "CallInfo", "Metadata", "metadata", "handle", "rebuild", "alu1", "alu2", "const", "live_nodes", "core_name"]

@@ -140,6 +140,10 @@ class CCore:
       if r: _raise(r, "decref", nid)
 
     self.make, self.incref, self.decref = make, incref, decref
+    # fixed-arity makes for the math methods' hot path: the raw C result, a negative code on error (the caller then
+    # repeats the call through make, which raises the matching exception)
+    self.make1 = functools.partial(make1, st)
+    self.make2 = functools.partial(make2, st)
 
   def info(self, nid: int) -> tuple[int, int, int, int, int, int, int]:
     """(op, dtype, nsrc, arg, tag, meta, pdata) of a node."""

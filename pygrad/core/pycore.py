@@ -54,6 +54,14 @@ class PyCore:
     self._live += 1
     return nid
 
+  def make1(self, op: int, dtype: int, s0: int, arg: int, tag: int, meta: int) -> int:
+    """make with one source (the fixed-arity hot path; same result as make)."""
+    return self.make(op, dtype, (s0,), arg, tag, meta)
+
+  def make2(self, op: int, dtype: int, s0: int, s1: int, arg: int, tag: int, meta: int) -> int:
+    """make with two sources."""
+    return self.make(op, dtype, (s0, s1), arg, tag, meta)
+
   def incref(self, nid: int) -> None: self._rc[nid] += 1
 
   def decref(self, nid: int) -> None:
