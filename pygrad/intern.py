@@ -1,7 +1,7 @@
 """Interning of args, tags and side data into integer ids the cores store. Equality is type-strict and deep:
 `1`, `1.0` and `True` differ, `0.0` and `-0.0` differ, NaN equals NaN."""
 from __future__ import annotations
-import math
+import math, threading
 from .core import CORE
 
 _INTS = "ints"
@@ -35,6 +35,7 @@ class Interner:
     self.keys: dict[int, object] = {}
     self.next = 1
     self.since_drain = 0
+    self.lock = threading.Lock()  # new ids, drains and forgets: rare, but threads must not share an id
 
   def get(self, x) -> int:
     if x is None: return 0
@@ -45,26 +46,34 @@ class Interner:
     return aid
 
   def _new(self, k, x) -> int:
-    self.since_drain += 1
-    if self.since_drain >= 1024: self.drain()
-    aid = self.next
-    self.next += 1
-    self.core.arg_register(aid)
-    self.ids[k], self.objs[aid], self.keys[aid] = aid, x, k
-    return aid
+    with self.lock:
+      aid = self.ids.get(k)  # another thread may have made it meanwhile
+      if aid is not None: return aid
+      self.since_drain += 1
+      if self.since_drain >= 1024: self._drain()
+      aid = self.next
+      self.next += 1
+      self.core.arg_register(aid)
+      self.ids[k], self.objs[aid], self.keys[aid] = aid, x, k
+      return aid
 
   def forget(self, aid: int) -> None:
     """Drops an id that turned out to be gone (a race with drain), so that `get` makes a fresh one."""
+    with self.lock:
+      self._forget(aid)
+
+  def _forget(self, aid: int) -> None:
     k = self.keys.pop(aid, None)
     self.objs.pop(aid, None)
     if k is not None and self.ids.get(k) == aid: del self.ids[k]
 
   def drain(self) -> None:
+    with self.lock:
+      self._drain()
+
+  def _drain(self) -> None:
     self.since_drain = 0
-    for aid in self.core.arg_drain():
-      k = self.keys.pop(aid, None)
-      self.objs.pop(aid, None)
-      if k is not None and self.ids.get(k) == aid: del self.ids[k]
+    for aid in self.core.arg_drain(): self._forget(aid)
 
 
 ARGS = Interner(CORE)
@@ -76,13 +85,17 @@ class MetaTable:
   def __init__(self):
     self.ids: dict = {}
     self.vals: list = []
+    self.lock = threading.Lock()
 
   def get(self, shape, device) -> int:
     k = (shape, device)
     mid = self.ids.get(k)
     if mid is None:
-      mid = self.ids[k] = len(self.vals)
-      self.vals.append(k)
+      with self.lock:
+        mid = self.ids.get(k)
+        if mid is None:
+          self.vals.append(k)
+          mid = self.ids[k] = len(self.vals) - 1
     return mid
 
 
