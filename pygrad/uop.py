@@ -2,7 +2,7 @@
 no Python object until Python asks for it), unique per node while alive (so `is` is node identity), and each owns
 one core reference, dropped when the handle dies."""
 from __future__ import annotations
-import itertools, weakref, contextlib, traceback
+import itertools, weakref, contextlib, threading, traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 from .ops import Ops
@@ -85,8 +85,50 @@ def _wrap(nid: int, op: Ops, dtype: DType, arg, tag, shape, device, meta: int) -
       return o
   o = _new_handle(UOp)
   o._id, o.op, o.dtype, o.arg, o.tag, o.shape, o.device, o._src, o._m = nid, op, dtype, arg, tag, shape, device, None, meta
-  _handles[nid] = _wref(o)
-  if _md_current is not None: _attach_metadata(o, _md_current, only_if_none=True)
+  h = _register(o, nid)
+  if h is not o: _core_decref(nid)
+  if _md_current is not None: _attach_metadata(h, _md_current, only_if_none=True)
+  return h
+
+
+class _Ref(weakref.ref):
+  """The registry's weak reference to a handle; when the handle dies, its callback drops the core reference. A
+  callback (unlike __del__) runs once the handle is unreachable, so no thread can pick the dying handle up again."""
+  __slots__ = ("nid",)
+
+  def __new__(cls, o, nid):
+    self = weakref.ref.__new__(cls, o, _on_dead)
+    self.nid = nid
+    return self
+
+  def __init__(self, o, nid): super().__init__(o, _on_dead)
+
+
+def _on_dead(ref: _Ref) -> None:
+  try:
+    _core_decref(ref.nid)
+  except Exception:  # interpreter shutdown: the core may already be gone
+    pass
+
+
+_hlock = threading.Lock()
+_registered = 0
+
+
+def _register(o: UOp, nid: int) -> UOp:
+  """Publish a new handle for nid, taking over the caller's core reference -- unless another thread published one
+  meanwhile: then that one is returned and the caller drops its reference. Dead registry entries (left behind by
+  handles that died) are swept now and then."""
+  global _registered
+  with _hlock:
+    r = _handles.get(nid)
+    if r is not None:
+      other = r()
+      if other is not None: return other
+    _handles[nid] = _Ref(o, nid)
+    _registered += 1
+    if not _registered & 0xFFFF and len(_handles) > 2 * CORE.live() + 1024:
+      for k in [k for k, w in _handles.items() if w() is None]: del _handles[k]
   return o
 
 
@@ -138,8 +180,9 @@ def handle(nid: int) -> UOp:
   shape, device = _meta_vals[mid]
   o._id, o.op, o.dtype, o.arg, o.tag, o.shape, o.device, o._src, o._m = \
     nid, _OPS[op], BY_ID[dt], _args_objs[aid], _args_objs[tid] if tid else None, shape, device, None, mid
-  _handles[nid] = weakref.ref(o)
-  return o
+  h = _register(o, nid)
+  if h is not o: _core_decref(nid)
+  return h
 
 
 def _attach_metadata(u: UOp, md: tuple, only_if_none: bool = False) -> None:
@@ -200,13 +243,6 @@ class UOp(MathMixin):
     if dtype is not None and not isinstance(dtype, DType): raise TypeError(f"{op.name}: dtype must be a DType")
     d, shape, device = INFER[op](op, dtype, src, arg)
     return _make(op, d, src, arg, tag, shape, device)
-
-  def __del__(self):
-    try:
-      del _handles[self._id]
-      _core_decref(self._id)
-    except Exception:  # interpreter shutdown: the tables may already be gone
-      pass
 
   def __reduce__(self): raise TypeError("UOp handles are not picklable")
   def __bool__(self): raise TypeError("a UOp has no truth value: use .where, or compare nodes with `is`")
