@@ -48,8 +48,13 @@ def _leaf(op, dtype, src, arg):
   if op is Ops.NOOP: return VOID, (), None
   if dtype is None or dtype is VOID: raise TypeError(f"{op.name}: a dtype is required, got {dtype!r}")
   if op is Ops.CONST:
-    if type(arg) not in (int, float, bool):
-      raise TypeError(f"CONST: arg must be a Python int, float or bool, got {type(arg).__name__}")
+    want = float if dtype.kind == "f" else bool if dtype.kind == "b" else int
+    if type(arg) is not want:
+      raise TypeError(f"CONST: a {dtype.name} constant holds a Python {want.__name__}, got {type(arg).__name__} {arg!r}")
+    if want is int:
+      lo, hi = (0, 2 ** (8 * dtype.itemsize) - 1) if dtype.kind == "u" else \
+        (-2 ** (8 * dtype.itemsize - 1), 2 ** (8 * dtype.itemsize - 1) - 1)
+      if not lo <= arg <= hi: raise ValueError(f"CONST: {arg} is out of range for {dtype.name}")
     return dtype, (), None
   if op is Ops.DEFINE_VAR:
     if type(arg) is not tuple or len(arg) != 3 or type(arg[0]) is not str:
