@@ -143,7 +143,8 @@ def test_binary_scalar_broadcast(op):
     x, s = UOp.placeholder((1025,), dt, "x"), UOp.placeholder((), dt, "s")
     a, b = rnd(dt, 1025, rng, small=True), rnd(dt, 1, rng, small=True).reshape(())
     if dtypes.is_float(dt): a, b = np.abs(a), np.abs(b)
-    for u, want in ((UOp(op, None, (x, s)), binary_ref(op, a, b, dt)), (UOp(op, None, (s, x)), binary_ref(op, b, a, dt))):
+    for u, want in ((UOp(op, None, (x, s)), binary_ref(op, a, b, dt)),
+                    (UOp(op, None, (s, x)), binary_ref(op, b, a, dt))):
       assert u.shape == (1025,)
       same(ev(u, {x: a, s: b}), want, u.dtype)
 
@@ -263,10 +264,12 @@ def test_shift_edge_cases():
   cnt = np.array([7, 8, 9, 1, 100, -1], np.int8)
   np.testing.assert_array_equal(ev(x << c, {x: a, c: cnt}), [-128, 0, 0, -128, 0, 0])
   np.testing.assert_array_equal(ev(x >> c, {x: a, c: cnt}), [0, -1, -1, 32, -1, 0])
-  np.testing.assert_array_equal(ev(x >> c, {x: np.array([-5] * 6, np.int8), c: np.array([-1, -8, 0, 1, 2, 7], np.int8)}),
+  neg5, counts = np.array([-5] * 6, np.int8), np.array([-1, -8, 0, 1, 2, 7], np.int8)
+  np.testing.assert_array_equal(ev(x >> c, {x: neg5, c: counts}),
                                 [0, 0, -5, -3, -2, -1])
   u, k = UOp.placeholder((4,), dtypes.uint32), UOp.placeholder((4,), dtypes.uint32)
-  np.testing.assert_array_equal(ev(u >> k, {u: np.array([2**32 - 1] * 4, np.uint32), k: np.array([31, 32, 33, 0], np.uint32)}),
+  ucounts = np.array([31, 32, 33, 0], np.uint32)
+  np.testing.assert_array_equal(ev(u >> k, {u: np.array([2**32 - 1] * 4, np.uint32), k: ucounts}),
                                 [1, 0, 0, 2**32 - 1])
   np.testing.assert_array_equal(ev(u << k, {u: np.array([1] * 4, np.uint32), k: np.array([31, 32, 33, 0], np.uint32)}),
                                 [2**31, 0, 0, 1])
@@ -304,8 +307,10 @@ def test_float16_rounds_through_float32():
   one = np.array([1.0, 2048.0], np.float16)
   # 1 + 2**-11 is a tie in float16 and rounds to even (1.0); 2048 + 1 rounds to 2048
   np.testing.assert_array_equal(ev(x + x.const_like(2.0 ** -11), {x: one}), np.array([1.0, 2048.0], np.float16))
-  np.testing.assert_array_equal(ev(x + x.const_like(1.5 * 2.0 ** -11), {x: one}), np.array([1.0009766, 2048.0], np.float16))
-  np.testing.assert_array_equal(ev(x * x.const_like(100.0), {x: np.array([1000.0, -1000.0], np.float16)}), [np.inf, -np.inf])
+  np.testing.assert_array_equal(ev(x + x.const_like(1.5 * 2.0 ** -11), {x: one}),
+                                np.array([1.0009766, 2048.0], np.float16))
+  np.testing.assert_array_equal(ev(x * x.const_like(100.0), {x: np.array([1000.0, -1000.0], np.float16)}),
+                                [np.inf, -np.inf])
 
 
 def _f32(bits: int) -> float: return struct.unpack("<f", struct.pack("<I", bits))[0]
@@ -337,7 +342,8 @@ def test_round_bfloat16():
   inp = np.array([1.0, 1.0 + 2.0 ** -7, 256.0], np.float32)
   np.testing.assert_array_equal(ev(x + x.const_like(2.0 ** -8), {x: inp}), [1.0, 1.0 + 2.0 ** -6, 256.0])
   # an unrounded float32 bound to a bfloat16 input is rounded on entry
-  np.testing.assert_array_equal(ev(x.contiguous(), {x: np.array([1.0 + 2.0 ** -9, 3.0, 1.0], np.float32)}), [1.0, 3.0, 1.0])
+  unrounded = np.array([1.0 + 2.0 ** -9, 3.0, 1.0], np.float32)
+  np.testing.assert_array_equal(ev(x.contiguous(), {x: unrounded}), [1.0, 3.0, 1.0])
 
 
 # ---- reduce ----
@@ -392,7 +398,8 @@ MOVES = [
 
 
 @pytest.mark.parametrize("i", range(len(MOVES)))
-@pytest.mark.parametrize("dt", (dtypes.float32, dtypes.bool, dtypes.int64, dtypes.bfloat16, dtypes.float16, dtypes.uint8),
+@pytest.mark.parametrize("dt", (dtypes.float32, dtypes.bool, dtypes.int64, dtypes.bfloat16, dtypes.float16,
+                                dtypes.uint8),
                          ids=lambda d: d.name)
 def test_movement(i, dt):
   f, ref = MOVES[i]

@@ -1,0 +1,545 @@
+"""The IR: hash-consing, the operator table's shape rules and errors, constructors, walks, substitution, lifetime
+(deep chains, leaks, threads). Runs on whichever core the process loaded."""
+import gc, math, random, threading
+import numpy as np
+import pytest
+import pygrad
+from pygrad import UOp, Ops, GroupOp, dtypes, CallInfo
+from pygrad.dtype import VALUE_DTYPES
+
+F32, I32, BOOL = dtypes.float32, dtypes.int32, dtypes.bool
+
+
+def ev(out, inputs=None): return pygrad.evaluate(out, inputs or {}, engine="numpy")
+
+
+def ph(*shape, dtype=F32, **kw): return UOp.placeholder(shape, dtype, **kw)
+
+
+def live_after_gc() -> int:
+  gc.collect()
+  return pygrad.live_nodes()
+
+
+# ---- hash-consing ----
+def test_hash_consing_identity():
+  assert UOp(Ops.CONST, F32, (), 1.0) is UOp(Ops.CONST, F32, (), 1.0)
+  assert UOp.const(2.5) is UOp.const(2.5)
+  x = ph(3)
+  assert (x + 1.0) is (x + 1.0)
+  assert UOp(Ops.ADD, None, (x, x)) is UOp(Ops.ADD, None, [x, x])
+  assert UOp(Ops.ADD, None, (x, UOp.const(1.0))) is not UOp(Ops.ADD, None, (UOp.const(1.0), x))
+  assert UOp(Ops.CONST, F32, (), 1.0) is not UOp(Ops.CONST, dtypes.float64, (), 1.0)
+  d = {x: 1, x + 1.0: 2}
+  assert d[x + 1.0] == 2 and x == x and x != (x + 1.0)
+
+
+def test_args_are_type_strict():
+  i, f, b = (UOp(Ops.SINK, None, (), v) for v in (1, 1.0, True))
+  assert len({id(i), id(f), id(b)}) == 3
+  assert type(i.arg) is int and type(f.arg) is float and type(b.arg) is bool
+  # a CONST's arg is a value of its dtype's kind, in range: anything else would be a silently wrong node
+  for bad in (1.0, True):
+    with pytest.raises(TypeError, match="CONST"): UOp(Ops.CONST, I32, (), bad)
+  with pytest.raises(ValueError, match="out of range"): UOp(Ops.CONST, dtypes.int8, (), 300)
+  assert UOp(Ops.CONST, I32, (), 1) is UOp.const(1)
+  pz, nz = UOp.const(0.0), UOp.const(-0.0)
+  assert pz is not nz and math.copysign(1, pz.arg) == 1 and math.copysign(1, nz.arg) == -1
+  assert UOp.const(float("nan")) is UOp.const(float("nan"))
+  assert UOp.const(math.inf) is not UOp.const(-math.inf)
+
+
+def test_nested_tuple_args_and_tags():
+  def mk(arg): return UOp(Ops.SINK, None, (), arg)
+  base = mk((1, (2.0, ("a", None))))
+  assert mk((1, (2.0, ("a", None)))) is base
+  for other in ((1, (2, ("a", None))), (True, (2.0, ("a", None))), (1, (-0.0 + 2.0, ("b", None))),
+                (1, ((2.0,), ("a", None))),
+                (1, (2.0, ("a", 0))), (1.0, (2.0, ("a", None)))):
+    assert mk(other) is not base, other
+  assert mk((0.0,)) is not mk((-0.0,))
+  assert mk((float("nan"), 1)) is mk((float("nan"), 1))
+  assert UOp.const(1.0).arg == 1.0
+  t1, t2, t3 = (UOp(Ops.CONST, F32, (), 1.0, tag=t) for t in (1, 1.0, (1,)))
+  assert len({id(t1), id(t2), id(t3)}) == 3 and UOp(Ops.CONST, F32, (), 1.0, tag=1) is t1
+
+
+# ---- the operator table: shapes, dtypes, devices ----
+def _shape_cases():
+  x, y, s = ph(2, 3), ph(2, 3), ph()
+  i, u, c = ph(2, 3, dtype=I32), ph(2, 3, dtype=dtypes.uint8), ph(2, 3, dtype=BOOL)
+  p = x.param_like(0)
+  fn = UOp.maketuple(p * 2.0, p.sum()).call(x)
+  kern = UOp.custom_kernel(x, i, fxn=lambda a, b: None)
+  a0, a1 = ph(2, 3, device="CPU"), ph(1, 3, device="CPU:1")
+  return [
+    (UOp.const(1.5), (), F32), (UOp.const(3, dtypes.int8), (), dtypes.int8),
+    (UOp.variable("n", 0, 9, I32), (), I32), (ph(4, 0, 2), (4, 0, 2), F32), (p, (2, 3), F32),
+    *[(UOp(o, None, (x,)), (2, 3), F32) for o in GroupOp.Unary],
+    (UOp(Ops.TRUNC, None, (i,)), (2, 3), I32),
+    (x.cast(dtypes.float16), (2, 3), dtypes.float16), (x.bitcast(I32), (2, 3), I32),
+    (c.bitcast(dtypes.uint8), (2, 3), dtypes.uint8),
+    *[(UOp(o, None, (i, i)), (2, 3), BOOL if o in GroupOp.Comparison else I32) for o in GroupOp.Binary],
+    (UOp(Ops.ADD, None, (x, s)), (2, 3), F32), (UOp(Ops.MUL, None, (s, y)), (2, 3), F32),
+    (UOp(Ops.CMPLT, None, (s, s)), (), BOOL), (UOp(Ops.AND, None, (c, c)), (2, 3), BOOL),
+    (UOp(Ops.SHL, None, (u, UOp.const(1, dtypes.uint8))), (2, 3), dtypes.uint8),
+    (UOp(Ops.WHERE, None, (c, x, y)), (2, 3), F32), (UOp(Ops.WHERE, None, (UOp.const(True), s, x)), (2, 3), F32),
+    (UOp(Ops.WHERE, None, (c, s, s)), (2, 3), F32),
+    (UOp(Ops.REDUCE_AXIS, None, (x,), (Ops.ADD, (1,))), (2, 1), F32),
+    (UOp(Ops.REDUCE_AXIS, None, (i,), (Ops.MAX, (0, 1))), (1, 1), I32),
+    (UOp(Ops.REDUCE_AXIS, None, (x,), (Ops.MUL, ())), (2, 3), F32),
+    (UOp(Ops.RESHAPE, None, (x,), (3, 1, 2)), (3, 1, 2), F32), (UOp(Ops.RESHAPE, None, (s,), (1, 1)), (1, 1), F32),
+    (UOp(Ops.EXPAND, None, (x.reshape(2, 1, 3),), (2, 4, 3)), (2, 4, 3), F32),
+    (UOp(Ops.PAD, None, (x,), ((1, 0), (2, 3))), (3, 8), F32),
+    (UOp(Ops.SHRINK, None, (x,), ((1, 2), (0, 0))), (1, 0), F32),
+    (UOp(Ops.PERMUTE, None, (x,), (1, 0)), (3, 2), F32), (UOp(Ops.FLIP, None, (x,), (True, False)), (2, 3), F32),
+    *[(UOp(o, None, (i,)), (2, 3), I32) for o in GroupOp.Identity],
+    (UOp(Ops.COPY, None, (x,), "CPU:1"), (2, 3), F32),
+    (UOp(Ops.MULTI, None, (a0, a1), 0), (3, 3), F32), (UOp(Ops.MULTI, None, (a0, a0.copy_to_device("CPU:1")), None),
+                                                       (2, 3), F32),
+    (UOp.maketuple(x, i), (), dtypes.void), (UOp.maketuple(x, i).gettuple(1), (2, 3), I32),
+    (fn, (), dtypes.void), (fn.gettuple(1), (), F32), (fn.gettuple(0), (2, 3), F32),
+    (kern[0].src[1], (), dtypes.void), (kern[1], (2, 3), I32),
+    (UOp(Ops.NOOP), (), dtypes.void), (UOp.sink(x, i), (), dtypes.void),
+  ]
+
+
+def test_shape_rules():
+  for u, shape, dtype in _shape_cases():
+    assert u.shape == shape and u.dtype is dtype, (u.op, u.shape, shape, u.dtype, dtype)
+    assert u.ndim == len(shape) and u.numel == math.prod(shape)
+
+
+def test_devices():
+  x = ph(2, 3)
+  assert x.device == "CPU" and (x + 1.0).device == "CPU" and UOp.const(1.0).device is None
+  assert x.copy_to_device("CPU:1").device == "CPU:1"
+  m = x.shard(("CPU", "CPU:1"), 0)
+  assert m.device == ("CPU", "CPU:1") and m.shape == (2, 3) and m.op is Ops.MULTI and m.axis == 0
+  assert (m * 2.0).device == ("CPU", "CPU:1")
+  with pytest.raises(ValueError, match="ADD"):
+    x + x.copy_to_device("CPU:1")
+
+
+def _error_cases():
+  x, y, s = ph(2, 3), ph(3, 2), ph()
+  i, c = ph(2, 3, dtype=I32), ph(2, 3, dtype=BOOL)
+  t = UOp.maketuple(x)
+  p = ph(2, 2).param_like(0)
+  call = UOp.custom_kernel(x, fxn=lambda a: None)[0].src[1]
+  return [
+    ("CONST", TypeError, lambda: UOp(Ops.CONST, F32, (), "one")),
+    ("CONST", TypeError, lambda: UOp(Ops.CONST, None, (), 1.0)),
+    ("CONST", ValueError, lambda: UOp.const(300, dtypes.int8)),
+    ("CONST", TypeError, lambda: UOp.const("a")),
+    ("CONST", ValueError, lambda: UOp(Ops.CONST, F32, (x,), 1.0)),
+    ("DEFINE_VAR", TypeError, lambda: UOp(Ops.DEFINE_VAR, I32, (), ("n", 0))),
+    ("BUFFER", ValueError, lambda: ph(2, -1)),
+    ("BUFFER", TypeError, lambda: ph(2.0, 3)),
+    ("SQRT", TypeError, lambda: i.sqrt()),
+    ("LOG2", TypeError, lambda: c.log2()),
+    ("RECIPROCAL", ValueError, lambda: UOp(Ops.RECIPROCAL, None, (x, x))),
+    ("CAST", TypeError, lambda: UOp(Ops.CAST, None, (x,))),
+    ("BITCAST", TypeError, lambda: x.bitcast(dtypes.int8)),
+    ("ADD", ValueError, lambda: UOp(Ops.ADD, None, (x, y))),
+    ("ADD", TypeError, lambda: UOp(Ops.ADD, None, (x, i))),
+    ("ADD", TypeError, lambda: UOp(Ops.ADD, I32, (x, x))),
+    ("ADD", ValueError, lambda: UOp(Ops.ADD, None, (x,))),
+    ("MUL", TypeError, lambda: UOp(Ops.MUL, None, (t, t))),
+    ("IDIV", TypeError, lambda: UOp(Ops.IDIV, None, (x, x))),
+    ("MOD", TypeError, lambda: UOp(Ops.MOD, None, (c, c))),
+    ("SHL", TypeError, lambda: UOp(Ops.SHL, None, (x, x))),
+    ("AND", TypeError, lambda: UOp(Ops.AND, None, (x, x))),
+    ("CMPLT", ValueError, lambda: UOp(Ops.CMPLT, None, (x, y))),
+    ("CMPEQ", TypeError, lambda: UOp(Ops.CMPEQ, None, (x, i))),
+    ("WHERE", TypeError, lambda: UOp(Ops.WHERE, None, (x, x, x))),
+    ("WHERE", TypeError, lambda: UOp(Ops.WHERE, None, (c, x, i))),
+    ("WHERE", ValueError, lambda: UOp(Ops.WHERE, None, (c, y, y))),
+    ("REDUCE_AXIS", TypeError, lambda: UOp(Ops.REDUCE_AXIS, None, (x,), (Ops.POW, (0,)))),
+    ("REDUCE_AXIS", ValueError, lambda: UOp(Ops.REDUCE_AXIS, None, (x,), (Ops.ADD, (2,)))),
+    ("REDUCE_AXIS", ValueError, lambda: UOp(Ops.REDUCE_AXIS, None, (x,), (Ops.ADD, (0, 0)))),
+    ("REDUCE_AXIS", TypeError, lambda: UOp(Ops.REDUCE_AXIS, None, (x,), (Ops.ADD, 0))),
+    ("RESHAPE", ValueError, lambda: UOp(Ops.RESHAPE, None, (x,), (5,))),
+    ("RESHAPE", TypeError, lambda: UOp(Ops.RESHAPE, None, (x,), (6.0,))),
+    ("RESHAPE", TypeError, lambda: UOp(Ops.RESHAPE, None, (x,), [6])),
+    ("EXPAND", ValueError, lambda: UOp(Ops.EXPAND, None, (x,), (4, 3))),
+    ("EXPAND", ValueError, lambda: UOp(Ops.EXPAND, None, (x,), (1, 2, 3))),
+    ("PERMUTE", ValueError, lambda: UOp(Ops.PERMUTE, None, (x,), (0, 0))),
+    ("PERMUTE", ValueError, lambda: UOp(Ops.PERMUTE, None, (x,), (0,))),
+    ("FLIP", TypeError, lambda: UOp(Ops.FLIP, None, (x,), (1, 0))),
+    ("FLIP", TypeError, lambda: UOp(Ops.FLIP, None, (x,), (True,))),
+    ("PAD", ValueError, lambda: UOp(Ops.PAD, None, (x,), ((0, -1), (0, 0)))),
+    ("PAD", TypeError, lambda: UOp(Ops.PAD, None, (x,), ((0, 1),))),
+    ("SHRINK", ValueError, lambda: UOp(Ops.SHRINK, None, (x,), ((0, 3), (0, 3)))),
+    ("SHRINK", ValueError, lambda: UOp(Ops.SHRINK, None, (x,), ((2, 1), (0, 3)))),
+    ("CONTIGUOUS", TypeError, lambda: UOp(Ops.CONTIGUOUS, None, (t,))),
+    ("DETACH", ValueError, lambda: UOp(Ops.DETACH, None, (x, x))),
+    ("COPY", TypeError, lambda: UOp(Ops.COPY, None, (x,), 1)),
+    ("MULTI", ValueError, lambda: UOp(Ops.MULTI, None, (), 0)),
+    ("MULTI", TypeError, lambda: UOp(Ops.MULTI, None, (x, i), 0)),
+    ("MULTI", ValueError, lambda: UOp(Ops.MULTI, None, (x, y), 0)),
+    ("MULTI", ValueError, lambda: UOp(Ops.MULTI, None, (x, ph(2, 4)), None)),
+    ("GETTUPLE", TypeError, lambda: x.gettuple(0)),
+    ("GETTUPLE", ValueError, lambda: t.gettuple(1)),
+    ("GETTUPLE", TypeError, lambda: UOp(Ops.GETTUPLE, None, (t,), "0")),
+    ("FUNCTION", ValueError, lambda: UOp(Ops.FUNCTION, None, (x, x), CallInfo())),
+    ("FUNCTION", ValueError, lambda: UOp.maketuple(p).call()),
+    ("FUNCTION", ValueError, lambda: UOp.maketuple(p).call(x)),
+    ("FUNCTION", TypeError, lambda: UOp(Ops.FUNCTION, None, (UOp.maketuple(p), ph(2, 2)), None)),
+    ("FUNCTION", ValueError, lambda: UOp(Ops.FUNCTION, None, (), CallInfo())),
+    ("AFTER", TypeError, lambda: UOp(Ops.AFTER, None, (x, x))),
+    ("AFTER", ValueError, lambda: UOp(Ops.AFTER, None, (x,))),
+    ("custom_kernel", TypeError, lambda: UOp.custom_kernel(x, fxn=None)),
+    ("matmul", ValueError, lambda: x @ x),
+    ("UOp", TypeError, lambda: UOp("ADD", None, (x, x))),
+    ("ADD", TypeError, lambda: UOp(Ops.ADD, None, (x, 1.0))),
+    ("CALL", TypeError, lambda: UOp(Ops.CALL, None, (call.src[0], x), "kernel")),
+  ]
+
+
+@pytest.mark.parametrize("case", range(len(_error_cases())))
+def test_construction_errors(case):
+  name, exc, fn = _error_cases()[case]
+  with pytest.raises(exc) as e:
+    fn()
+  assert name in str(e.value), str(e.value)
+
+
+def test_errors_name_the_operands():
+  x, y = ph(2, 3), ph(3, 2, dtype=I32)
+  with pytest.raises((ValueError, TypeError)) as e:
+    UOp(Ops.ADD, None, (x, y))
+  msg = str(e.value)
+  assert "ADD" in msg and "(2, 3)" in msg and "(3, 2)" in msg and "float32" in msg and "int32" in msg
+
+
+# ---- constructors ----
+def test_const():
+  assert UOp.const(1.0).dtype is F32 and UOp.const(1).dtype is I32 and UOp.const(True).dtype is BOOL
+  for dt in VALUE_DTYPES:
+    c = UOp.const(1, dt)
+    assert c.op is Ops.CONST and c.dtype is dt and c.shape == () and c.src == ()
+    assert type(c.arg) is (float if dtypes.is_float(dt) else bool if dt is BOOL else int)
+  assert UOp.const(np.float32(1.5)).arg == 1.5 and UOp.const(np.int64(3)).dtype is I32
+  assert UOp.const(2**64 - 1, dtypes.uint64).arg == 2**64 - 1
+
+
+def test_placeholder_and_variable():
+  a, b = ph(2, 3, name="w"), ph(2, 3, name="w")
+  assert a is not b and a.op is Ops.BUFFER and a.shape == (2, 3) and a.dtype is F32 and a.device == "CPU"
+  assert "w" in a.arg and UOp.placeholder(5).shape == (5,)
+  c = UOp.placeholder((4,), dtypes.int8, device="CPU:1")
+  assert c.device == "CPU:1" and c.dtype is dtypes.int8
+  v = UOp.variable("n", 1, 10, I32)
+  assert v.op is Ops.DEFINE_VAR and v.arg == ("n", 1, 10) and v.shape == () and v.dtype is I32
+  assert UOp.variable("n", 1, 10, I32) is v and UOp.variable("f", 0.0, 1.0).dtype is F32
+
+
+def test_const_like_and_param_like():
+  x = ph(2, 3, dtype=dtypes.int8)
+  k = x.const_like(4)
+  assert k.shape == (2, 3) and k.dtype is dtypes.int8
+  assert {n.op for n in k.toposort()} <= {Ops.CONST, Ops.RESHAPE, Ops.EXPAND}
+  assert [n for n in k.toposort() if n.op is Ops.CONST][0].shape == ()
+  assert ev(k).tolist() == [[4] * 3] * 2
+  s = ph(dtype=BOOL)
+  assert s.const_like(True) is UOp.const(True)
+  p = x.param_like(2)
+  assert p.op is Ops.PARAM and p.arg[0] == 2 and p.shape == (2, 3) and p.dtype is dtypes.int8
+  assert x.param_like(2) is p and x.param_like(1) is not p
+
+
+def test_tuple_function_call_sink():
+  x, y = ph(3), ph(3)
+  t = UOp.maketuple(x, y)
+  assert t.op is Ops.TUPLE and t.src == (x, y) and t.gettuple(1) is UOp(Ops.GETTUPLE, None, (t,), 1)
+  p = x.param_like(0)
+  f = (p * 2.0).call(x, name="double", precompile=True)
+  assert f.op is Ops.FUNCTION and f.src[0].op is Ops.TUPLE and f.src[1] is x
+  assert isinstance(f.arg, CallInfo) and f.arg.name == "double" and f.arg.precompile and not f.arg.precompile_backward
+  g = UOp.maketuple(p, p + 1.0).call(y)
+  assert g.src[0] is UOp.maketuple(p, p + 1.0) and g.gettuple(1).shape == (3,)
+  assert (p * 2.0).call(x, name="double", precompile=True) is f
+  sk = UOp.sink(x, f.gettuple(0))
+  assert sk.op is Ops.SINK and sk.dtype is dtypes.void and sk.src == (x, f.gettuple(0))
+
+
+def test_custom_kernel_nodes():
+  a, b = ph(2), ph(3, dtype=I32)
+  def fxn(x, y): pass
+  afters = UOp.custom_kernel(a, b, fxn=fxn)
+  assert [u.op for u in afters] == [Ops.AFTER, Ops.AFTER]
+  k = afters[0].src[1]
+  assert afters[1].src[1] is k and k.op is Ops.CALL and k.src[1:] == (a, b)
+  assert afters[0].src[0] is a and afters[1].src[0] is b and afters[1].shape == (3,) and afters[1].dtype is I32
+  assert k.arg.fxn is fxn and k.src[0].op is Ops.SINK
+  assert [s.op for s in k.src[0].src] == [Ops.PARAM, Ops.PARAM]
+
+
+# ---- derived methods decompose into primitives ----
+def _derived():
+  rng = np.random.default_rng(0)
+  av = rng.uniform(0.5, 2.0, (3, 4)).astype(np.float32)
+  bv = rng.uniform(-2.0, 2.0, (3, 4)).astype(np.float32)
+  wv = rng.standard_normal((4, 5)).astype(np.float32)
+  e = lambda v: np.exp(v)  # noqa: E731
+  return av, bv, wv, [
+    ("add", lambda a, b, w: a + b, lambda a, b, w: a + b), ("sub", lambda a, b, w: a - b, lambda a, b, w: a - b),
+    ("rsub", lambda a, b, w: 1.0 - b, lambda a, b, w: 1 - b), ("mul", lambda a, b, w: a * b, lambda a, b, w: a * b),
+    ("div", lambda a, b, w: b / a, lambda a, b, w: b / a), ("rdiv", lambda a, b, w: 2.0 / a, lambda a, b, w: 2 / a),
+    ("floordiv", lambda a, b, w: b // a, lambda a, b, w: b // a), ("mod", lambda a, b, w: b % a, lambda a, b, w: b % a),
+    ("pow", lambda a, b, w: a ** b, lambda a, b, w: a ** b), ("neg", lambda a, b, w: -b, lambda a, b, w: -b),
+    ("lt", lambda a, b, w: a < b, lambda a, b, w: a < b), ("gt", lambda a, b, w: a > b, lambda a, b, w: a > b),
+    ("le", lambda a, b, w: a <= b, lambda a, b, w: a <= b), ("ge", lambda a, b, w: a >= b, lambda a, b, w: a >= b),
+    ("eq", lambda a, b, w: a.eq(b), lambda a, b, w: a == b), ("ne", lambda a, b, w: a.ne(b), lambda a, b, w: a != b),
+    ("and", lambda a, b, w: (a < b) & (b > 0), lambda a, b, w: (a < b) & (b > 0)),
+    ("or", lambda a, b, w: (a < b) | (b > 0), lambda a, b, w: (a < b) | (b > 0)),
+    ("xor", lambda a, b, w: (a < b) ^ (b > 0), lambda a, b, w: (a < b) ^ (b > 0)),
+    ("maximum", lambda a, b, w: a.maximum(b), lambda a, b, w: np.maximum(a, b)),
+    ("minimum", lambda a, b, w: a.minimum(b), lambda a, b, w: np.minimum(a, b)),
+    ("where", lambda a, b, w: (a < b).where(a, b), lambda a, b, w: np.where(a < b, a, b)),
+    ("cast", lambda a, b, w: b.cast(I32), lambda a, b, w: b.astype(np.int32)),
+    ("bitcast", lambda a, b, w: b.bitcast(I32), lambda a, b, w: b.view(np.int32)),
+    ("reciprocal", lambda a, b, w: a.reciprocal(), lambda a, b, w: 1 / a),
+    ("sqrt", lambda a, b, w: a.sqrt(), lambda a, b, w: np.sqrt(a)),
+    ("sin", lambda a, b, w: b.sin(), lambda a, b, w: np.sin(b)),
+    ("cos", lambda a, b, w: b.cos(), lambda a, b, w: np.cos(b)), ("exp", lambda a, b, w: b.exp(), lambda a, b, w: e(b)),
+    ("exp2", lambda a, b, w: b.exp2(), lambda a, b, w: np.exp2(b)),
+    ("log", lambda a, b, w: a.log(), lambda a, b, w: np.log(a)),
+    ("log2", lambda a, b, w: a.log2(), lambda a, b, w: np.log2(a)),
+    ("trunc", lambda a, b, w: b.trunc(), lambda a, b, w: np.trunc(b)),
+    ("abs", lambda a, b, w: b.abs(), lambda a, b, w: np.abs(b)),
+    ("relu", lambda a, b, w: b.relu(), lambda a, b, w: np.maximum(b, 0)),
+    ("sigmoid", lambda a, b, w: b.sigmoid(), lambda a, b, w: 1 / (1 + e(-b))),
+    ("tanh", lambda a, b, w: b.tanh(), lambda a, b, w: np.tanh(b)),
+    ("reshape", lambda a, b, w: b.reshape(2, 6), lambda a, b, w: b.reshape(2, 6)),
+    ("expand", lambda a, b, w: b.reshape(3, 1, 4).expand(3, 2, 4),
+     lambda a, b, w: np.broadcast_to(b.reshape(3, 1, 4), (3, 2, 4))),
+    ("pad", lambda a, b, w: b.pad(((1, 0), (0, 2))), lambda a, b, w: np.pad(b, ((1, 0), (0, 2)))),
+    ("shrink", lambda a, b, w: b.shrink(((1, 3), None)), lambda a, b, w: b[1:3]),
+    ("permute", lambda a, b, w: b.permute(1, 0), lambda a, b, w: b.T),
+    ("flip", lambda a, b, w: b.flip(1), lambda a, b, w: b[:, ::-1]),
+    ("transpose", lambda a, b, w: b.transpose(), lambda a, b, w: b.T),
+    ("sum", lambda a, b, w: b.sum(), lambda a, b, w: b.sum()),
+    ("sum1", lambda a, b, w: b.sum(1, keepdim=True), lambda a, b, w: b.sum(1, keepdims=True)),
+    ("max", lambda a, b, w: b.max(0), lambda a, b, w: b.max(0)),
+    ("min", lambda a, b, w: b.min((0, 1)), lambda a, b, w: b.min()),
+    ("prod", lambda a, b, w: a.prod(1), lambda a, b, w: a.prod(1)),
+    ("mean", lambda a, b, w: b.mean(-1), lambda a, b, w: b.mean(-1)),
+    ("matmul", lambda a, b, w: b @ w, lambda a, b, w: b @ w),
+    ("matvec", lambda a, b, w: b @ w.shrink((None, (0, 1))).reshape(4), lambda a, b, w: b @ w[:, 0]),
+    ("softmax", lambda a, b, w: b.softmax(), lambda a, b, w: e(b) / e(b).sum(-1, keepdims=True)),
+    ("log_softmax", lambda a, b, w: b.log_softmax(0), lambda a, b, w: b - np.log(e(b).sum(0, keepdims=True))),
+    ("contiguous", lambda a, b, w: b.contiguous().contiguous_backward().detach(), lambda a, b, w: b),
+    ("copy", lambda a, b, w: b.copy_to_device("CPU:1"), lambda a, b, w: b),
+    ("shard", lambda a, b, w: b.shard(("CPU", "CPU:1"), 1), lambda a, b, w: b),
+  ]
+
+
+def test_derived_methods_use_only_primitives():
+  av, bv, wv, cases = _derived()
+  a, b, w = ph(3, 4, name="a"), ph(3, 4, name="b"), ph(4, 5, name="w")
+  primitives = set(Ops)
+  for name, fn, ref in cases:
+    out = fn(a, b, w)
+    ops = [n.op for n in out.toposort()]
+    assert all(type(o) is Ops and o in primitives for o in ops), name
+    assert not {Ops.FUNCTION, Ops.CALL, Ops.PARAM} & set(ops), name
+    got = ev(out, {a: av, b: bv, w: wv})
+    want = ref(av, bv, wv)
+    assert got.shape == np.shape(want), (name, got.shape)
+    np.testing.assert_allclose(got.astype(np.float64), np.asarray(want, np.float64), rtol=2e-5, atol=2e-6, err_msg=name)
+  assert {n.op for n in (b @ w).toposort()} <= {Ops.BUFFER, Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.MUL,
+                                                Ops.REDUCE_AXIS}
+  assert Ops.EXP2 in {n.op for n in b.exp().toposort()} and Ops.LOG2 in {n.op for n in a.log().toposort()}
+
+
+# ---- walks ----
+def rec_toposort(root, gate=None, enter_calls=True):
+  """The seeds' order, written recursively (small graphs only): sources left to right, post-order."""
+  out: dict = {}
+  def visit(n):
+    if n in out or (gate is not None and not gate(n)): return
+    srcs = n.src if enter_calls or n.op not in (Ops.FUNCTION, Ops.CALL) else n.src[1:]
+    for s in srcs: visit(s)
+    out[n] = None
+  visit(root)
+  return list(out)
+
+
+def random_dag(rng: random.Random, n: int) -> UOp:
+  leaves = [ph(2) for _ in range(3)] + [UOp.const(1.5), UOp.const(-2.0)]
+  nodes = list(leaves)
+  for _ in range(n):
+    k = rng.random()
+    a, b, c = (rng.choice(nodes[-8:] if rng.random() < 0.6 else nodes) for _ in range(3))
+    if k < 0.35: nodes.append(a + b)
+    elif k < 0.6: nodes.append(a * b)
+    elif k < 0.75: nodes.append((a < b).where(c, a))
+    elif k < 0.85: nodes.append(a.sin())
+    elif k < 0.95: nodes.append(a.maximum(b).reciprocal())
+    else: nodes.append(UOp.maketuple(a, b).gettuple(rng.randrange(2)))
+  return UOp.sink(*rng.sample(nodes, 4), nodes[-1])
+
+
+def test_toposort_order_matches_recursive_reference():
+  rng = random.Random(1234)
+  for trial in range(40):
+    root = random_dag(rng, rng.randrange(5, 120))
+    walk = root.toposort()
+    assert list(walk) == rec_toposort(root)
+    pos = {u: i for i, u in enumerate(walk)}
+    assert all(pos[s] < pos[u] for u in walk for s in u.src) and walk[-1] is root
+    gate = lambda u: u.op is not Ops.MUL  # noqa: E731
+    assert list(root.toposort(gate)) == rec_toposort(root, gate)
+
+
+def test_gate_stops_below():
+  x, y = ph(2), ph(2)
+  inner = x * y
+  root = (inner + x).sin()
+  w = root.toposort(gate=lambda u: u is not inner)
+  assert inner not in w and y not in w and x in w and root in w
+  assert len(root.toposort(gate=lambda u: False)) == 0
+  assert list(root.toposort(gate=lambda u: True)) == list(root.toposort())
+
+
+def test_enter_calls():
+  x, y = ph(3), ph(3)
+  p = x.param_like(0)
+  f = (p.sin() * 2.0).call(x)
+  out = UOp.sink(f.gettuple(0), UOp.custom_kernel(y, fxn=lambda a: None)[0])
+  full, outer = out.toposort(), out.toposort(enter_calls=False)
+  assert p in full and f.src[0] in full
+  assert p not in outer and f.src[0] not in outer and x in outer and f in outer and y in outer
+  call = out.src[1].src[1]
+  assert call.src[0] in full and call.src[0] not in outer and call in outer
+  assert list(outer) == rec_toposort(out, enter_calls=False)
+  assert list(full) == rec_toposort(out)
+
+
+def test_walk_api():
+  x = ph(2)
+  y = (x + 1.0) * x
+  w = y.toposort()
+  nodes = rec_toposort(y)
+  assert len(w) == len(nodes) == 4 and w[0] is x and w[-1] is y and w[1] is nodes[1]
+  assert list(reversed(w)) == nodes[::-1] and w[1:3] == nodes[1:3]
+  assert x in w and y in w and ph(2) not in w and "x" not in w and 3 not in w
+  assert [u for u in w] == nodes
+  with pytest.raises(IndexError):
+    w[10]
+  assert isinstance(w, pygrad.Walk) and "4" in repr(w)
+
+
+def test_iterating_a_temporary_walk():
+  # the iterator alone must keep the walk's nodes alive: nothing else references this root
+  x = ph(3)
+  assert [u.op for u in (x * 3.0).sin().toposort()] == [Ops.BUFFER, Ops.CONST, Ops.MUL, Ops.SIN]
+  assert [u.op for u in reversed((x * 5.0).exp2().toposort())] == [Ops.EXP2, Ops.MUL, Ops.CONST, Ops.BUFFER]
+  it = iter((x + 7.0).toposort())
+  gc.collect()
+  assert [u.op for u in it] == [Ops.BUFFER, Ops.CONST, Ops.ADD]
+
+
+def test_walk_keeps_nodes_alive():
+  base = live_after_gc()
+  w = (ph(3).sin() + 2.0).toposort()
+  assert live_after_gc() > base
+  assert [u.op for u in w] == [Ops.BUFFER, Ops.SIN, Ops.CONST, Ops.ADD]
+  del w
+  assert live_after_gc() == base
+
+
+def test_substitute():
+  x, y, z = ph(3), ph(3), ph(3)
+  f = ((x + 1.0) * x).sin()
+  assert f.substitute({x: y}) is ((y + 1.0) * y).sin()
+  assert f.substitute({}) is f and f.substitute({z: y}) is f
+  inner = x + 1.0
+  assert f.substitute({inner: z}) is (z * x).sin()
+  assert f.substitute({x: y, inner: z}) is (z * y).sin()
+  g = UOp.sink(f, x)
+  assert g.substitute({x: y}).src == (((y + 1.0) * y).sin(), y)
+  b = ph(3, dtype=I32)
+  assert (x.cast(I32) + b).substitute({b: b * 2}) is x.cast(I32) + b * 2
+
+
+# ---- lifetime ----
+def test_live_nodes_back_to_baseline():
+  base = live_after_gc()
+  x = ph(4, 4)
+  y = (x @ x).softmax().sum() + x.mean()
+  f = (x.param_like(0) * 2.0).call(x)
+  k = UOp.custom_kernel(x, fxn=lambda a: None)
+  n = len(UOp.sink(y, f.gettuple(0), *k).toposort())
+  assert live_after_gc() >= base + n - 5
+  del x, y, f, k
+  assert live_after_gc() == base
+
+
+def test_million_node_chain():
+  n = 1_000_000 if pygrad.core_name() == "c" else 200_000
+  base = live_after_gc()
+  c = UOp.const(1.0)
+  x = ph(1)
+  y = x
+  for _ in range(n): y = UOp(Ops.ADD, None, (y, c))
+  assert live_after_gc() >= base + n
+  assert len(y.toposort()) == n + 2
+  assert len(y.toposort(enter_calls=False)) == n + 2
+  del y, x, c
+  assert live_after_gc() == base
+
+
+def _round(size: int) -> int:
+  x = ph(8)
+  y = x
+  for i in range(size): y = (y * 1.0001 + float(i % 7)).maximum(x) if i % 3 else y.sin()
+  return len(y.toposort())
+
+
+def test_memory_flat_over_rounds():
+  psutil = pytest.importorskip("psutil")
+  proc = psutil.Process()
+  size = 4000 if pygrad.core_name() == "c" else 1500
+  base = live_after_gc()
+  lens, rss = [], []
+  for r in range(20):
+    lens.append(_round(size))
+    assert live_after_gc() == base, r
+    rss.append(proc.memory_info().rss)
+  assert len(set(lens)) == 1
+  assert rss[-1] - rss[4] < 8 * 2**20, [m // 2**20 for m in rss]
+
+
+def test_threads_build_and_drop():
+  base = live_after_gc()
+  errors: list = []
+  shared = ph(4, name="shared")
+
+  def work(tid: int):
+    try:
+      rng = np.random.default_rng(tid)
+      for it in range(15):
+        x = ph(4, name=f"t{tid}")
+        y = x
+        for i in range(60): y = (y + shared) * 0.5 if i % 2 else (y - float(tid)).maximum(shared)
+        xv, sv = rng.standard_normal(4).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+        want = xv
+        for i in range(60): want = (want + sv) * np.float32(0.5) if i % 2 else np.maximum(want - np.float32(tid), sv)
+        got = ev(y, {x: xv, shared: sv})
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        walk = y.toposort()
+        assert walk[-1] is y and walk[0] is x and shared in walk
+        assert (x + shared) is (x + shared)
+        del x, y, walk
+    except BaseException as e:  # reported in the main thread
+      errors.append(e)
+
+  threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+  for t in threads: t.start()
+  for t in threads: t.join()
+  assert not errors, errors
+  del shared
+  assert live_after_gc() == base
