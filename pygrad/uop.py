@@ -106,19 +106,22 @@ class _Ref(weakref.ref):
 
 def _on_dead(ref: _Ref) -> None:
   try:
-    _core_decref(ref.nid)
+    nid = ref.nid
+    with _hlock:  # reentrant: a collection inside _register may run this callback on the same thread
+      if _handles.get(nid) is ref: del _handles[nid]
+    _core_decref(nid)
   except Exception:  # interpreter shutdown: the core may already be gone
     pass
 
 
-_hlock = threading.Lock()
+_hlock = threading.RLock()
 _registered = 0
 
 
 def _register(o: UOp, nid: int) -> UOp:
   """Publish a new handle for nid, taking over the caller's core reference -- unless another thread published one
-  meanwhile: then that one is returned and the caller drops its reference. Dead registry entries (left behind by
-  handles that died) are swept now and then."""
+  meanwhile: then that one is returned and the caller drops its reference. A dying handle removes its own entry;
+  entries left dead by a race are swept now and then."""
   global _registered
   with _hlock:
     r = _handles.get(nid)
