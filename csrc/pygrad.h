@@ -68,3 +68,15 @@ int pg_grad_skip(pg_grad *g);
 int pg_grad_consume(pg_grad *g);
 int64_t pg_grad_count(pg_grad *g);
 int64_t pg_grad_items(pg_grad *g, int32_t *keys, int32_t *vals, int64_t cap);
+
+/* ---- vm.c, vm_simd.c: the vectorized interpreter. It runs a flat program (int64 words) that
+   pygrad/engine/planner.py lowers a graph to; it never touches the node store. ---- */
+#define PG_VM_ERR_PROGRAM -20
+#define PG_VM_ERR_SLOTS -21
+typedef struct pg_vm pg_vm;
+int pg_vm_prepare(const int64_t *code, int64_t ncode, pg_vm **out, char *msg, int32_t msgcap);
+int pg_vm_run(pg_vm *vm, void *const *slots, const int64_t *sizes, int32_t nslots);
+void pg_vm_free(pg_vm *vm);
+const char *pg_vm_opcode_name(int32_t op);
+int pg_vm_set_isa(int32_t isa);
+const char *pg_vm_isa_name(int32_t isa);

@@ -1,0 +1,583 @@
+/* vm.c: the vectorized interpreter. Python's planner (pygrad/engine/planner.py) lowers a graph to one flat program:
+   buffers in runtime slots, and kernels -- loops over an index space in tiles of T elements, each tile running a list
+   of fixed-width instructions over a register file, with strided loads (views: permute/shrink/flip/expand/pad need no
+   copy) and stores or a fused reduction; and blocked contractions (matmul). pg_vm_prepare validates everything once
+   (every view's extent against its buffer, every instruction's types), pg_vm_run executes the whole program. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdio.h>
+#include <math.h>
+#include "pygrad.h"
+#include "vm.h"
+
+#define LIM_SIZE ((int64_t)1 << 48)   /* bound on sizes, strides, offsets: keeps extent sums far from overflow */
+#define LIM_TERM ((int64_t)1 << 56)
+
+static const char *const vm_opnames[] = {
+#define PG_VM_NAME_ENTRY(name, nsrc) #name,
+  PG_VM_OPCODES(PG_VM_NAME_ENTRY)
+#undef PG_VM_NAME_ENTRY
+};
+static const int vm_opnsrc[] = {
+#define PG_VM_NSRC_ENTRY(name, nsrc) nsrc,
+  PG_VM_OPCODES(PG_VM_NSRC_ENTRY)
+#undef PG_VM_NSRC_ENTRY
+};
+
+/* the name of VM opcode op (the Python opcode map is built from these), NULL past the table */
+const char *pg_vm_opcode_name(int32_t op) { return op >= 0 && op < VM_NOPCODES ? vm_opnames[op] : NULL; }
+
+/* the compute type of logical type lt: float16/bfloat16 compute in float32 */
+int vm_ct(int32_t lt) { return lt == VT_F16 || lt == VT_BF16 ? VT_F32 : lt; }
+
+/* bytes of one element of storage type t (VT_BF16 as storage is 2 bytes; internal buffers keep it as float32) */
+int64_t vm_esize(int32_t t) {
+  static const int64_t sz[VT_N] = {1, 1, 2, 4, 8, 1, 2, 4, 8, 2, 2, 4, 8};
+  return t >= 0 && t < VT_N ? sz[t] : 1;
+}
+
+static int is_float(int32_t lt) { return lt >= VT_F16 && lt <= VT_F64; }
+static int is_int(int32_t lt) { return lt >= VT_I8 && lt <= VT_U64; }
+static int is_ct(int32_t t) { return t >= 0 && t < VT_N && t != VT_F16 && t != VT_BF16; }
+
+/* ---- program reader: every value is range-checked; the first failure is reported with its position ---- */
+typedef struct rd { const int64_t *p; int64_t n, i; char *msg; int32_t cap; int err; } rd;
+
+static void rd_fail(rd *r, const char *what) {
+  if (r->err) return;
+  r->err = 1;
+  if (r->msg && r->cap > 0) snprintf(r->msg, (size_t)r->cap, "bad program at word %lld: %s", (long long)r->i, what);
+}
+
+static int64_t rd_get(rd *r, int64_t lo, int64_t hi, const char *what) {
+  int64_t v;
+  if (r->err) return lo;
+  if (r->i >= r->n) { rd_fail(r, "truncated"); return lo; }
+  v = r->p[r->i];
+  if (v < lo || v > hi) { rd_fail(r, what); return lo; }
+  r->i++;
+  return v;
+}
+
+/* lowest and highest element offset of a view: off + sum over dims of st*(size-1), 0 when a size is 0 */
+static int extent(const int64_t *size, const int64_t *st, const int64_t *lo, const int64_t *hi, int nd, int64_t off,
+                  int64_t *mn, int64_t *mx) {
+  int d;
+  int64_t a = off, b = off;
+  for (d = 0; d < nd; d++) {
+    int64_t l = lo ? lo[d] : 0, h = hi ? hi[d] : size[d], span;
+    if (h <= l) { *mn = 0; *mx = -1; return 1; }  /* empty: touches nothing */
+    if (st[d] != 0 && (h - l) > LIM_TERM / (st[d] < 0 ? -st[d] : st[d])) return 0;
+    span = st[d] * (h - 1);
+    if (st[d] > 0) { a += st[d] * l; b += span; } else { a += span; b += st[d] * l; }
+  }
+  *mn = a;
+  *mx = b;
+  return 1;
+}
+
+/* whether the elements [mn, mx] of esize bytes lie inside buffer bf */
+static int in_buf(const pg_vm *vm, int32_t bf, int64_t mn, int64_t mx, int64_t esize) {
+  if (mx < mn) return 1;
+  return mn >= 0 && mx < LIM_SIZE && (mx + 1) * esize <= vm->bufs[bf].nbytes;
+}
+
+static void read_view(rd *r, pg_vm *vm, vm_kernel *k, vm_view *v, int isstore) {
+  int d;
+  int64_t mn, mx, numel = 1;
+  v->reg = (int32_t)rd_get(r, 0, k->nregs - 1, "view register out of range");
+  v->buf = (int32_t)rd_get(r, 0, vm->nbufs - 1, "view buffer out of range");
+  v->stype = (int32_t)rd_get(r, 0, VT_N - 1, "view storage type out of range");
+  v->esize = (int32_t)vm_esize(v->stype);
+  v->off = rd_get(r, -LIM_SIZE, LIM_SIZE, "view offset out of range");
+  v->masked = (int32_t)rd_get(r, 0, isstore ? 0 : 1, "stores take no mask");
+  for (d = 0; d < k->ndim; d++) v->st[d] = rd_get(r, -LIM_SIZE, LIM_SIZE, "view stride out of range");
+  for (d = 0; d < k->ndim; d++) { v->lo[d] = 0; v->hi[d] = k->shape[d]; }
+  if (v->masked) {
+    for (d = 0; d < k->ndim; d++) v->lo[d] = rd_get(r, 0, k->shape[d], "mask bound out of range");
+    for (d = 0; d < k->ndim; d++) v->hi[d] = rd_get(r, v->lo[d], k->shape[d], "mask bound out of range");
+  }
+  if (r->err) return;
+  if (k->regs[v->reg].ct != vm_ct(v->stype)) { rd_fail(r, "view storage type does not match its register"); return; }
+  if (!extent(k->shape, v->st, v->lo, v->hi, k->ndim, v->off, &mn, &mx)) { rd_fail(r, "view extent overflows"); return; }
+  if (!in_buf(vm, v->buf, mn, mx, v->esize)) { rd_fail(r, "view reaches outside its buffer"); return; }
+  v->invariant = !v->masked;
+  for (d = 0; d < k->ndim; d++) if (v->st[d] != 0 && k->shape[d] > 1) v->invariant = 0;
+  v->contig = !v->masked && v->stype == vm_ct(v->stype);
+  for (d = k->ndim - 1; d >= 0; d--) {
+    if (k->shape[d] > 1 && v->st[d] != numel) v->contig = 0;
+    numel *= k->shape[d];
+  }
+  if (k->regs[v->reg].scalar && !v->invariant) rd_fail(r, "a scalar register needs an invariant view");
+}
+
+/* the checks of one instruction's operand types; mode is derived here from the registers, not trusted */
+static void check_ins(rd *r, vm_kernel *k, vm_ins *in) {
+  const vm_regdef *R = k->regs;
+  int32_t lt = in->lt, ct = vm_ct(lt), op = in->op, ns = vm_opnsrc[op], srcs[3] = {in->a, in->b, in->c}, i, allsc = 1;
+  if (R[in->dst].isload) { rd_fail(r, "an instruction writes a load register"); return; }
+  for (i = 0; i < ns; i++) if (srcs[i] < 0 || srcs[i] >= k->nregs) { rd_fail(r, "operand register out of range"); return; }
+  in->mode = 0;
+  for (i = 0; i < ns; i++) {
+    if (R[srcs[i]].scalar) in->mode |= 1 << i;
+    else allsc = 0;
+  }
+  if (R[in->dst].scalar) in->mode |= 8;
+  if (R[in->dst].scalar && !allsc) { rd_fail(r, "a scalar register computed from a vector"); return; }
+  if (!R[in->dst].scalar && allsc && op != VM_MOV && op != VM_WHERE) { rd_fail(r, "vector from scalars: MOV first"); return; }
+  in->sct = R[in->a].ct;
+  switch (op) {
+  case VM_MOV:
+    if (R[in->dst].ct != ct || R[in->a].ct != ct) rd_fail(r, "MOV types differ");
+    return;
+  case VM_CAST:
+    if (R[in->dst].ct != ct) rd_fail(r, "CAST result type");
+    return;
+  case VM_BITCAST:
+    if (in->c < 0 || in->c >= VT_N || vm_esize(in->c) != vm_esize(lt)) { rd_fail(r, "BITCAST sizes"); return; }
+    if (R[in->dst].ct != ct || R[in->a].ct != vm_ct(in->c)) rd_fail(r, "BITCAST types");
+    return;
+  case VM_TRUNC:
+    if (!is_float(lt) && !is_int(lt)) { rd_fail(r, "TRUNC type"); return; }
+    if (R[in->dst].ct != ct || R[in->a].ct != ct) rd_fail(r, "TRUNC types differ");
+    return;
+  case VM_RECIPROCAL: case VM_SQRT: case VM_SIN: case VM_LOG2: case VM_EXP2:
+    if (!is_float(lt)) { rd_fail(r, "transcendental of a non-float"); return; }
+    if (R[in->dst].ct != ct || R[in->a].ct != ct) rd_fail(r, "unary types differ");
+    return;
+  case VM_WHERE:
+    if (R[in->a].ct != VT_BOOL || R[in->b].ct != ct || R[in->c].ct != ct || R[in->dst].ct != ct)
+      rd_fail(r, "WHERE types");
+    return;
+  default: break;
+  }
+  if (R[in->a].ct != ct || R[in->b].ct != ct) { rd_fail(r, "binary operand types differ"); return; }
+  if (R[in->dst].ct != (op == VM_CMPLT || op == VM_CMPNE || op == VM_CMPEQ ? VT_BOOL : ct)) {
+    rd_fail(r, "binary result type");
+    return;
+  }
+  if ((op == VM_IDIV || op == VM_MOD || op == VM_SHL || op == VM_SHR) && !is_int(lt)) rd_fail(r, "integer-only op");
+  if ((op == VM_AND || op == VM_OR || op == VM_XOR) && is_float(lt)) rd_fail(r, "bitwise op on floats");
+}
+
+static void read_loop(rd *r, pg_vm *vm, vm_kernel *k) {
+  int32_t i, d;
+  int64_t numel = 1, ws;
+  k->ndim = (int32_t)rd_get(r, 1, VM_MAXDIM, "ndim out of range");
+  k->T = rd_get(r, 1, VM_MAXTILE, "tile size out of range");
+  k->redop = (int32_t)rd_get(r, VR_NONE, VR_MUL, "reduce op out of range");
+  k->rlt = (int32_t)rd_get(r, 0, VT_N - 1, "reduce type out of range");
+  k->post = (int32_t)rd_get(r, 0, 2, "post-rounding out of range");
+  k->redmask = (uint32_t)rd_get(r, 0, ((int64_t)1 << VM_MAXDIM) - 1, "reduce mask out of range");
+  for (d = 0; d < k->ndim; d++) {
+    k->shape[d] = rd_get(r, 0, LIM_SIZE, "dim size out of range");
+    numel = k->shape[d] && numel > LIM_SIZE / k->shape[d] ? LIM_SIZE + 1 : numel * k->shape[d];
+  }
+  if (numel > LIM_SIZE) rd_fail(r, "index space too large");
+  if (k->redmask >> k->ndim) rd_fail(r, "reduce mask names a dim past ndim");
+  k->nregs = (int32_t)rd_get(r, 1, 1 << 20, "register count out of range");
+  if (r->err) return;
+  k->regs = (vm_regdef *)calloc((size_t)k->nregs, sizeof *k->regs);
+  if (!k->regs) { rd_fail(r, "out of memory"); return; }
+  ws = 64 + (int64_t)k->nregs * (int64_t)sizeof(char *);
+  for (i = 0; i < k->nregs && !r->err; i++) {
+    k->regs[i].ct = (int32_t)rd_get(r, 0, VT_N - 1, "register type out of range");
+    k->regs[i].scalar = (int32_t)rd_get(r, 0, 1, "register scalar flag");
+    if (!is_ct(k->regs[i].ct)) rd_fail(r, "register type is not a compute type");
+    ws += k->regs[i].scalar ? 64 : (k->T * 8 + 63) / 64 * 64;
+  }
+  if (ws > ((int64_t)1 << 32)) rd_fail(r, "register file too large");
+  k->wsbytes = ws;
+  k->nloads = (int32_t)rd_get(r, 0, k->nregs, "load count out of range");
+  if (r->err) return;
+  k->loads = (vm_view *)calloc((size_t)k->nloads + 1, sizeof *k->loads);
+  if (!k->loads) { rd_fail(r, "out of memory"); return; }
+  for (i = 0; i < k->nloads && !r->err; i++) {
+    read_view(r, vm, k, &k->loads[i], 0);
+    if (r->err) return;
+    if (k->regs[k->loads[i].reg].isload) rd_fail(r, "two loads fill one register");
+    k->regs[k->loads[i].reg].isload = 1;
+  }
+  k->nins = (int32_t)rd_get(r, 0, (int64_t)1 << 28, "instruction count out of range");
+  if (r->err) return;
+  k->ins = (vm_ins *)calloc((size_t)k->nins + 1, sizeof *k->ins);
+  if (!k->ins) { rd_fail(r, "out of memory"); return; }
+  for (i = 0; i < k->nins && !r->err; i++) {
+    vm_ins *in = &k->ins[i];
+    in->op = (int32_t)rd_get(r, 0, VM_NOPCODES - 1, "opcode out of range");
+    in->lt = (int32_t)rd_get(r, 0, VT_N - 1, "instruction type out of range");
+    in->dst = (int32_t)rd_get(r, 0, k->nregs - 1, "destination register out of range");
+    in->a = (int32_t)rd_get(r, 0, k->nregs - 1, "operand register out of range");
+    in->b = (int32_t)rd_get(r, -1, k->nregs - 1, "operand register out of range");
+    in->c = (int32_t)rd_get(r, -1, in->op == VM_BITCAST ? VT_N - 1 : k->nregs - 1, "operand out of range");
+    if (!r->err) check_ins(r, k, in);
+  }
+  k->nstores = (int32_t)rd_get(r, k->redop ? 1 : 0, k->redop ? 1 : 1 << 20, "store count out of range");
+  if (r->err) return;
+  k->stores = (vm_view *)calloc((size_t)k->nstores + 1, sizeof *k->stores);
+  if (!k->stores) { rd_fail(r, "out of memory"); return; }
+  for (i = 0; i < k->nstores && !r->err; i++) {
+    read_view(r, vm, k, &k->stores[i], 1);
+    if (!r->err && k->regs[k->stores[i].reg].scalar && k->redop) rd_fail(r, "a reduction of a scalar register");
+  }
+  if (r->err || !k->redop) return;
+  if (k->stores[0].stype != vm_ct(k->rlt) || k->regs[k->stores[0].reg].ct != vm_ct(k->rlt))
+    rd_fail(r, "a reduction accumulates in its compute type");
+  if (k->post && vm_ct(k->rlt) != VT_F32) rd_fail(r, "post-rounding of a non-float32 reduction");
+  for (d = 0; d < k->ndim; d++)
+    if ((k->redmask >> d & 1u) && k->stores[0].st[d] != 0) rd_fail(r, "a reduced dim of the output needs stride 0");
+}
+
+/* a contraction operand: its extent over (batch dims, two matrix dims) must lie in its buffer */
+static void check_gemm_operand(rd *r, pg_vm *vm, const vm_gemm *g, int32_t bf, int64_t off, const int64_t *bst,
+                               int64_t s0, int64_t n0, int64_t s1, int64_t n1) {
+  int64_t size[VM_MAXDIM + 2], st[VM_MAXDIM + 2], mn, mx;
+  int32_t d;
+  for (d = 0; d < g->nbatch; d++) { size[d] = g->bsize[d]; st[d] = bst[d]; }
+  size[d] = n0; st[d] = s0; size[d + 1] = n1; st[d + 1] = s1;
+  if (!extent(size, st, NULL, NULL, g->nbatch + 2, off, &mn, &mx)) { rd_fail(r, "contraction extent overflows"); return; }
+  if (!in_buf(vm, bf, mn, mx, vm_esize(g->lt))) rd_fail(r, "contraction operand reaches outside its buffer");
+}
+
+static void read_gemm(rd *r, pg_vm *vm, vm_kernel *k) {
+  vm_gemm *g = &k->gemm;
+  int32_t d, nb = vm->nbufs - 1;
+  g->lt = (int32_t)rd_get(r, VT_F32, VT_F64, "contraction type must be float32 or float64");
+  g->a = (int32_t)rd_get(r, 0, nb, "buffer out of range");
+  g->offa = rd_get(r, 0, LIM_SIZE, "offset out of range");
+  g->b = (int32_t)rd_get(r, 0, nb, "buffer out of range");
+  g->offb = rd_get(r, 0, LIM_SIZE, "offset out of range");
+  g->c = (int32_t)rd_get(r, 0, nb, "buffer out of range");
+  g->offc = rd_get(r, 0, LIM_SIZE, "offset out of range");
+  g->n = rd_get(r, 0, LIM_SIZE, "size out of range");
+  g->m = rd_get(r, 0, LIM_SIZE, "size out of range");
+  g->k = rd_get(r, 0, LIM_SIZE, "size out of range");
+  g->san = rd_get(r, -LIM_SIZE, LIM_SIZE, "stride out of range");
+  g->sak = rd_get(r, -LIM_SIZE, LIM_SIZE, "stride out of range");
+  g->sbk = rd_get(r, -LIM_SIZE, LIM_SIZE, "stride out of range");
+  g->sbm = rd_get(r, -LIM_SIZE, LIM_SIZE, "stride out of range");
+  g->scn = rd_get(r, -LIM_SIZE, LIM_SIZE, "stride out of range");
+  g->scm = rd_get(r, -LIM_SIZE, LIM_SIZE, "stride out of range");
+  g->nbatch = (int32_t)rd_get(r, 0, VM_MAXDIM - 2, "batch dims out of range");
+  for (d = 0; d < g->nbatch; d++) {
+    g->bsize[d] = rd_get(r, 0, LIM_SIZE, "size out of range");
+    g->bsa[d] = rd_get(r, -LIM_SIZE, LIM_SIZE, "stride out of range");
+    g->bsb[d] = rd_get(r, -LIM_SIZE, LIM_SIZE, "stride out of range");
+    g->bsc[d] = rd_get(r, -LIM_SIZE, LIM_SIZE, "stride out of range");
+  }
+  if (r->err) return;
+  check_gemm_operand(r, vm, g, g->a, g->offa, g->bsa, g->san, g->n, g->sak, g->k);
+  check_gemm_operand(r, vm, g, g->b, g->offb, g->bsb, g->sbk, g->k, g->sbm, g->m);
+  check_gemm_operand(r, vm, g, g->c, g->offc, g->bsc, g->scn, g->n, g->scm, g->m);
+}
+
+/* free a program and everything it owns (NULL is fine) */
+void pg_vm_free(pg_vm *vm) {
+  int32_t i;
+  if (!vm) return;
+  if (vm->kern)
+    for (i = 0; i < vm->nkern; i++) {
+      free(vm->kern[i].regs);
+      free(vm->kern[i].loads);
+      free(vm->kern[i].stores);
+      free(vm->kern[i].ins);
+    }
+  free(vm->kern);
+  free(vm->bufs);
+  free(vm->slotmin);
+  free(vm);
+}
+
+/* parse and validate a program of ncode words; on error returns PG_VM_ERR_PROGRAM with a message in msg */
+int pg_vm_prepare(const int64_t *code, int64_t ncode, pg_vm **out, char *msg, int32_t msgcap) {
+  rd r = {code, ncode, 0, msg, msgcap, 0};
+  pg_vm *vm;
+  int32_t i;
+  if (!out) return PG_ERR_ARG;
+  *out = NULL;
+  if (msg && msgcap > 0) msg[0] = 0;
+  if (!code || ncode < 0) return PG_ERR_ARG;
+  vm = (pg_vm *)calloc(1, sizeof *vm);
+  if (!vm) return PG_ERR_NOMEM;
+  rd_get(&r, VM_MAGIC, VM_MAGIC, "not a VM program (magic)");
+  rd_get(&r, VM_VERSION, VM_VERSION, "unsupported program version");
+  vm->nslots = (int32_t)rd_get(&r, 0, 1 << 20, "slot count out of range");
+  vm->nbufs = (int32_t)rd_get(&r, 0, 1 << 24, "buffer count out of range");
+  vm->nkern = (int32_t)rd_get(&r, 0, 1 << 24, "kernel count out of range");
+  if (!r.err) {
+    vm->slotmin = (int64_t *)calloc((size_t)vm->nslots + 1, sizeof *vm->slotmin);
+    vm->bufs = (vm_buf *)calloc((size_t)vm->nbufs + 1, sizeof *vm->bufs);
+    vm->kern = (vm_kernel *)calloc((size_t)vm->nkern + 1, sizeof *vm->kern);
+    if (!vm->slotmin || !vm->bufs || !vm->kern) { pg_vm_free(vm); return PG_ERR_NOMEM; }
+  }
+  for (i = 0; i < vm->nslots && !r.err; i++) vm->slotmin[i] = rd_get(&r, 0, LIM_SIZE, "slot size out of range");
+  for (i = 0; i < vm->nbufs && !r.err; i++) {
+    vm_buf *b = &vm->bufs[i];
+    b->slot = (int32_t)rd_get(&r, 0, vm->nslots - 1, "buffer slot out of range");
+    b->off = rd_get(&r, 0, LIM_SIZE, "buffer offset out of range");
+    b->nbytes = rd_get(&r, 0, LIM_SIZE, "buffer size out of range");
+    if (!r.err && b->off + b->nbytes > vm->slotmin[b->slot]) rd_fail(&r, "buffer reaches past its slot");
+  }
+  for (i = 0; i < vm->nkern && !r.err; i++) {
+    vm_kernel *k = &vm->kern[i];
+    k->kind = (int32_t)rd_get(&r, VK_LOOP, VK_GEMM, "kernel kind out of range");
+    if (r.err) break;
+    if (k->kind == VK_LOOP) read_loop(&r, vm, k);
+    else read_gemm(&r, vm, k);
+    if (!r.err && k->wsbytes > vm->wsbytes) vm->wsbytes = k->wsbytes;
+  }
+  if (!r.err && r.i != r.n) rd_fail(&r, "trailing words");
+  if (r.err) { pg_vm_free(vm); return PG_VM_ERR_PROGRAM; }
+  *out = vm;
+  return 0;
+}
+
+/* ---- execution ---- */
+
+/* n elements of storage type st at src (stride ss elements) into compute-type elements at dst */
+static void load_row(int32_t stype, const char *src, int64_t ss, int64_t n, char *dst) {
+  int64_t i, es = vm_esize(stype);
+  if (stype == VT_F16) {
+    const uint16_t *s = (const uint16_t *)src;
+    for (i = 0; i < n; i++) ((float *)dst)[i] = vm_f16_to_f32(s[i * ss]);
+  } else if (stype == VT_BF16) {
+    const uint16_t *s = (const uint16_t *)src;
+    for (i = 0; i < n; i++) ((float *)dst)[i] = vm_bf16_to_f32(s[i * ss]);
+  } else if (ss == 1) {
+    memcpy(dst, src, (size_t)(n * es));
+  } else if (es == 1) {
+    for (i = 0; i < n; i++) dst[i] = src[i * ss];
+  } else if (es == 2) {
+    for (i = 0; i < n; i++) ((uint16_t *)dst)[i] = ((const uint16_t *)src)[i * ss];
+  } else if (es == 4) {
+    for (i = 0; i < n; i++) ((uint32_t *)dst)[i] = ((const uint32_t *)src)[i * ss];
+  } else {
+    for (i = 0; i < n; i++) ((uint64_t *)dst)[i] = ((const uint64_t *)src)[i * ss];
+  }
+}
+
+/* n compute-type elements at src (stride ss: 0 for a scalar) into storage type stype at dst (stride ds) */
+static void store_row(int32_t stype, const char *src, int64_t ss, int64_t n, char *dst, int64_t ds) {
+  int64_t i, es = vm_esize(stype);
+  if (stype == VT_F16) {
+    for (i = 0; i < n; i++) ((uint16_t *)dst)[i * ds] = vm_f32_to_f16(((const float *)src)[i * ss]);
+  } else if (stype == VT_BF16) {
+    for (i = 0; i < n; i++) ((uint16_t *)dst)[i * ds] = vm_f32_to_bf16(((const float *)src)[i * ss]);
+  } else if (ss == 1 && ds == 1) {
+    memmove(dst, src, (size_t)(n * es));
+  } else if (es == 1) {
+    for (i = 0; i < n; i++) dst[i * ds] = src[i * ss];
+  } else if (es == 2) {
+    for (i = 0; i < n; i++) ((uint16_t *)dst)[i * ds] = ((const uint16_t *)src)[i * ss];
+  } else if (es == 4) {
+    for (i = 0; i < n; i++) ((uint32_t *)dst)[i * ds] = ((const uint32_t *)src)[i * ss];
+  } else {
+    for (i = 0; i < n; i++) ((uint64_t *)dst)[i * ds] = ((const uint64_t *)src)[i * ss];
+  }
+}
+
+/* advance an odometer over dims [0, nd) of shape; adds the stride steps of the given views to their offsets */
+static void odo_next(int64_t *idx, const int64_t *shape, int nd) {
+  int d;
+  for (d = nd - 1; d >= 0; d--) {
+    if (++idx[d] < shape[d]) return;
+    idx[d] = 0;
+  }
+}
+
+static int64_t row_off(const vm_view *v, const int64_t *idx, int nd) {
+  int64_t o = v->off;
+  int d;
+  for (d = 0; d < nd; d++) o += idx[d] * v->st[d];
+  return o;
+}
+
+/* whether the row at outer index idx is inside a masked view's valid region (outer dims) */
+static int row_valid(const vm_view *v, const int64_t *idx, int nd) {
+  int d;
+  if (!v->masked) return 1;
+  for (d = 0; d < nd; d++) if (idx[d] < v->lo[d] || idx[d] >= v->hi[d]) return 0;
+  return 1;
+}
+
+/* fill a tile register from a view: nr rows from outer index idx0, columns [c0, c0+nc) */
+static void gather(const vm_view *v, const char *base, const int64_t *shape, int nd, const int64_t *idx0, int64_t nr,
+                   int64_t c0, int64_t nc, char *dst) {
+  int64_t idx[VM_MAXDIM], r, ces = vm_esize(vm_ct(v->stype)), si = v->st[nd], lo = v->lo[nd], hi = v->hi[nd];
+  int d;
+  for (d = 0; d < nd; d++) idx[d] = idx0[d];
+  for (r = 0; r < nr; r++) {
+    char *o = dst + r * nc * ces;
+    if (!row_valid(v, idx, nd)) {
+      memset(o, 0, (size_t)(nc * ces));
+    } else {
+      int64_t a = c0 > lo ? c0 : lo, b = c0 + nc < hi ? c0 + nc : hi, off = row_off(v, idx, nd);
+      if (b <= a) { memset(o, 0, (size_t)(nc * ces)); }
+      else {
+        if (a > c0) memset(o, 0, (size_t)((a - c0) * ces));
+        load_row(v->stype, base + (off + a * si) * v->esize, si, b - a, o + (a - c0) * ces);
+        if (b < c0 + nc) memset(o + (b - c0) * ces, 0, (size_t)((c0 + nc - b) * ces));
+      }
+    }
+    odo_next(idx, shape, nd);
+  }
+}
+
+/* identity of a reduction in compute type ct, as bytes */
+static void red_identity(int32_t redop, int32_t ct, char *out) {
+  union { uint8_t b; int8_t i8; int16_t i16; int32_t i32; int64_t i64; uint64_t u64; float f; double d; } v;
+  memset(&v, 0, sizeof v);
+  if (redop == VR_MUL) {
+    switch (ct) {
+    case VT_F32: v.f = 1.0f; break;
+    case VT_F64: v.d = 1.0; break;
+    case VT_I16: case VT_U16: v.i16 = 1; break;
+    case VT_I32: case VT_U32: v.i32 = 1; break;
+    case VT_I64: case VT_U64: v.i64 = 1; break;
+    default: v.b = 1; break;
+    }
+  } else if (redop == VR_MAX) {
+    switch (ct) {
+    case VT_F32: v.f = -HUGE_VALF; break;
+    case VT_F64: v.d = -HUGE_VAL; break;
+    case VT_I8: v.i8 = INT8_MIN; break;
+    case VT_I16: v.i16 = INT16_MIN; break;
+    case VT_I32: v.i32 = INT32_MIN; break;
+    case VT_I64: v.i64 = INT64_MIN; break;
+    default: break;  /* unsigned and bool: 0 */
+    }
+  }
+  memcpy(out, &v, (size_t)vm_esize(ct));
+}
+
+/* every output element of a reduction (reduced dims at 0): set to the identity (post 0) or rounded (post 1, 2) */
+static void red_outputs(const vm_kernel *k, char *base, int post) {
+  const vm_view *s = &k->stores[0];
+  int64_t shp[VM_MAXDIM], idx[VM_MAXDIM] = {0}, total = 1, t, es = vm_esize(s->stype);
+  char ident[8];
+  int d;
+  for (d = 0; d < k->ndim; d++) { shp[d] = (k->redmask >> d & 1u) ? 1 : k->shape[d]; total *= shp[d]; }
+  red_identity(k->redop, s->stype, ident);
+  for (t = 0; t < total; t++) {
+    char *o = base + row_off(s, idx, k->ndim) * es;
+    if (!post) memcpy(o, ident, (size_t)es);
+    else if (post == 1) *(float *)o = vm_round_f16(*(float *)o);
+    else *(float *)o = vm_round_bf16(*(float *)o);
+    odo_next(idx, shp, k->ndim);
+  }
+}
+
+static int run_loop(const vm_kernel *k, char *const *bufp, char *ws, const vm_isa *isa) {
+  char **ptr = (char **)ws, **scratch, *p;
+  int nd = k->ndim - 1;  /* outer dims; the last is the tile's inner dim */
+  int64_t inner = k->shape[nd], rows = 1, rpt, r, c0, idx[VM_MAXDIM] = {0};
+  int32_t i;
+  scratch = ptr + k->nregs;
+  p = (char *)(((uintptr_t)(scratch + k->nregs) + 63) & ~(uintptr_t)63);
+  for (i = 0; i < k->nregs; i++) {
+    scratch[i] = p;
+    p += k->regs[i].scalar ? 64 : (k->T * 8 + 63) / 64 * 64;
+    ptr[i] = scratch[i];
+  }
+  for (i = 0; i < nd; i++) rows *= k->shape[i];
+  if (k->redop) red_outputs(k, bufp[k->stores[0].buf], 0);
+  if (rows == 0 || inner == 0) return 0;
+  for (i = 0; i < k->nloads; i++) {  /* invariant loads: filled once per kernel */
+    const vm_view *v = &k->loads[i];
+    if (!v->invariant) continue;
+    if (k->regs[v->reg].scalar) load_row(v->stype, bufp[v->buf] + v->off * v->esize, 0, 1, scratch[v->reg]);
+    else load_row(v->stype, bufp[v->buf] + v->off * v->esize, 0, k->T, scratch[v->reg]);
+  }
+  rpt = inner >= k->T ? 1 : k->T / inner;
+  for (r = 0; r < rows;) {
+    int64_t nr = rows - r < rpt ? rows - r : rpt;
+    for (c0 = 0; c0 < inner; c0 += k->T) {
+      int64_t nc = inner - c0 < k->T ? inner - c0 : k->T, n = nr * nc;
+      for (i = 0; i < k->nloads; i++) {
+        const vm_view *v = &k->loads[i];
+        if (v->invariant) continue;
+        if (v->contig || (nr == 1 && v->st[nd] == 1 && !v->masked && v->stype == vm_ct(v->stype)))
+          ptr[v->reg] = bufp[v->buf] + (row_off(v, idx, nd) + c0 * v->st[nd]) * v->esize;
+        else {
+          gather(v, bufp[v->buf], k->shape, nd, idx, nr, c0, nc, scratch[v->reg]);
+          ptr[v->reg] = scratch[v->reg];
+        }
+      }
+      for (i = 0; i < k->nregs; i++) if (!k->regs[i].isload) ptr[i] = scratch[i];
+      if (!k->redop)
+        for (i = 0; i < k->nstores; i++) {  /* a store straight from the register: the last writer is the memory */
+          const vm_view *s = &k->stores[i];
+          if (k->regs[s->reg].isload || k->regs[s->reg].scalar || s->stype != vm_ct(s->stype)) continue;
+          if (ptr[s->reg] != scratch[s->reg]) continue;
+          if (s->contig || (nr == 1 && s->st[nd] == 1))
+            ptr[s->reg] = bufp[s->buf] + (row_off(s, idx, nd) + c0 * s->st[nd]) * s->esize;
+        }
+      for (i = 0; i < k->nins; i++) {
+        const vm_ins *in = &k->ins[i];
+        isa->alu(in, ptr[in->dst], ptr[in->a], in->b >= 0 ? ptr[in->b] : NULL,
+                 in->c >= 0 && in->op == VM_WHERE ? ptr[in->c] : NULL, (in->mode & 8) ? 1 : n);
+      }
+      if (k->redop) {
+        const vm_view *s = &k->stores[0];
+        int64_t ridx[VM_MAXDIM], rr, es = s->esize;
+        int d;
+        char *vals = ptr[s->reg], *ob = bufp[s->buf];
+        for (d = 0; d < nd; d++) ridx[d] = idx[d];
+        for (rr = 0; rr < nr; rr++) {
+          int64_t o = row_off(s, ridx, nd);
+          if (s->st[nd] == 0) isa->red_row(k->redop, s->stype, vals + rr * nc * es, nc, ob + o * es);
+          else isa->red_vert(k->redop, s->stype, vals + rr * nc * es, nc, ob + (o + c0 * s->st[nd]) * es, s->st[nd]);
+          odo_next(ridx, k->shape, nd);
+        }
+      } else {
+        for (i = 0; i < k->nstores; i++) {
+          const vm_view *s = &k->stores[i];
+          int64_t sidx[VM_MAXDIM], rr, ces = vm_esize(vm_ct(s->stype)), sc = k->regs[s->reg].scalar;
+          int d;
+          char *src = ptr[s->reg], *ob = bufp[s->buf];
+          if (src == ob + (row_off(s, idx, nd) + c0 * s->st[nd]) * s->esize) continue;  /* written in place */
+          for (d = 0; d < nd; d++) sidx[d] = idx[d];
+          for (rr = 0; rr < nr; rr++) {
+            int64_t o = row_off(s, sidx, nd) + c0 * s->st[nd];
+            store_row(s->stype, sc ? src : src + rr * nc * ces, sc ? 0 : 1, nc, ob + o * s->esize, s->st[nd]);
+            odo_next(sidx, k->shape, nd);
+          }
+        }
+      }
+    }
+    for (i = 0; i < nr; i++) odo_next(idx, k->shape, nd);
+    r += nr;
+  }
+  if (k->redop && k->post) red_outputs(k, bufp[k->stores[0].buf], k->post);
+  return 0;
+}
+
+/* run a prepared program: slots[i] points at sizes[i] bytes (>= what the program needs of slot i) */
+int pg_vm_run(pg_vm *vm, void *const *slots, const int64_t *sizes, int32_t nslots) {
+  char **bufp, *ws = NULL;
+  const vm_isa *isa = vm_isa_current();
+  int32_t i;
+  int rc = 0;
+  if (!vm || (nslots > 0 && (!slots || !sizes))) return PG_ERR_ARG;
+  if (nslots != vm->nslots) return PG_VM_ERR_SLOTS;
+  for (i = 0; i < nslots; i++)
+    if (sizes[i] < vm->slotmin[i] || (vm->slotmin[i] > 0 && !slots[i])) return PG_VM_ERR_SLOTS;
+  bufp = (char **)malloc(((size_t)vm->nbufs + 1) * sizeof *bufp);
+  if (!bufp) return PG_ERR_NOMEM;
+  for (i = 0; i < vm->nbufs; i++) bufp[i] = (char *)slots[vm->bufs[i].slot] + vm->bufs[i].off;
+  if (vm->wsbytes > 0 && !(ws = (char *)malloc((size_t)vm->wsbytes))) { free(bufp); return PG_ERR_NOMEM; }
+  for (i = 0; i < vm->nkern && rc == 0; i++) {
+    const vm_kernel *k = &vm->kern[i];
+    if (k->kind == VK_LOOP) rc = run_loop(k, bufp, ws, isa);
+    else {
+      const vm_gemm *g = &k->gemm;
+      int64_t es = vm_esize(g->lt);
+      if (isa->gemm(g, bufp[g->a] + g->offa * es, bufp[g->b] + g->offb * es, bufp[g->c] + g->offc * es) < 0)
+        rc = PG_ERR_NOMEM;
+    }
+  }
+  free(ws);
+  free(bufp);
+  return rc;
+}

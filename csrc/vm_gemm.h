@@ -1,0 +1,148 @@
+/* vm_gemm.h: the blocked contraction that runs the multiply-then-sum form of matmul. Panels of A (MR rows) and B (NR
+   columns) are packed contiguously per cache block, and an MR x NR register tile accumulates over the packed depth.
+   vm_simd.c includes this file per instruction set and element type: GT is float or double, GFN(name) names the
+   clone, VM_VBYTES is the vector width. GCC/clang vector extensions give the register tile; others get scalar loops. */
+
+#define G_MR 6
+#define G_VL (VM_VBYTES / (int)sizeof(GT))
+#define G_NR (2 * G_VL)
+#define G_KC 256
+#define G_MC 96
+#define G_NC 2048
+
+/* rows [i0, i0+mc) x depth [p0, p0+kc) of A into MR-row panels (zero rows pad the last panel) */
+VM_TGT static void GFN(pack_a)(GT *dst, const GT *a, int64_t mc, int64_t kc, int64_t sn, int64_t sk) {
+  int64_t ir, p, i;
+  for (ir = 0; ir < mc; ir += G_MR) {
+    int64_t rows = mc - ir < G_MR ? mc - ir : G_MR;
+    for (p = 0; p < kc; p++) {
+      for (i = 0; i < rows; i++) dst[p * G_MR + i] = a[(ir + i) * sn + p * sk];
+      for (; i < G_MR; i++) dst[p * G_MR + i] = 0;
+    }
+    dst += G_MR * kc;
+  }
+}
+
+/* depth [p0, p0+kc) x columns [j0, j0+nc) of B into NR-column panels */
+VM_TGT static void GFN(pack_b)(GT *dst, const GT *b, int64_t kc, int64_t nc, int64_t sk, int64_t sm) {
+  int64_t jr, p, j;
+  for (jr = 0; jr < nc; jr += G_NR) {
+    int64_t cols = nc - jr < G_NR ? nc - jr : G_NR;
+    for (p = 0; p < kc; p++) {
+      const GT *src = b + p * sk + jr * sm;
+      GT *o = dst + p * G_NR;
+      if (sm == 1) for (j = 0; j < cols; j++) o[j] = src[j];
+      else for (j = 0; j < cols; j++) o[j] = src[j * sm];
+      for (; j < G_NR; j++) o[j] = 0;
+    }
+    dst += G_NR * kc;
+  }
+}
+
+/* C[0:mr, 0:nr] (+)= packed A panel x packed B panel over depth kc */
+VM_TGT static void GFN(micro)(int64_t kc, const GT *ap, const GT *bp, GT *c, int64_t scn, int64_t scm, int64_t mr,
+                              int64_t nr, int accum) {
+  GT tile[G_MR * G_NR];
+  int64_t i, j, p;
+#if defined(__GNUC__)
+  GV acc[G_MR][2];
+  memset(acc, 0, sizeof acc);
+  for (p = 0; p < kc; p++) {
+    GV b0, b1;
+    memcpy(&b0, bp + p * G_NR, sizeof b0);
+    memcpy(&b1, bp + p * G_NR + G_VL, sizeof b1);
+    for (i = 0; i < G_MR; i++) {
+      GT av = ap[p * G_MR + i];
+      acc[i][0] += av * b0;
+      acc[i][1] += av * b1;
+    }
+  }
+  if (mr == G_MR && nr == G_NR && scm == 1) {  /* full tile, contiguous rows: vector stores */
+    for (i = 0; i < G_MR; i++) {
+      GT *row = c + i * scn;
+      if (accum) {
+        GV c0, c1;
+        memcpy(&c0, row, sizeof c0);
+        memcpy(&c1, row + G_VL, sizeof c1);
+        acc[i][0] += c0;
+        acc[i][1] += c1;
+      }
+      memcpy(row, &acc[i][0], sizeof acc[i][0]);
+      memcpy(row + G_VL, &acc[i][1], sizeof acc[i][1]);
+    }
+    return;
+  }
+  for (i = 0; i < G_MR; i++) {
+    memcpy(tile + i * G_NR, &acc[i][0], sizeof acc[i][0]);
+    memcpy(tile + i * G_NR + G_VL, &acc[i][1], sizeof acc[i][1]);
+  }
+#else
+  for (i = 0; i < G_MR * G_NR; i++) tile[i] = 0;
+  for (p = 0; p < kc; p++)
+    for (i = 0; i < G_MR; i++)
+      for (j = 0; j < G_NR; j++) tile[i * G_NR + j] += ap[p * G_MR + i] * bp[p * G_NR + j];
+#endif
+  for (i = 0; i < mr; i++)
+    for (j = 0; j < nr; j++) {
+      GT *o = c + i * scn + j * scm;
+      *o = accum ? *o + tile[i * G_NR + j] : tile[i * G_NR + j];
+    }
+}
+
+/* one C[n][m] = A[n][k] B[k][m] with the packing buffers given */
+VM_TGT static void GFN(gemm2d)(const vm_gemm *g, const GT *a, const GT *b, GT *c, GT *apack, GT *bpack) {
+  int64_t jc, pc, ic, jr, ir, i, j;
+  if (g->k == 0) {
+    for (i = 0; i < g->n; i++)
+      for (j = 0; j < g->m; j++) c[i * g->scn + j * g->scm] = 0;
+    return;
+  }
+  for (jc = 0; jc < g->m; jc += G_NC) {
+    int64_t nc = g->m - jc < G_NC ? g->m - jc : G_NC;
+    for (pc = 0; pc < g->k; pc += G_KC) {
+      int64_t kc = g->k - pc < G_KC ? g->k - pc : G_KC;
+      GFN(pack_b)(bpack, b + pc * g->sbk + jc * g->sbm, kc, nc, g->sbk, g->sbm);
+      for (ic = 0; ic < g->n; ic += G_MC) {
+        int64_t mc = g->n - ic < G_MC ? g->n - ic : G_MC;
+        GFN(pack_a)(apack, a + ic * g->san + pc * g->sak, mc, kc, g->san, g->sak);
+        for (jr = 0; jr < nc; jr += G_NR)
+          for (ir = 0; ir < mc; ir += G_MR)
+            GFN(micro)(kc, apack + ir * kc, bpack + jr * kc, c + (ic + ir) * g->scn + (jc + jr) * g->scm, g->scn,
+                       g->scm, mc - ir < G_MR ? mc - ir : G_MR, nc - jr < G_NR ? nc - jr : G_NR, pc > 0);
+      }
+    }
+  }
+}
+
+/* the whole contraction, looping the batch dims; -1 when the packing buffers cannot be allocated */
+VM_TGT static int GFN(gemm)(const vm_gemm *g, const char *a, const char *b, char *c) {
+  int64_t idx[VM_MAXDIM] = {0}, total = 1, t, oa = 0, ob = 0, oc = 0;
+  int32_t d;
+  size_t asz = (size_t)G_MC * G_KC + 64, bsz = (size_t)G_KC * G_NC + 64;
+  GT *buf, *apack, *bpack;
+  for (d = 0; d < g->nbatch; d++) total *= g->bsize[d];
+  if (total == 0 || g->n == 0 || g->m == 0) return 0;
+  buf = (GT *)malloc((asz + bsz) * sizeof(GT) + 64);
+  if (!buf) return -1;
+  apack = (GT *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
+  bpack = apack + asz;
+  for (t = 0; t < total; t++) {
+    GFN(gemm2d)(g, (const GT *)a + oa, (const GT *)b + ob, (GT *)c + oc, apack, bpack);
+    for (d = g->nbatch - 1; d >= 0; d--) {  /* next batch index, odometer style */
+      idx[d]++;
+      oa += g->bsa[d]; ob += g->bsb[d]; oc += g->bsc[d];
+      if (idx[d] < g->bsize[d]) break;
+      oa -= g->bsa[d] * idx[d]; ob -= g->bsb[d] * idx[d]; oc -= g->bsc[d] * idx[d];
+      idx[d] = 0;
+    }
+  }
+  free(buf);
+  return 0;
+}
+
+#undef G_MR
+#undef G_VL
+#undef G_NR
+#undef G_KC
+#undef G_MC
+#undef G_NC

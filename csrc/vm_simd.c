@@ -1,0 +1,151 @@
+/* vm_simd.c: the VM's tile kernels compiled once per instruction set -- portable (the compiler's baseline), AVX2+FMA
+   and AVX-512 -- and the run-time choice among them (__builtin_cpu_supports). Wheels never assume a wider ISA than
+   the baseline; the clones are selected on the machine that runs them. */
+#if defined(__GNUC__) && !defined(__clang__)
+/* vector sqrt and if-converted selects: errno and the FP exception flags are never read here */
+#pragma GCC optimize("no-math-errno", "no-trapping-math")
+#endif
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include "vm.h"
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define VM_X86 1
+#else
+#define VM_X86 0
+#endif
+
+/* ---- the portable clone ---- */
+#define VM_FN(name) vm_##name##_base
+#define VM_TGT
+#define VM_VBYTES 16
+#include "vm_kern.h"
+#define GT float
+#define GFN(name) VM_FN(name##_f32)
+#define GV VM_FN(gv_f32)
+#if defined(__GNUC__)
+typedef float GV __attribute__((vector_size(VM_VBYTES)));
+#endif
+#include "vm_gemm.h"
+#undef GT
+#undef GFN
+#undef GV
+#define GT double
+#define GFN(name) VM_FN(name##_f64)
+#define GV VM_FN(gv_f64)
+#if defined(__GNUC__)
+typedef double GV __attribute__((vector_size(VM_VBYTES)));
+#endif
+#include "vm_gemm.h"
+#undef GT
+#undef GFN
+#undef GV
+#undef VM_FN
+#undef VM_TGT
+#undef VM_VBYTES
+
+#if VM_X86
+/* ---- AVX2 + FMA ---- */
+#define VM_FN(name) vm_##name##_avx2
+#define VM_TGT __attribute__((target("avx2,fma")))
+#define VM_VBYTES 32
+#include "vm_kern.h"
+#define GT float
+#define GFN(name) VM_FN(name##_f32)
+#define GV VM_FN(gv_f32)
+typedef float GV __attribute__((vector_size(VM_VBYTES)));
+#include "vm_gemm.h"
+#undef GT
+#undef GFN
+#undef GV
+#define GT double
+#define GFN(name) VM_FN(name##_f64)
+#define GV VM_FN(gv_f64)
+typedef double GV __attribute__((vector_size(VM_VBYTES)));
+#include "vm_gemm.h"
+#undef GT
+#undef GFN
+#undef GV
+#undef VM_FN
+#undef VM_TGT
+#undef VM_VBYTES
+
+/* ---- AVX-512 (F, DQ, BW, VL) ---- */
+#define VM_FN(name) vm_##name##_avx512
+#define VM_TGT __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,prefer-vector-width=512")))
+#define VM_VBYTES 64
+#include "vm_kern.h"
+#define GT float
+#define GFN(name) VM_FN(name##_f32)
+#define GV VM_FN(gv_f32)
+typedef float GV __attribute__((vector_size(VM_VBYTES)));
+#include "vm_gemm.h"
+#undef GT
+#undef GFN
+#undef GV
+#define GT double
+#define GFN(name) VM_FN(name##_f64)
+#define GV VM_FN(gv_f64)
+typedef double GV __attribute__((vector_size(VM_VBYTES)));
+#include "vm_gemm.h"
+#undef GT
+#undef GFN
+#undef GV
+#undef VM_FN
+#undef VM_TGT
+#undef VM_VBYTES
+#endif
+
+/* per-ISA contraction entry: dispatch on the element type */
+#define VM_GEMM_ENTRY(SFX) \
+  static int vm_gemm_##SFX(const vm_gemm *g, const char *a, const char *b, char *c) { \
+    return g->lt == VT_F64 ? vm_gemm_f64_##SFX(g, a, b, c) : vm_gemm_f32_##SFX(g, a, b, c); }
+VM_GEMM_ENTRY(base)
+#if VM_X86
+VM_GEMM_ENTRY(avx2)
+VM_GEMM_ENTRY(avx512)
+#endif
+
+static const vm_isa vm_isas[] = {
+  {"portable", vm_alu_base, vm_red_row_base, vm_red_vert_base, vm_gemm_base},
+#if VM_X86
+  {"avx2", vm_alu_avx2, vm_red_row_avx2, vm_red_vert_avx2, vm_gemm_avx2},
+  {"avx512", vm_alu_avx512, vm_red_row_avx512, vm_red_vert_avx512, vm_gemm_avx512},
+#endif
+};
+#define VM_NISA ((int)(sizeof vm_isas / sizeof vm_isas[0]))
+
+static int vm_isa_sel = -1;  /* chosen once; a benign race (every thread computes the same value) */
+
+/* the widest instruction set this CPU runs */
+static int vm_isa_best(void) {
+#if VM_X86
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw")
+      && __builtin_cpu_supports("avx512vl"))
+    return 2;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
+#endif
+  return 0;
+}
+
+const vm_isa *vm_isa_current(void) {
+  if (vm_isa_sel < 0) vm_isa_sel = vm_isa_best();
+  return &vm_isas[vm_isa_sel];
+}
+
+/* force an instruction set by index (tests run every clone); -1 restores the best; error if this CPU lacks it */
+int pg_vm_set_isa(int32_t isa) {
+  int best = vm_isa_best();
+  if (isa < 0) { vm_isa_sel = best; return best; }
+  if (isa >= VM_NISA || isa > best) return -4;
+  vm_isa_sel = isa;
+  return isa;
+}
+
+const char *pg_vm_isa_name(int32_t isa) {
+  if (isa < 0) return vm_isa_current()->name;
+  return isa < VM_NISA ? vm_isas[isa].name : NULL;
+}

@@ -1,0 +1,116 @@
+"""Flattening for the planner: a graph of UOps becomes a list of plain nodes (PNode) in topological order, with every
+FUNCTION inlined (its body's PARAMs bound to the call's arguments, per call), GETTUPLE resolved to the output it
+names, and the value-preserving ops (CONTIGUOUS, CONTIGUOUS_BACKWARD, DETACH, COPY between host devices, replicated
+MULTI) resolved to their source. Iterative: nothing recurses on graph depth."""
+from __future__ import annotations
+from ..ops import Ops, GroupOp
+from ..uop import UOp
+
+_ALIAS = GroupOp.Identity | {Ops.COPY}
+_INPUTS = (Ops.BUFFER, Ops.DEFINE_VAR)
+
+
+class PNode:
+  """One value of the flattened graph. `uop` is the node it came from (inputs are looked up by it)."""
+  __slots__ = ("op", "dtype", "shape", "arg", "src", "idx", "uop", "users", "is_output", "view", "mat", "buf",
+               "callbufs", "out_slot")
+
+  def __init__(self, op, dtype, shape, arg, src, uop):
+    self.op, self.dtype, self.shape, self.arg, self.src, self.uop = op, dtype, shape, arg, src, uop
+    self.idx, self.users, self.is_output, self.view, self.mat, self.buf = 0, 0, False, None, False, None
+    self.callbufs, self.out_slot = None, None
+
+  def __repr__(self): return f"PNode#{self.idx}({self.op.name}, {self.dtype.name}, {self.shape})"
+
+
+def _outputs_of(u: UOp, c: int, fctx) -> list:
+  """The leaves of one requested output (TUPLE/SINK/FUNCTION expand to several), as (uop, ctx) pairs."""
+  if u.op in (Ops.TUPLE, Ops.SINK): return [(s, c) for s in u.src]
+  if u.op is Ops.FUNCTION: return [(s, fctx(u, c)) for s in u.src[0].src]
+  return [(u, c)]
+
+
+class Flattener:
+  """Walks (uop, call context) pairs: context 0 is the top level; a FUNCTION met in context c opens a new context
+  binding its PARAMs to its args evaluated in c."""
+
+  def __init__(self):
+    self.memo: dict[tuple[int, int], PNode | None] = {}
+    self.ctxs: list = [None]
+    self.ctx_of: dict[tuple[int, int], int] = {}
+    self.nodes: list[PNode] = []
+
+  def fctx(self, f: UOp, c: int) -> int:
+    k = (f._id, c)
+    n = self.ctx_of.get(k)
+    if n is None:
+      n = self.ctx_of[k] = len(self.ctxs)
+      self.ctxs.append((f, c))
+    return n
+
+  def deps(self, u: UOp, c: int) -> list:
+    op = u.op
+    if op in _ALIAS: return [(u.src[0], c)]
+    if op is Ops.PARAM:
+      if c == 0: return []
+      f, pc = self.ctxs[c]
+      return [(f.src[1 + u.arg[0]], pc)]
+    if op is Ops.GETTUPLE:
+      s = u.src[0]
+      if s.op is Ops.FUNCTION: return [(s.src[0].src[u.arg], self.fctx(s, c))]
+      return [(s.src[u.arg], c)]
+    if op is Ops.CALL: return [(b, c) for b in u.src[1:]]
+    if op is Ops.AFTER: return [(u.src[1], c)]
+    if op in (Ops.FUNCTION, Ops.TUPLE, Ops.SINK):
+      raise ValueError(f"{op.name} is not a value here: take its outputs with GETTUPLE")
+    return [(s, c) for s in u.src]
+
+  def make(self, u: UOp, c: int, kids: list) -> PNode | None:
+    op = u.op
+    if op in _ALIAS or (op is Ops.PARAM and c != 0) or op is Ops.GETTUPLE: return kids[0]
+    if op is Ops.MULTI and u.arg is None: return kids[0]
+    if op is Ops.NOOP: return None
+    if op is Ops.AFTER:
+      call = u.src[1]
+      for i, b in enumerate(call.src[1:]):
+        if b is u.src[0]: return self._new(PNode(op, u.dtype, u.shape, i, (kids[0],), u))
+      raise ValueError("AFTER: src[0] is not one of its CALL's buffers")
+    if any(k is None for k in kids): raise ValueError(f"{op.name}: an operand has no value (NOOP)")
+    return self._new(PNode(op, u.dtype, u.shape, u.arg, tuple(kids), u))
+
+  def _new(self, n: PNode) -> PNode:
+    n.idx = len(self.nodes)
+    self.nodes.append(n)
+    return n
+
+  def resolve(self, pairs: list) -> list:
+    """PNodes for (uop, ctx) pairs, flattening everything below them."""
+    memo = self.memo
+    for root in pairs:
+      stack = [(root[0], root[1], False)]
+      while stack:
+        u, c, ready = stack.pop()
+        k = (u._id, c)
+        if k in memo: continue
+        ds = self.deps(u, c)
+        if not ready:
+          stack.append((u, c, True))
+          for d in reversed(ds):
+            if (d[0]._id, d[1]) not in memo: stack.append((d[0], d[1], False))
+          continue
+        memo[k] = self.make(u, c, [memo[(d[0]._id, d[1])] for d in ds])
+    return [memo[(u._id, c)] for u, c in pairs]
+
+
+def flatten(outputs: list[UOp]):
+  """(nodes in topological order, per output: a PNode, None for NOOP, or a tuple of those for TUPLE/SINK/FUNCTION)."""
+  fl = Flattener()
+  shaped = []
+  for o in outputs:
+    leaves = _outputs_of(o, 0, fl.fctx)
+    vals = fl.resolve(leaves)
+    shaped.append(vals[0] if len(leaves) == 1 and leaves[0][0] is o else tuple(vals))
+  return fl.nodes, shaped
+
+
+__all__ = ["PNode", "flatten"]

@@ -1,0 +1,294 @@
+"""The planner: a flattened graph (engine/flatten.py) becomes a list of kernels over buffers.
+
+Every node's value is either a *view* of a materialized buffer (inputs, constants, kernel outputs, and any movement
+of those: strides, offset and mask, no copy) or an *expression* not stored anywhere, fused into whichever kernel
+needs it. A node is materialized (gets a buffer and a kernel of its own) when it is an output, a reduction, used by
+two or more nodes, the source of a PAD or of an EXPAND that would repeat work, a CALL buffer, or a MULTI. A kernel
+is built top-down from the value it stores: movement ops on the way down become pending views applied at the
+leaves, so the expression is computed once per output element and an EXPAND is a zero stride, never a temporary."""
+from __future__ import annotations
+import math
+import numpy as np
+from ..ops import Ops, GroupOp
+from ..dtype import DType, dtypes
+from .flatten import PNode
+from .views import View, apply
+
+_F16, _BF16 = dtypes.float16, dtypes.bfloat16
+_ALU = GroupOp.ALU | {Ops.CAST, Ops.BITCAST}
+_MOVE = GroupOp.Movement
+
+
+def compute_dtype(dt: DType) -> DType:
+  """The type a value is computed and kept in inside the VM (float16/bfloat16 in float32)."""
+  return dtypes.float32 if dt in (_F16, _BF16) else dt
+
+
+def storage_dtype(dt: DType) -> DType:
+  """The numpy storage of a value at the program boundary (bfloat16 as float32, as numpy_eval keeps it)."""
+  return dtypes.float32 if dt is _BF16 else dt
+
+
+class Buf:
+  """A buffer: kind "arena" (internal, placed by liveness), "input"/"output" (slot index), or "const" (data)."""
+  __slots__ = ("id", "kind", "index", "stype", "shape", "dtype", "data", "offset")
+
+  def __init__(self, bid, kind, stype: DType, shape, dtype: DType, index=-1, data=None):
+    self.id, self.kind, self.stype, self.shape, self.dtype, self.index, self.data = bid, kind, stype, shape, dtype, \
+      index, data
+    self.offset = 0
+
+  @property
+  def nbytes(self) -> int: return math.prod(self.shape) * self.stype.itemsize
+  def __repr__(self): return f"Buf#{self.id}({self.kind}{self.index if self.index >= 0 else ''}, {self.stype.name})"
+
+
+class Loop:
+  """One VM loop kernel before lowering: knodes (loads and ALU ops in dependency order), stores or one reduction."""
+  __slots__ = ("shape", "knodes", "stores", "redop", "redaxes", "rdtype")
+
+  def __init__(self, shape, knodes, stores, redop=None, redaxes=(), rdtype=None):
+    self.shape, self.knodes, self.stores, self.redop, self.redaxes, self.rdtype = tuple(shape), knodes, stores, redop, \
+      tuple(redaxes), rdtype
+
+
+class OutRef:
+  """Where a program output lives: its buffer, and the shape to return it in."""
+  __slots__ = ("buf", "shape")
+
+  def __init__(self, buf, shape):
+    self.buf, self.shape = buf, shape
+
+
+class CallStep:
+  """A CALL: run `fxn` on arrays holding these buffers, between two C segments."""
+  __slots__ = ("fxn", "name", "bufs")
+
+  def __init__(self, fxn, name, bufs):
+    self.fxn, self.name, self.bufs = fxn, name, bufs
+
+
+class Planner:
+  """Plan a flattened graph: `kernels` (Loop and CallStep, in order), `bufs`, `outputs` (per output a Buf or None
+  or a tuple), `inputs` (per input slot the UOp)."""
+
+  def __init__(self, nodes: list[PNode], shaped_outputs: list, inputs: list):
+    self.nodes, self.bufs, self.kernels, self.jobs, self.consts = nodes, [], [], [], {}
+    self.input_bufs: dict[int, Buf] = {}
+    for i, u in enumerate(inputs):
+      if u._id in self.input_bufs: raise ValueError(f"compile: input {i} ({u.op.name}) is listed twice")
+      self.input_bufs[u._id] = self._buf("input", storage_dtype(u.dtype), u.shape, u.dtype, index=i)
+    self.n_out, self.out_used = 0, set()
+    flat = []
+    for o in shaped_outputs:
+      for x in (o if type(o) is tuple else (o,)):
+        if x is not None:
+          x.is_output = True
+          flat.append(x)
+    for n in nodes:
+      for s in n.src: s.users += 1
+    for n in nodes: self._visit(n)
+    self.outputs = [tuple(self._output(x) for x in o) if type(o) is tuple else self._output(o) for o in shaped_outputs]
+    self.jobs.sort(key=lambda j: j[0])
+    for j in self.jobs: j[2]()
+
+  # ---- buffers ----
+  def _buf(self, kind, stype, shape, dtype, index=-1, data=None) -> Buf:
+    b = Buf(len(self.bufs), kind, stype, tuple(shape), dtype, index, data)
+    self.bufs.append(b)
+    return b
+
+  def _const(self, n: PNode) -> Buf:
+    from .numpy_eval import _const as np_const
+    ct = compute_dtype(n.dtype)
+    data = np.asarray(np_const(n.uop, [], None)).astype(ct.numpy).reshape(())
+    key = (ct.name, data.tobytes())
+    b = self.consts.get(key)
+    if b is None: b = self.consts[key] = self._buf("const", ct, (), n.dtype, data=data)
+    return b
+
+  def _out_buf(self, n: PNode) -> Buf:
+    b = self._buf("output", storage_dtype(n.dtype), n.shape, n.dtype, index=self.n_out)
+    self.n_out += 1
+    return b
+
+  # ---- materialization decisions (bottom-up) ----
+  def _visit(self, n: PNode) -> None:
+    op = n.op
+    if op in (Ops.BUFFER, Ops.DEFINE_VAR, Ops.PARAM):
+      b = self.input_bufs.get(n.uop._id)
+      if b is None:
+        from .numpy_eval import _name
+        what = _name(n.uop) if op is not Ops.PARAM else f"PARAM slot {n.arg[0]}"
+        raise ValueError(f"missing input: {what} is not among the program's inputs")
+      n.view = (b, View.contiguous(n.shape))
+    elif op is Ops.CONST:
+      n.view = (self._const(n), View.contiguous(()))
+    elif op is Ops.CALL:
+      n.callbufs = [self._buf("arena", compute_dtype(s.dtype), s.shape, s.dtype) for s in n.src]
+      self._job(n.idx, lambda n=n: self._emit_call(n))
+    elif op is Ops.AFTER:
+      n.view = (n.src[0].callbufs[n.arg], View.contiguous(n.shape))
+    elif op in (Ops.REDUCE_AXIS, Ops.MULTI):
+      self._materialize(n)
+    elif op in _MOVE:
+      s = n.src[0]
+      if s.view is None and (op is Ops.PAD or (op is Ops.EXPAND and math.prod(s.shape) > 1)): self._materialize(s)
+      if s.view is not None:
+        b, v = s.view
+        v2 = apply(v, op.name, n.arg)
+        if v2 is None:
+          b = self._copy_view(s.view, s, n.idx)
+          v2 = apply(View.contiguous(s.shape), op.name, n.arg)
+        n.view = (b, v2)
+    elif op not in _ALU:
+      raise ValueError(f"the C interpreter cannot run {op.name} here")
+    if n.view is None and op in _ALU | _MOVE and (n.is_output or (n.users >= 2 and math.prod(n.shape) > 1)):
+      self._materialize(n)
+
+  def _job(self, order, fn) -> None:
+    self.jobs.append(((order, len(self.jobs)), None, fn))
+
+  def _materialize(self, n: PNode) -> None:
+    """Give an expression node (or a reduction/MULTI) a buffer and a kernel; its users then read the buffer."""
+    if n.mat: return
+    ct = compute_dtype(n.dtype)
+    if n.is_output and n.out_slot is None and (n.op is not Ops.REDUCE_AXIS or storage_dtype(n.dtype) is ct):
+      b = n.out_slot = self._out_buf(n)
+    else:
+      b = self._buf("arena", ct, n.shape, n.dtype)
+    n.buf, n.mat, n.view = b, True, (b, View.contiguous(n.shape))
+    self._job(n.idx, lambda n=n: self._emit_root(n))
+
+  def _copy_view(self, view, n: PNode, order) -> Buf:
+    """A contiguous copy of a view (a RESHAPE the strides cannot express)."""
+    b = self._buf("arena", compute_dtype(n.dtype), n.shape, n.dtype)
+    self._job(order - 0.5, lambda: self._emit_copy(view, n.dtype, b))
+    return b
+
+  def _output(self, n: PNode | None):
+    """The buffer holding output n and the shape to return it in (a copy only when no buffer can be it)."""
+    if n is None: return None
+    if n.out_slot is not None and n.idx not in self.out_used:
+      self.out_used.add(n.idx)
+      return OutRef(n.out_slot, n.shape)
+    b, v = n.view
+    if (b.kind == "arena" and v.mask is None and v.offset == 0 and v.strides == View.contiguous(v.shape).strides
+        and math.prod(v.shape) == math.prod(b.shape) and b.stype is storage_dtype(n.dtype)):
+      b.kind, b.index = "output", self.n_out  # e.g. a reduction's result reshaped: the output is that buffer
+      self.n_out += 1
+      return OutRef(b, n.shape)
+    b = self._out_buf(n)
+    self._job(float("inf"), lambda: self._emit_copy(n.view, n.dtype, b))
+    return OutRef(b, n.shape)
+
+  # ---- kernel emission (top-down, in dependency order) ----
+  def _emit_root(self, n: PNode) -> None:
+    b = n.buf
+    if n.op is Ops.REDUCE_AXIS:
+      src = n.src[0]
+      knodes, top = self._build(src, src.shape, expand_top=False)
+      st = View.contiguous(n.shape).strides  # the reduced dims have size 1, so stride 0
+      self.kernels.append(Loop(src.shape, knodes, [(top, b, View(src.shape, st))], redop=n.arg[0],
+                               redaxes=n.arg[1], rdtype=n.dtype))
+    elif n.op is Ops.MULTI:
+      axis, start = n.arg, 0
+      for s in n.src:
+        region = tuple((start, start + s.shape[axis]) if i == axis else (0, d) for i, d in enumerate(n.shape))
+        start += s.shape[axis]
+        self._emit_store(s, b, View.contiguous(n.shape).shrink(region), n.dtype)
+    else:
+      self._emit_store(n, b, View.contiguous(n.shape), n.dtype, expand_top=True)
+
+  def _emit_store(self, n: PNode, b: Buf, view: View, dtype, expand_top=False) -> None:
+    knodes, top = self._build(n, n.shape, expand_top=expand_top)
+    self.kernels.append(Loop(n.shape, knodes, [(top, b, view)]))
+
+  def _emit_copy(self, view, dtype, b: Buf) -> None:
+    src, v = view
+    knodes = [("load", src, v, dtype)]
+    self.kernels.append(Loop(v.shape, knodes, [(0, b, View.contiguous(v.shape))]))
+
+  def _emit_call(self, n: PNode) -> None:
+    for s, b in zip(n.src, n.callbufs): self._emit_store(s, b, View.contiguous(s.shape), s.dtype)
+    info = n.arg
+    fxn = getattr(info, "fxn", None)
+    if fxn is None: raise ValueError("CALL: the kernel has no Python fxn to run (custom_kernel(..., fxn=...))")
+    self.kernels.append(CallStep(fxn, getattr(info, "name", None), n.callbufs))
+
+  def _leaf_view(self, view, cell, cells, kshape, dtype):
+    """A leaf's view with the pending movements of `cell` applied (copying when a RESHAPE cannot be a view)."""
+    b, v = view
+    if cell is None: return b, v
+    if v.is_scalar(): return b, View(kshape, (0,) * len(kshape), v.offset)
+    c = cell
+    while c is not None:
+      mv, c = cells[c]
+      v2 = apply(v, mv[0], mv[1])
+      if v2 is None:
+        nb = self._buf("arena", compute_dtype(dtype), v.shape, dtype)
+        self._emit_copy((b, v), dtype, nb)
+        b, v2 = nb, apply(View.contiguous(v.shape), mv[0], mv[1])
+      v = v2
+    return b, v
+
+  def _build(self, top: PNode, kshape, expand_top: bool):
+    """(knodes, index of top's knode): loads ("load", buf, view, dtype) and ops ("alu", op, dtype, srcs, src dtype)
+    in dependency order, for computing `top` over index space kshape."""
+    knodes: list = []
+    memo: dict = {}
+    loads: dict = {}
+    cells: list = []
+    cell_ids: dict = {}
+
+    def cell_of(mv, parent):
+      k = (mv, parent)
+      c = cell_ids.get(k)
+      if c is None:
+        c = cell_ids[k] = len(cells)
+        cells.append(k)
+      return c
+
+    def children(n: PNode, cell):
+      if n.op in _MOVE:
+        arg = n.arg if n.op is not Ops.FLIP else tuple(n.arg)
+        return [(n.src[0], cell_of((n.op.name, arg), cell))]
+      out = []
+      for s in n.src:
+        if s.shape == () and n.shape != (): out.append((s, cell_of(("BCAST", n.shape), cell)))
+        else: out.append((s, cell))
+      return out
+
+    def is_leaf(n, cell):
+      if n is top and cell is None and expand_top: return n.op not in _ALU | _MOVE
+      return n.view is not None
+
+    stack = [(top, None, False)]
+    while stack:
+      n, cell, ready = stack.pop()
+      k = (n.idx, cell)
+      if k in memo: continue
+      if is_leaf(n, cell):
+        b, v = self._leaf_view(n.view, cell, cells, kshape, n.dtype)
+        lk = (b.id, v.key(), n.dtype)
+        i = loads.get(lk)
+        if i is None:
+          i = loads[lk] = len(knodes)
+          knodes.append(("load", b, v, n.dtype))
+        memo[k] = i
+        continue
+      kids = children(n, cell)
+      if not ready:
+        stack.append((n, cell, True))
+        for s, c in reversed(kids):
+          if (s.idx, c) not in memo: stack.append((s, c, False))
+        continue
+      if n.op in _MOVE:  # a movement is only a view change: it is its source's value
+        memo[k] = memo[(kids[0][0].idx, kids[0][1])]
+        continue
+      memo[k] = len(knodes)
+      knodes.append(("alu", n.op, n.dtype, tuple(memo[(s.idx, c)] for s, c in kids), n.src[0].dtype))
+    return knodes, memo[(top.idx, None)]
+
+
+__all__ = ["Planner", "Buf", "Loop", "CallStep", "compute_dtype", "storage_dtype"]

@@ -1,0 +1,188 @@
+"""Compiled programs on the C interpreter: `compile_program(outputs, inputs)` plans a graph once (flatten, plan,
+lower, place buffers by liveness) and `program(*arrays)` runs it with one call into C per segment -- one segment
+unless the graph has CALLs, whose Python kernels run between segments. `evaluate_c` is compile-and-run-once."""
+from __future__ import annotations
+import threading
+import numpy as np
+from ..ops import Ops
+from ..uop import UOp
+from . import vmlib
+from .vmlib import ffi, lib
+from .flatten import flatten
+from .planner import Planner, Loop, CallStep, Buf, compute_dtype
+from .lower import lower_loop
+
+_MAGIC, _VERSION = 0x50475650, 1
+_ALIGN = 64
+
+
+def _place(kernels: list, bufs: list[Buf]) -> int:
+  """Arena offsets for the internal buffers by liveness (first write to last use); returns the arena size."""
+  first, last = {}, {}
+  for i, k in enumerate(kernels):
+    used = k.bufs if isinstance(k, CallStep) else [s[1] for s in k.stores] + [x[1] for x in k.knodes if x[0] == "load"]
+    for b in used:
+      if b.kind != "arena": continue
+      first.setdefault(b.id, i)
+      last[b.id] = i
+  frees: dict[int, list[Buf]] = {}
+  for bid, i in last.items(): frees.setdefault(i, []).append(bufs[bid])
+  starts: dict[int, list[Buf]] = {}
+  for bid, i in first.items(): starts.setdefault(i, []).append(bufs[bid])
+  holes: list[tuple[int, int]] = []  # (offset, size) free blocks below the high-water mark
+  top = 0
+  for i in range(len(kernels)):
+    for b in starts.get(i, ()):
+      need = max(_ALIGN, -(-b.nbytes // _ALIGN) * _ALIGN)
+      best = None
+      for j, (off, sz) in enumerate(holes):
+        if sz >= need and (best is None or sz < holes[best][1]): best = j
+      if best is None:
+        b.offset = top
+        top += need
+      else:
+        off, sz = holes.pop(best)
+        b.offset = off
+        if sz > need: holes.append((off + need, sz - need))
+    for b in frees.get(i, ()):
+      need = max(_ALIGN, -(-b.nbytes // _ALIGN) * _ALIGN)
+      holes.append((b.offset, need))
+      holes.sort()
+      merged = []
+      for off, sz in holes:  # coalesce neighbours
+        if merged and merged[-1][0] + merged[-1][1] == off: merged[-1] = (merged[-1][0], merged[-1][1] + sz)
+        else: merged.append((off, sz))
+      holes = merged
+  return top
+
+
+class Program:
+  """A graph planned for the C interpreter. Call it with one array per input (in `inputs` order); it returns one
+  array per output (a list, or the array itself for a single output)."""
+
+  def __init__(self, outputs: list[UOp], inputs: list[UOp]):
+    for u in inputs:
+      if not isinstance(u, UOp) or u.op not in (Ops.BUFFER, Ops.DEFINE_VAR, Ops.PARAM):
+        raise ValueError(f"compile: inputs must be BUFFER or DEFINE_VAR nodes, got {getattr(u, 'op', u)!r}")
+    self.inputs = list(inputs)
+    nodes, shaped = flatten(outputs)
+    pl = Planner(nodes, shaped, self.inputs)
+    self._single = len(outputs) == 1
+    self._shaped = pl.outputs
+    self._out_bufs = sorted((b for b in pl.bufs if b.kind == "output"), key=lambda b: b.index)
+    self.arena_bytes = _place(pl.kernels, pl.bufs)
+    pool, consts = 0, []
+    for b in pl.bufs:
+      if b.kind == "const":
+        b.offset = pool
+        consts.append(b)
+        pool += 8
+    self._pool = np.zeros(max(pool, 8), np.uint8)
+    for b in consts: self._pool[b.offset:b.offset + b.nbytes] = np.frombuffer(b.data.tobytes(), np.uint8)
+    nin = len(self.inputs)
+    self._nslots = 2 + nin + len(self._out_bufs)
+    slot_size = [self.arena_bytes, len(self._pool)] + [0] * (nin + len(self._out_bufs))
+    table = []
+    for b in pl.bufs:
+      slot = {"arena": 0, "const": 1, "input": 2 + b.index, "output": 2 + nin + b.index}[b.kind]
+      if b.kind in ("input", "output"): slot_size[slot] = b.nbytes
+      table += [slot, b.offset, b.nbytes]
+    head = [_MAGIC, _VERSION, self._nslots, len(pl.bufs)]
+    self._steps, seg, nk, nfused, ngemm = [], [], 0, 0, 0
+    for k in pl.kernels + [None]:
+      if isinstance(k, Loop):
+        w, fused = lower_loop(k)
+        seg.append(w)
+        nk, nfused, ngemm = nk + 1, nfused + fused, ngemm + (w[0] == 2)
+        continue
+      if seg:
+        words = head + [len(seg)] + slot_size + table
+        for w in seg: words += w
+        self._steps.append(vmlib.prepare(words))
+        seg = []
+      if k is not None: self._steps.append(k)
+    self.stats = {"kernels": nk, "fused_groups": nfused, "peak_bytes": self.arena_bytes, "contractions": ngemm,
+                  "segments": sum(1 for s in self._steps if not isinstance(s, CallStep))}
+    self._lock = threading.Lock()
+    self._arena = None
+
+  def _arena_array(self) -> np.ndarray:
+    a = np.empty(self.arena_bytes + _ALIGN, np.uint8)
+    off = (-a.ctypes.data) % _ALIGN
+    return a[off:off + self.arena_bytes]
+
+  def _check(self, u: UOp, v) -> np.ndarray:
+    from .numpy_eval import _buffer, _define_var, _Ctx
+    ctx = _Ctx({u._id: v}, None)
+    if u.op is Ops.BUFFER: a = _buffer(u, [], ctx)
+    elif u.op is Ops.DEFINE_VAR: a = _define_var(u, [], ctx)
+    else:
+      from .numpy_eval import _as_value
+      a = _as_value(u, v)
+      if a.shape != u.shape: raise ValueError(f"input PARAM {u.arg[0]}: expected shape {u.shape}, got {a.shape}")
+    return np.ascontiguousarray(a)
+
+  def __call__(self, *arrays):
+    if len(arrays) != len(self.inputs):
+      raise ValueError(f"program takes {len(self.inputs)} inputs, got {len(arrays)}")
+    n = self._nslots
+    slots, sizes = ffi.new("void *[]", n), ffi.new("int64_t[]", n)
+    keep = [self._check(u, v) for u, v in zip(self.inputs, arrays)]
+    outs = [np.empty(b.shape, b.stype.numpy) for b in self._out_bufs]
+    mine = self._lock.acquire(blocking=False)
+    try:
+      if mine:
+        if self._arena is None: self._arena = self._arena_array()
+        arena = self._arena
+      else:
+        arena = self._arena_array()  # another thread runs this program: a private arena
+      for i, a in enumerate([arena, self._pool] + keep + outs):
+        if a.nbytes:
+          slots[i] = ffi.cast("void *", a.ctypes.data)
+        sizes[i] = a.nbytes
+      for st in self._steps:
+        if isinstance(st, CallStep): self._call(st, arena)
+        else:
+          rc = lib.pg_vm_run(st, slots, sizes, n)
+          if rc == lib.PG_ERR_NOMEM: raise MemoryError("pygrad VM: out of memory")
+          if rc < 0: raise RuntimeError(f"pygrad VM: run failed with error {rc}")
+    finally:
+      if mine: self._lock.release()
+    res = [tuple(self._value(x, outs) for x in o) if type(o) is tuple else self._value(o, outs) for o in self._shaped]
+    return res[0] if self._single else res
+
+  @staticmethod
+  def _value(b, outs):
+    return None if b is None else outs[b.buf.index].reshape(b.shape)
+
+  def _call(self, st: CallStep, arena: np.ndarray) -> None:
+    from .numpy_eval import round_bfloat16
+    from ..dtype import dtypes
+    views = [arena[b.offset:b.offset + b.nbytes].view(compute_dtype(b.dtype).numpy).reshape(b.shape) for b in st.bufs]
+    arrays = [v.astype(b.dtype.numpy, copy=True) for v, b in zip(views, st.bufs)]
+    st.fxn(*arrays)
+    for v, a, b in zip(views, arrays, st.bufs):
+      if a.shape != b.shape or a.dtype != b.dtype.numpy:
+        raise ValueError(f"CALL {st.name!r}: the kernel changed a buffer to {a.shape}:{a.dtype}")
+      v[...] = round_bfloat16(a) if b.dtype is dtypes.bfloat16 else a
+
+
+def compile_program(outputs: list[UOp], inputs: list[UOp]) -> Program:
+  """Plan `outputs` over `inputs` (BUFFER/DEFINE_VAR nodes, in the order the program takes arrays)."""
+  return Program(list(outputs), list(inputs))
+
+
+def evaluate_c(outputs: list[UOp], inputs: dict) -> list:
+  """The values of outputs on the C interpreter, given a dict from BUFFER/DEFINE_VAR nodes to array-likes."""
+  keys = []
+  for k in (inputs or {}):
+    if type(k) is not UOp: raise TypeError(f"evaluate: inputs keys must be UOps, got {type(k).__name__}")
+    if k.op not in (Ops.BUFFER, Ops.DEFINE_VAR):
+      raise ValueError(f"evaluate: inputs key {k.op.name} is not an input (BUFFER or DEFINE_VAR)")
+    keys.append(k)
+  prog = Program(list(outputs), keys)
+  res = prog(*[inputs[k] for k in keys])
+  return [res] if prog._single else res
+
+
+__all__ = ["Program", "compile_program", "evaluate_c"]

@@ -1,0 +1,50 @@
+"""The compiled interpreter (csrc/vm.c in pygrad._core): its cffi handles, the opcode map read from C's opcode table,
+and thin wrappers that raise on error codes. The VM needs only the compiled module, not the C node store."""
+from __future__ import annotations
+
+try:
+  from .._core import ffi, lib
+except ImportError as e:  # no compiled core at all
+  raise ImportError(f"pygrad's compiled module is not built ({e}); install with `pip install -e .`") from e
+if not hasattr(lib, "pg_vm_prepare"):
+  raise ImportError("pygrad._core was built without the interpreter (csrc/vm.c); rebuild it")
+
+
+def _opcodes() -> dict[str, int]:
+  out, i = {}, 0
+  while True:
+    p = lib.pg_vm_opcode_name(i)
+    if p == ffi.NULL: return out
+    out[ffi.string(p).decode()] = i
+    i += 1
+
+
+OPCODES = _opcodes()
+
+
+def prepare(words):
+  """A validated C program (freed with its handle) from int64 words, or ValueError saying what is wrong."""
+  import numpy as np
+  code = np.ascontiguousarray(words, dtype=np.int64)
+  out = ffi.new("pg_vm **")
+  msg = ffi.new("char[]", 256)
+  rc = lib.pg_vm_prepare(ffi.from_buffer("int64_t[]", code), len(code), out, msg, 256)
+  if rc == lib.PG_ERR_NOMEM: raise MemoryError("pygrad VM: out of memory preparing a program")
+  if rc < 0: raise ValueError(f"pygrad VM: {ffi.string(msg).decode() or f'error {rc}'}")
+  return ffi.gc(out[0], lib.pg_vm_free)
+
+
+def isa_name(i: int = -1) -> str | None:
+  """The instruction set the VM runs now (i=-1) or of clone i."""
+  p = lib.pg_vm_isa_name(i)
+  return None if p == ffi.NULL else ffi.string(p).decode()
+
+
+def set_isa(i: int) -> int:
+  """Force clone i (0 portable, 1 avx2, 2 avx512) or, with -1, the best this CPU runs; ValueError if unsupported."""
+  rc = lib.pg_vm_set_isa(i)
+  if rc < 0: raise ValueError(f"pygrad VM: instruction set {i} is not available on this CPU")
+  return rc
+
+
+__all__ = ["ffi", "lib", "OPCODES", "prepare", "isa_name", "set_isa"]

@@ -1,0 +1,300 @@
+"""The C interpreter against the numpy reference evaluator: every VM opcode on every dtype it takes, at sizes 0, 1,
+1023, 1024 and 1025, on contiguous and non-contiguous inputs and views; the defined integer/cast edge cases exactly;
+transcendentals within a few float32 ulp; reductions; errors naming the input."""
+from __future__ import annotations
+import itertools
+import math
+import numpy as np
+import pytest
+from pygrad import UOp, Ops, dtypes
+from pygrad.dtype import VALUE_DTYPES
+
+program = pytest.importorskip("pygrad.engine.program", reason="the compiled interpreter is not built",
+                              exc_type=ImportError)
+from pygrad.engine import numpy_eval  # noqa: E402
+from pygrad.engine.numpy_eval import round_bfloat16  # noqa: E402
+
+SIZES = (0, 1, 1023, 1024, 1025)
+FLOATS = (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
+INTS = tuple(d for d in VALUE_DTYPES if dtypes.is_int(d))
+APPROX = {Ops.SIN, Ops.EXP2, Ops.LOG2, Ops.POW}
+
+
+def values(dt, n: int, rng, kind: str = "any") -> np.ndarray:
+  """n values of dt with the edge cases mixed in (NaN, inf, -0, denormals, int min/max, shift counts...)."""
+  if dtypes.is_bool(dt): return rng.integers(0, 2, n).astype(bool)
+  if dtypes.is_int(dt):
+    info = np.iinfo(dt.numpy)
+    if kind == "shift": v = rng.integers(-2, 8 * dt.itemsize + 3, n)
+    elif kind == "small": v = rng.integers(max(info.min, -9), min(info.max, 9) + 1, n)
+    else: v = rng.integers(info.min, info.max, n, endpoint=True, dtype=dt.numpy)
+    v = np.asarray(v).astype(dt.numpy)
+    edge = np.array([info.min, info.max, 0, 1, info.max - 1] + ([-1, info.min + 1] if info.min < 0 else []),
+                    dtype=dt.numpy)
+    if kind == "any" and n: v[:min(n, len(edge))] = edge[:min(n, len(edge))]
+    return v
+  v = rng.standard_normal(n) * (3 if kind == "small" else 40)
+  if kind == "any" and n:
+    edge = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-41, -1e-41, 65504.0, 1e5, -3.5, 2.5, 0.5])
+    v[:min(n, len(edge))] = edge[:min(n, len(edge))]
+  if kind == "pos": v = np.abs(v) + 1e-3
+  v = v.astype(np.float32 if dt is not dtypes.float64 else np.float64)
+  if dt is dtypes.float16: return v.astype(np.float16)
+  if dt is dtypes.bfloat16: return round_bfloat16(v)
+  return v
+
+
+def check(out, inputs: dict, approx: bool = False, rtol: float | None = None):
+  """The VM's value of out equals numpy_eval's (exactly, or within a float tolerance when approx)."""
+  want = numpy_eval.evaluate([out], inputs)[0]
+  got = program.evaluate_c([out], inputs)[0]
+  assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, want.dtype, got.shape, want.shape)
+  if approx:
+    tol = rtol if rtol is not None else {np.dtype(np.float16): 2e-3, np.dtype(np.float64): 1e-12}.get(want.dtype, 3e-6)
+    if out.dtype is dtypes.bfloat16: tol = max(tol, 1.6e-2)
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * 1e-3, equal_nan=True)
+  else:
+    np.testing.assert_array_equal(got, want)
+
+
+def _bufs(dt, n, k, rng, kinds=("any",) * 3, strided=False):
+  bs, vals = [], []
+  for i in range(k):
+    b = UOp.placeholder((n,), dt, f"x{i}")
+    v = values(dt, 2 * n if strided else n, rng, kinds[i])
+    bs.append(b)
+    vals.append(v[::2] if strided else v)
+  return bs, vals
+
+
+UNARY = [Ops.RECIPROCAL, Ops.SQRT, Ops.SIN, Ops.LOG2, Ops.EXP2, Ops.TRUNC]
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dt", VALUE_DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("op", UNARY, ids=lambda o: o.name)
+def test_unary(op, dt, n):
+  if not dtypes.is_float(dt) and not (op is Ops.TRUNC and dtypes.is_int(dt)): pytest.skip("not defined for dtype")
+  rng = np.random.default_rng(n)
+  (x,), (v,) = _bufs(dt, n, 1, rng)
+  check(UOp(op, None, (x,)), {x: v}, approx=op in APPROX)
+
+
+BINARY = [Ops.ADD, Ops.MUL, Ops.MAX, Ops.POW, Ops.IDIV, Ops.MOD, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR,
+          Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ]
+
+
+def _binary_ok(op, dt) -> bool:
+  if op in (Ops.IDIV, Ops.MOD, Ops.SHL, Ops.SHR): return dtypes.is_int(dt)
+  if op in (Ops.AND, Ops.OR, Ops.XOR): return not dtypes.is_float(dt)
+  return True
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dt", VALUE_DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("op", BINARY, ids=lambda o: o.name)
+def test_binary(op, dt, n):
+  if not _binary_ok(op, dt): pytest.skip("not defined for dtype")
+  rng = np.random.default_rng(n + 7)
+  kinds = ("any", "shift") if op in (Ops.SHL, Ops.SHR) else ("any", "small") if op is Ops.POW else ("any", "any")
+  (x, y), (a, b) = _bufs(dt, n, 2, rng, kinds)
+  if op in (Ops.IDIV, Ops.MOD) and n: b[::3] = 0
+  if op in (Ops.IDIV, Ops.MOD) and n and dtypes.is_int(dt) and not dtypes.is_unsigned(dt): b[1::5] = -1
+  check(UOp(op, None, (x, y)), {x: a, y: b}, approx=op in APPROX and dtypes.is_float(dt))
+
+
+@pytest.mark.parametrize("n", (1, 1025))
+@pytest.mark.parametrize("dt", VALUE_DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("op", BINARY, ids=lambda o: o.name)
+def test_binary_scalar_operand(op, dt, n):
+  """A ()-shaped operand (a constant or a DEFINE_VAR) broadcast on either side: the VM's scalar registers."""
+  if not _binary_ok(op, dt): pytest.skip("not defined for dtype")
+  rng = np.random.default_rng(3)
+  (x,), (a,) = _bufs(dt, n, 1, rng)
+  c = values(dt, 8, rng, "shift" if op in (Ops.SHL, Ops.SHR) else "small")[5].item()
+  k = UOp.const(c, dt)
+  check(UOp(op, None, (x, k)), {x: a}, approx=op in APPROX and dtypes.is_float(dt))
+  check(UOp(op, None, (k, x)), {x: a}, approx=op in APPROX and dtypes.is_float(dt))
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dt", VALUE_DTYPES, ids=lambda d: d.name)
+def test_where(dt, n):
+  rng = np.random.default_rng(11)
+  c = UOp.placeholder((n,), dtypes.bool, "c")
+  (x, y), (a, b) = _bufs(dt, n, 2, rng)
+  cv = values(dtypes.bool, n, rng)
+  check(c.where(x, y), {c: cv, x: a, y: b})
+  check(UOp(Ops.WHERE, None, (c, x, UOp.const(values(dt, 1, rng, "small")[0].item(), dt))), {c: cv, x: a})
+
+
+@pytest.mark.parametrize("n", (0, 1, 1025))
+@pytest.mark.parametrize("src,dst", list(itertools.product(VALUE_DTYPES, VALUE_DTYPES)),
+                         ids=lambda d: d.name)
+def test_cast(src, dst, n):
+  rng = np.random.default_rng(5)
+  (x,), (v,) = _bufs(src, n, 1, rng)
+  check(x.cast(dst), {x: v})
+
+
+_BITCASTS = [(a, b) for a, b in itertools.product(VALUE_DTYPES, VALUE_DTYPES) if a.itemsize == b.itemsize]
+
+
+@pytest.mark.parametrize("src,dst", _BITCASTS, ids=lambda d: d.name)
+def test_bitcast(src, dst):
+  rng = np.random.default_rng(6)
+  (x,), (v,) = _bufs(src, 1025, 1, rng)
+  if dst is dtypes.bfloat16 or dst is dtypes.float16 or src in (dtypes.bfloat16, dtypes.float16):
+    v = v if dtypes.is_float(src) else v
+  want = numpy_eval.evaluate([x.bitcast(dst)], {x: v})[0]
+  got = program.evaluate_c([x.bitcast(dst)], {x: v})[0]
+  assert got.dtype == want.dtype
+  if dtypes.is_float(dst):  # NaN payloads may differ: compare the bits of the non-NaN values and NaN positions
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    m = ~np.isnan(want)
+    np.testing.assert_array_equal(got[m].view(f"u{got.itemsize}"), want[m].view(f"u{want.itemsize}"))
+  else:
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("shape,axes", [((0,), (0,)), ((1,), (0,)), ((1023,), (0,)), ((1024,), (0,)), ((1025,), (0,)),
+                                        ((33, 47), (0,)), ((33, 47), (1,)), ((5, 0, 3), (1,)), ((0, 4), (0,)),
+                                        ((4, 6, 5), (0, 2)), ((3, 1030), (1,)), ((1030, 3), (0,)), ((2, 3, 4), (0, 1, 2))])
+@pytest.mark.parametrize("rop", [Ops.ADD, Ops.MAX, Ops.MUL], ids=lambda o: o.name)
+@pytest.mark.parametrize("dt", VALUE_DTYPES, ids=lambda d: d.name)
+def test_reduce(dt, rop, shape, axes):
+  rng = np.random.default_rng(8)
+  x = UOp.placeholder(shape, dt, "x")
+  n = math.prod(shape)
+  kind = "small" if rop is Ops.MUL or dtypes.is_float(dt) else "any"
+  v = values(dt, n, rng, kind).reshape(shape)
+  if rop is Ops.MUL and dtypes.is_float(dt): v = (np.abs(v.astype(np.float64)) * 0 + 1 + 1e-3 * v).astype(v.dtype)
+  if rop is Ops.MUL and dt is dtypes.bfloat16: v = round_bfloat16(v)
+  check(x.r(rop, axes), {x: v}, approx=dtypes.is_float(dt) and rop is not Ops.MAX,
+        rtol={dtypes.float16: 1e-2, dtypes.bfloat16: 4e-2, dtypes.float64: 1e-12}.get(dt, 2e-5))
+
+
+def test_reduce_max_nan():
+  x = UOp.placeholder((3, 4), dtypes.float32, "x")
+  v = np.arange(12, dtype=np.float32).reshape(3, 4)
+  v[1, 2] = np.nan
+  check(x.max(1), {x: v})
+  check(x.max(0), {x: v})
+
+
+# ---- views and non-contiguous inputs ----
+def _arr(shape, rng):
+  return rng.standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("n", (1, 1023, 1024, 1025))
+def test_noncontiguous_inputs(n):
+  rng = np.random.default_rng(1)
+  x, y = UOp.placeholder((3, n), dtypes.float32, "x"), UOp.placeholder((3, n), dtypes.float32, "y")
+  a = _arr((6, 2 * n), rng)[::2, ::2]
+  b = np.asfortranarray(_arr((3, n), rng))
+  check(x * y + x, {x: a, y: b})
+
+
+MOVES = [
+  lambda x: x.permute(1, 0),
+  lambda x: x.flip(0),
+  lambda x: x.flip((0, 1)),
+  lambda x: x.shrink(((1, 3), (2, 7))),
+  lambda x: x.pad(((1, 2), (0, 3))),
+  lambda x: x.reshape(2, 2, -1),
+  lambda x: x.permute(1, 0).reshape(-1),
+  lambda x: x.reshape(4, 1, -1).expand(4, 3, -1),
+  lambda x: x.pad(((2, 0), (1, 1))).flip(1).shrink(((1, 5), (0, 4))),
+  lambda x: x.flip(1).permute(1, 0).pad(((0, 1), (1, 0))).reshape(-1),
+]
+
+
+@pytest.mark.parametrize("cols", (1, 255, 256, 257))
+@pytest.mark.parametrize("mi", range(len(MOVES)))
+def test_movement_views(mi, cols):
+  rng = np.random.default_rng(mi)
+  x, y = UOp.placeholder((4, cols), dtypes.float32, "x"), UOp.placeholder((4, cols), dtypes.float32, "y")
+  try:
+    out = MOVES[mi](x)
+  except ValueError:
+    pytest.skip("movement not valid for this shape")
+  a, b = _arr((4, cols), rng), _arr((4, cols), rng)
+  check(out, {x: a})                              # a view of an input (a copy kernel)
+  check(MOVES[mi](x * y + 1.0) * 2.0, {x: a, y: b})  # movement of an expression
+
+
+def test_expand_of_expression_materializes_the_small_source():
+  x = UOp.placeholder((64, 1), dtypes.float32, "x")
+  y = UOp.placeholder((64, 512), dtypes.float32, "y")
+  out = (x.exp() + 1.0).expand(64, 512) * y
+  p = program.compile_program([out], [x, y])
+  assert p.stats["peak_bytes"] <= 64 * 4 + 64, p.stats
+  rng = np.random.default_rng(0)
+  a, b = _arr((64, 1), rng), _arr((64, 512), rng)
+  np.testing.assert_allclose(p(a, b), numpy_eval.evaluate([out], {x: a, y: b})[0], rtol=3e-6)
+
+
+@pytest.mark.parametrize("n,k,m", [(1, 1, 1), (7, 9, 5), (64, 64, 64), (33, 300, 17), (130, 8, 257), (0, 5, 3),
+                                   (4, 0, 3)])
+@pytest.mark.parametrize("dt", (dtypes.float32, dtypes.float64), ids=lambda d: d.name)
+def test_matmul(n, k, m, dt):
+  rng = np.random.default_rng(n * 100 + m)
+  x, w = UOp.placeholder((n, k), dt, "x"), UOp.placeholder((k, m), dt, "w")
+  a, b = rng.standard_normal((n, k)).astype(dt.numpy), rng.standard_normal((k, m)).astype(dt.numpy)
+  p = program.compile_program([x @ w], [x, w])
+  np.testing.assert_allclose(p(a, b), a @ b, rtol=1e-4 if dt is dtypes.float32 else 1e-10, atol=1e-4)
+
+
+def test_matmul_is_a_contraction_without_the_expanded_product():
+  x, w = UOp.placeholder((96, 200), dtypes.float32, "x"), UOp.placeholder((200, 80), dtypes.float32, "w")
+  p = program.compile_program([x @ w], [x, w])
+  assert p.stats["contractions"] == 1 and p.stats["peak_bytes"] < 96 * 80 * 4, p.stats
+  rng = np.random.default_rng(2)
+  a, b = _arr((96, 200), rng), _arr((200, 80), rng)
+  np.testing.assert_allclose(p(a, b), a @ b, rtol=1e-4, atol=1e-4)
+  xt = UOp.placeholder((200, 96), dtypes.float32, "xt")
+  q = program.compile_program([xt.T @ w.T.T], [xt, w])  # transposed operands: strided packing
+  np.testing.assert_allclose(q(np.ascontiguousarray(a.T), b), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_batched_matmul():
+  rng = np.random.default_rng(4)
+  x, w = UOp.placeholder((3, 20, 30), dtypes.float32, "x"), UOp.placeholder((3, 30, 10), dtypes.float32, "w")
+  a, b = _arr((3, 20, 30), rng), _arr((3, 30, 10), rng)
+  np.testing.assert_allclose(program.evaluate_c([x @ w], {x: a, w: b})[0], a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_fused_reduce_has_no_temporary():
+  x, y = UOp.placeholder((256, 512), dtypes.float32, "x"), UOp.placeholder((256, 512), dtypes.float32, "y")
+  p = program.compile_program([(x * y).sum(axis=1)], [x, y])
+  assert p.stats["kernels"] <= 2 and p.stats["peak_bytes"] <= 256 * 4 + 64, p.stats
+  rng = np.random.default_rng(9)
+  a, b = _arr((256, 512), rng), _arr((256, 512), rng)
+  np.testing.assert_allclose(p(a, b), (a * b).sum(1), rtol=1e-4, atol=1e-4)
+
+
+# ---- inputs ----
+def test_bad_inputs_raise_value_error_naming_the_input():
+  x = UOp.placeholder((3,), dtypes.float32, "xin")
+  v = UOp.variable("scale", 0.0, 10.0)
+  p = program.compile_program([x * v], [x, v])
+  np.testing.assert_allclose(p(np.ones(3, np.float32), 2.0), [2, 2, 2])
+  with pytest.raises(ValueError, match="xin"): p(np.ones(4, np.float32), 2.0)
+  with pytest.raises(ValueError, match="xin"): p(np.ones(3, np.int32), 2.0)
+  with pytest.raises(ValueError, match="scale"): p(np.ones(3, np.float32), 20.0)
+  with pytest.raises(ValueError): p(np.ones(3, np.float32))
+  with pytest.raises(ValueError, match="xin"): program.evaluate_c([x * 2.0], {})
+  with pytest.raises(ValueError, match="xin"): program.compile_program([x * v], [v])
+
+
+def test_program_reuse_and_multiple_outputs():
+  x = UOp.placeholder((5,), dtypes.float32, "x")
+  p = program.compile_program([x + 1.0, (x * x).sum(), x], [x])
+  for i in range(3):
+    a = np.arange(5, dtype=np.float32) * i
+    r = p(a)
+    np.testing.assert_array_equal(r[0], a + 1)
+    np.testing.assert_allclose(r[1], (a * a).sum())
+    np.testing.assert_array_equal(r[2], a)
+    assert r[2] is not a
