@@ -82,9 +82,9 @@ class Program:
     nin = len(self.inputs)
     self._nslots = 2 + nin + len(self._out_bufs)
     slot_size = [self.arena_bytes, len(self._pool)] + [0] * (nin + len(self._out_bufs))
-    table = []
+    table, self._slot_of = [], {}
     for b in pl.bufs:
-      slot = {"arena": 0, "const": 1, "input": 2 + b.index, "output": 2 + nin + b.index}[b.kind]
+      slot = self._slot_of[b.id] = {"arena": 0, "const": 1, "input": 2 + b.index, "output": 2 + nin + b.index}[b.kind]
       if b.kind in ("input", "output"): slot_size[slot] = b.nbytes
       table += [slot, b.offset, b.nbytes]
     head = [_MAGIC, _VERSION, self._nslots, len(pl.bufs)]
@@ -136,12 +136,13 @@ class Program:
         arena = self._arena
       else:
         arena = self._arena_array()  # another thread runs this program: a private arena
-      for i, a in enumerate([arena, self._pool] + keep + outs):
+      mem = [arena, self._pool] + keep + outs
+      for i, a in enumerate(mem):
         if a.nbytes:
           slots[i] = ffi.cast("void *", a.ctypes.data)
         sizes[i] = a.nbytes
       for st in self._steps:
-        if isinstance(st, CallStep): self._call(st, arena)
+        if isinstance(st, CallStep): self._call(st, mem)
         else:
           rc = lib.pg_vm_run(st, slots, sizes, n)
           if rc == lib.PG_ERR_NOMEM: raise MemoryError("pygrad VM: out of memory")
@@ -155,10 +156,13 @@ class Program:
   def _value(b, outs):
     return None if b is None else outs[b.buf.index].reshape(b.shape)
 
-  def _call(self, st: CallStep, arena: np.ndarray) -> None:
+  def _call(self, st: CallStep, mem: list) -> None:
     from .numpy_eval import round_bfloat16
     from ..dtype import dtypes
-    views = [arena[b.offset:b.offset + b.nbytes].view(compute_dtype(b.dtype).numpy).reshape(b.shape) for b in st.bufs]
+    views = []
+    for b in st.bufs:  # the buffer's memory: in the arena, or an output array it became
+      m = mem[self._slot_of[b.id]].reshape(-1).view(np.uint8)
+      views.append(m[b.offset:b.offset + b.nbytes].view(compute_dtype(b.dtype).numpy).reshape(b.shape))
     arrays = [v.astype(b.dtype.numpy, copy=True) for v, b in zip(views, st.bufs)]
     st.fxn(*arrays)
     for v, a, b in zip(views, arrays, st.bufs):

@@ -1,0 +1,182 @@
+"""Whole graphs on the C interpreter against the numpy evaluator: FUNCTION, CALL/AFTER, MULTI, COPY; random graphs
+(hypothesis); a 100,000-op chain; a compiled forward+backward MLP step reused for several inputs; every instruction
+set clone this CPU runs."""
+from __future__ import annotations
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st, HealthCheck
+from pygrad import UOp, Ops, dtypes
+
+program = pytest.importorskip("pygrad.engine.program", reason="the compiled interpreter is not built",
+                              exc_type=ImportError)
+from pygrad.engine import numpy_eval, vmlib  # noqa: E402
+
+F32 = dtypes.float32
+
+
+def both(outs, inputs, rtol=3e-6, atol=1e-6):
+  want = numpy_eval.evaluate(outs, inputs)
+  got = program.evaluate_c(outs, inputs)
+  for g, w in zip(got, want):
+    if type(w) is tuple:
+      for a, b in zip(g, w): np.testing.assert_allclose(a, b, rtol=rtol, atol=atol, equal_nan=True)
+    else:
+      assert g.dtype == w.dtype and g.shape == w.shape
+      np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
+  return got
+
+
+def rnd(*shape, seed=0):
+  return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def test_function_inlined_with_params_bound():
+  x, y = UOp.placeholder((4, 3), F32, "x"), UOp.placeholder((4, 3), F32, "y")
+  p0, p1 = x.param_like(0), y.param_like(1)
+  f = UOp.maketuple(p0 * p1 + 1.0, (p0 - p1).sum(1)).call(x, y.exp())
+  g = (p0 * 2.0).call(f.gettuple(0))  # a FUNCTION of a FUNCTION's output
+  both([f.gettuple(0), f.gettuple(1), g.gettuple(0)], {x: rnd(4, 3), y: rnd(4, 3, seed=1)})
+  both([f], {x: rnd(4, 3), y: rnd(4, 3, seed=1)})
+
+
+def test_nested_function_params_are_its_own():
+  x = UOp.placeholder((5,), F32, "x")
+  p = x.param_like(0)
+  inner = (p * 3.0).call(p + 1.0)  # the inner PARAM 0 is the inner call's arg, not the outer's
+  outer = (inner.gettuple(0) + p).call(x * 2.0)
+  both([outer.gettuple(0)], {x: rnd(5)})
+
+
+def test_call_runs_the_python_kernel_on_writable_copies():
+  x = UOp.placeholder((6,), F32, "x")
+  seen = []
+
+  def kernel(a, b):
+    seen.append(a.flags.writeable and b.flags.writeable)
+    a[:] = b * 10.0
+    b[0] = -1.0
+
+  out = UOp.placeholder((6,), F32, "o")
+  a1, a2 = UOp.custom_kernel(out, x * 2.0, fxn=kernel)
+  xv, ov = rnd(6), np.zeros(6, np.float32)
+  r = both([a1 + 1.0, a2, x], {x: xv, out: ov})
+  assert all(seen) and r[2][0] == xv[0] and ov[0] == 0.0  # inputs are never written
+
+
+def test_call_in_the_middle_splits_the_program():
+  x = UOp.placeholder((8,), F32, "x")
+  (a,) = UOp.custom_kernel(x.exp(), fxn=lambda t: np.sqrt(t, out=t))
+  y = (a * x).sum()
+  p = program.compile_program([y], [x])
+  assert p.stats["segments"] == 2
+  v = rnd(8)
+  for i in range(3):
+    np.testing.assert_allclose(p(v + i), (np.sqrt(np.exp(v + i)) * (v + i)).sum(), rtol=1e-5)
+
+
+def test_multi_and_copy_on_host_devices():
+  x = UOp.placeholder((4, 6), F32, "x")
+  sh = x.shard(("CPU", "CPU:1"), axis=1)
+  rep = x.shard(("CPU", "CPU:1"), axis=None)
+  cp = (x * 2.0).copy_to_device("CPU:1")
+  both([sh, sh * 3.0, rep + 1.0, cp, cp.sum(0)], {x: rnd(4, 6)})
+
+
+def test_identities_and_after_values():
+  x = UOp.placeholder((3, 3), F32, "x")
+  y = (x.contiguous() + x.detach().contiguous_backward()).permute(1, 0).contiguous()
+  both([y, y.max(0)], {x: rnd(3, 3)})
+
+
+def test_chain_of_100000_ops():
+  x = UOp.placeholder((16,), F32, "x")
+  y = x
+  for i in range(100_000):
+    y = y * 0.99999 + 0.00001 if i % 2 else (y + 0.5) * 0.5
+  p = program.compile_program([y], [x])
+  v = rnd(16)
+  np.testing.assert_allclose(p(v), numpy_eval.evaluate([y], {x: v})[0], rtol=1e-5)
+
+
+def test_mlp_forward_backward_step_reused():
+  rng = np.random.default_rng(0)
+  X, Y = UOp.placeholder((32, 20), F32, "X"), UOp.placeholder((32, 5), F32, "Y")
+  W1, W2 = UOp.placeholder((20, 64), F32, "W1"), UOp.placeholder((64, 5), F32, "W2")
+  h = (X @ W1).relu()
+  out = h @ W2
+  loss = ((out - Y) * (out - Y)).mean()
+  g1, g2 = loss.gradient(W1, W2)
+  new1, new2 = W1 - g1 * 0.01, W2 - g2 * 0.01
+  p = program.compile_program([loss, new1, new2], [X, Y, W1, W2])
+  w1 = (rng.standard_normal((20, 64)) * 0.2).astype(np.float32)
+  w2 = (rng.standard_normal((64, 5)) * 0.2).astype(np.float32)
+  for step in range(4):
+    xv = rng.standard_normal((32, 20)).astype(np.float32)
+    yv = rng.standard_normal((32, 5)).astype(np.float32)
+    got = p(xv, yv, w1, w2)
+    want = numpy_eval.evaluate([loss, new1, new2], {X: xv, Y: yv, W1: w1, W2: w2})
+    for a, b in zip(got, want): np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-5)
+    _, w1, w2 = got
+  assert p.stats["contractions"] >= 3
+
+
+# ---- random graphs ----
+_UN = ["exp", "sin", "relu", "sqrt_abs", "neg", "recip1", "log_abs", "tanh"]
+_BIN = ["add", "mul", "sub", "max", "div1", "where"]
+_MOV = ["permute", "flip", "pad_shrink", "reshape", "expand_sum"]
+
+
+def _apply(kind, a, b):
+  if kind == "exp": return (a * 0.1).exp()
+  if kind == "sin": return a.sin()
+  if kind == "relu": return a.relu()
+  if kind == "sqrt_abs": return a.abs().sqrt()
+  if kind == "neg": return -a
+  if kind == "recip1": return (a * a + 1.0).reciprocal()
+  if kind == "log_abs": return (a.abs() + 1.0).log()
+  if kind == "tanh": return a.tanh()
+  if kind == "add": return a + b
+  if kind == "mul": return a * b
+  if kind == "sub": return a - b
+  if kind == "max": return a.maximum(b)
+  if kind == "div1": return a / (b * b + 1.0)
+  if kind == "where": return (a < b).where(a, b * 2.0)
+  if kind == "permute": return a.permute(1, 0).permute(1, 0) + a.flip(0)
+  if kind == "flip": return a.flip(1)
+  if kind == "pad_shrink": return a.pad(((1, 1), (0, 2))).shrink(((2, a.shape[0] + 2), (1, a.shape[1] + 1)))
+  if kind == "reshape": return a.reshape(-1).reshape(a.shape)
+  if kind == "expand_sum": return a.sum(1, keepdim=True).expand(a.shape) * 0.1 + a.max(0, keepdim=True) * 0.5
+  raise AssertionError(kind)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(_UN + _BIN + _MOV), st.integers(0, 100), st.integers(0, 100)),
+                min_size=1, max_size=14),
+       st.sampled_from([(1, 1), (3, 5), (17, 33), (32, 64)]), st.integers(0, 2 ** 31))
+def test_random_graphs(steps, shape, seed):
+  x, y = UOp.placeholder(shape, F32, "x"), UOp.placeholder(shape, F32, "y")
+  pool = [x, y]
+  for kind, i, j in steps:
+    pool.append(_apply(kind, pool[i % len(pool)], pool[j % len(pool)]))
+  outs = [pool[-1], pool[len(pool) // 2], pool[-1].sum()]
+  rng = np.random.default_rng(seed)
+  vals = {x: rng.standard_normal(shape).astype(np.float32), y: rng.standard_normal(shape).astype(np.float32)}
+  both(outs, vals, rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("isa", [0, 1, 2])
+def test_every_instruction_set(isa):
+  try:
+    vmlib.set_isa(isa)
+  except ValueError:
+    pytest.skip("this CPU lacks it")
+  try:
+    x, y = UOp.placeholder((3, 1030), F32, "x"), UOp.placeholder((1030, 40), F32, "y")
+    i = UOp.placeholder((1030,), dtypes.int16, "i")
+    outs = [(x.sin() * x.exp2() + x.abs().sqrt() / (x * x + 1.0)).log2(), x @ y, (x * x).sum(1), x.max(0),
+            (i >> 3) // (i + 1), i.cast(dtypes.float16) * 1.5]
+    rng = np.random.default_rng(isa)
+    both(outs, {x: rnd(3, 1030), y: rnd(1030, 40, seed=1), i: rng.integers(-3000, 3000, 1030).astype(np.int16)},
+         rtol=2e-3, atol=1e-3)
+  finally:
+    vmlib.set_isa(-1)
