@@ -1,0 +1,183 @@
+"""C core vs pure-Python core, side by side in one run: build, toposort, deepwalk and free of a 1,000,000-node DAG
+(a chain with fan-in, built through UOp methods), and bytes per node of a 1,000,000-node chain held only through its
+last node. Each measurement runs in a fresh subprocess with PYGRAD_CORE set (the core is chosen at import); runs
+alternate the cores and the table reports medians. Writes bench/results/core.md.
+
+  python bench/bench_core.py [--nodes 1000000] [--repeat 3] [--out bench/results]
+"""
+from __future__ import annotations
+import argparse, gc, json, os, platform, statistics, subprocess, sys, time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+CORES = ("c", "python")
+
+
+def rss() -> int:
+  """Resident set size in bytes (/proc/self/statm; psutil where there is no /proc)."""
+  try:
+    with open("/proc/self/statm") as f: return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+  except OSError:
+    import psutil
+    return psutil.Process().memory_info().rss
+
+
+def _median_time(fn, budget_s: float = 2.0, most: int = 5) -> float:
+  ts: list[float] = []
+  while len(ts) < most and sum(ts) < budget_s:
+    gc.collect()
+    t = time.perf_counter()
+    fn()
+    ts.append(time.perf_counter() - t)
+  return statistics.median(ts)
+
+
+def dag_worker(n: int) -> dict:
+  """Build an n-step DAG (each step one node: sin, add, exp2, mul; the binary ops take a node from the last 16 as
+  their second source), then time toposort, deepwalk and freeing it."""
+  import pygrad
+  from pygrad import UOp
+  from pygrad.core import CORE
+  base = pygrad.live_nodes()
+  gc.collect()
+  t = time.perf_counter()
+  x = UOp.placeholder((4,), name="x")
+  ring = [x] * 16
+  y = x
+  for i in range(n):
+    k = i & 3
+    if k == 0: y = y.sin()
+    elif k == 1: y = y + ring[(i * 7) & 15]
+    elif k == 2: y = y.exp2()
+    else: y = y * ring[(i * 13) & 15]
+    ring[i & 15] = y
+  t_build = time.perf_counter() - t
+  del ring
+  nodes = len(y.toposort())
+  t_topo = _median_time(lambda: len(y.toposort()))
+  t_walk = _median_time(lambda: CORE.deepwalk(y._id, [x._id]))
+  walk, _ = CORE.deepwalk(y._id, [x._id])
+  on_path = len(walk)
+  del walk, _
+  held = pygrad.live_nodes() - base
+  gc.collect()
+  t = time.perf_counter()
+  del y, x
+  t_free = time.perf_counter() - t
+  left = pygrad.live_nodes() - base
+  return {"nodes": nodes, "held": held, "left": left, "on_path": on_path, "build_s": t_build, "topo_s": t_topo,
+          "deepwalk_s": t_walk, "free_s": t_free}
+
+
+def chain_worker(n: int) -> dict:
+  """Bytes per node: RSS growth while building an n-node chain (sin/exp2 alternating) held only through its last
+  node; then the build time per node of that chain."""
+  import pygrad
+  from pygrad import UOp
+  x = UOp.placeholder((4,), name="x")
+  y = x.sin().exp2()  # warm every code path the loop takes
+  del y
+  gc.collect()
+  base, r0 = pygrad.live_nodes(), rss()
+  t = time.perf_counter()
+  y = x
+  for i in range(n): y = y.sin() if i & 1 else y.exp2()
+  t_build = time.perf_counter() - t
+  gc.collect()
+  grown = rss() - r0
+  made = pygrad.live_nodes() - base
+  return {"nodes": made, "bytes_per_node": grown / made, "chain_build_s": t_build}
+
+
+def _pygrad_dir() -> str:
+  """The folder holding the pygrad this interpreter would import (an installed one, PYTHONPATH's, else this tree's)."""
+  import importlib.util
+  spec = importlib.util.find_spec("pygrad")
+  return os.path.dirname(os.path.dirname(spec.origin)) if spec and spec.origin else ROOT
+
+
+def run_worker(core: str, kind: str, n: int) -> dict:
+  env = dict(os.environ, PYGRAD_CORE=core)
+  env["PYTHONPATH"] = _pygrad_dir() + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+  p = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", kind, "--nodes", str(n)], env=env,
+                     capture_output=True, text=True, timeout=3600)
+  for line in p.stdout.splitlines():
+    if line.startswith("RESULT "): return json.loads(line[7:])
+  raise RuntimeError(f"{kind} worker on the {core} core failed: {p.stderr.strip()[-2000:]}")
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--nodes", type=int, default=1_000_000)
+  ap.add_argument("--repeat", type=int, default=3)
+  ap.add_argument("--out", default=os.path.join(HERE, "results"))
+  ap.add_argument("--worker", choices=("dag", "chain"), help=argparse.SUPPRESS)
+  a = ap.parse_args(argv)
+  if a.worker:
+    import pygrad
+    want = os.environ.get("PYGRAD_CORE")
+    if want and pygrad.core_name() != want: raise SystemExit(f"asked for the {want} core, got {pygrad.core_name()}")
+    r = dag_worker(a.nodes) if a.worker == "dag" else chain_worker(a.nodes)
+    print("RESULT " + json.dumps(r), flush=True)
+    return 0
+
+  runs: dict[tuple[str, str], list[dict]] = {(c, k): [] for c in CORES for k in ("dag", "chain")}
+  t0 = time.perf_counter()
+  for rep in range(a.repeat):
+    for kind in ("dag", "chain"):
+      for core in (CORES if rep % 2 == 0 else CORES[::-1]):
+        print(f"[{time.perf_counter() - t0:5.0f}s] run {rep + 1}/{a.repeat}: {kind} of {a.nodes:,} nodes, "
+              f"{core} core ...", end=" ", flush=True)
+        r = run_worker(core, kind, a.nodes)
+        runs[(core, kind)].append(r)
+        print(", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()), flush=True)
+
+  def med(core, kind, key): return statistics.median(r[key] for r in runs[(core, kind)])
+  m = {c: {"nodes": med(c, "dag", "nodes"), "build": med(c, "dag", "build_s") / med(c, "dag", "nodes"),
+           "chain_build": med(c, "chain", "chain_build_s") / med(c, "chain", "nodes"),
+           "topo": med(c, "dag", "topo_s"), "walk": med(c, "dag", "deepwalk_s"), "free": med(c, "dag", "free_s"),
+           "bytes": med(c, "chain", "bytes_per_node")} for c in CORES}
+  for c in CORES:
+    leaks = [r["left"] for r in runs[(c, "dag")] if r["left"]]
+    if leaks: print(f"warning: {c} core kept {leaks} nodes after freeing the DAG")
+  c, p = m["c"], m["python"]
+  n = c["nodes"]
+
+  def verdict(ok): return "PASS" if ok else "MISS"
+  rows = [
+    ("DAG nodes (`len(root.toposort())`)", f"{c['nodes']:,}", f"{p['nodes']:,}", "", "", ""),
+    ("build via UOp methods, DAG (ns/node)", f"{c['build'] * 1e9:.0f}", f"{p['build'] * 1e9:.0f}",
+     f"{p['build'] / c['build']:.2f}x", ">= 1.5x", verdict(p["build"] / c["build"] >= 1.5)),
+    ("build via UOp methods, chain (ns/node)", f"{c['chain_build'] * 1e9:.0f}", f"{p['chain_build'] * 1e9:.0f}",
+     f"{p['chain_build'] / c['chain_build']:.2f}x", "", ""),
+    ("`len(root.toposort())` (ms)", f"{c['topo'] * 1e3:.1f}", f"{p['topo'] * 1e3:.1f}",
+     f"{p['topo'] / c['topo']:.1f}x", ">= 20x", verdict(p["topo"] / c["topo"] >= 20)),
+    ("toposort (ns/node)", f"{c['topo'] / n * 1e9:.1f}", f"{p['topo'] / n * 1e9:.1f}", "", "<= 50 (C)",
+     verdict(c["topo"] / n * 1e9 <= 50)),
+    ("deepwalk, `CORE.deepwalk` (ms)", f"{c['walk'] * 1e3:.1f}", f"{p['walk'] * 1e3:.1f}",
+     f"{p['walk'] / c['walk']:.1f}x", "", ""),
+    ("free (drop the last handle, ms)", f"{c['free'] * 1e3:.1f}", f"{p['free'] * 1e3:.1f}",
+     f"{p['free'] / c['free']:.1f}x", "", ""),
+    ("bytes per node (RSS growth, chain held by its last node)", f"{c['bytes']:.0f}", f"{p['bytes']:.0f}",
+     f"{p['bytes'] / c['bytes']:.1f}x", "<= 150 (C)", verdict(c["bytes"] <= 150)),
+  ]
+  head = "| measure | C core | pure core | pure / C | target | verdict |\n|---|---|---|---|---|---|"
+  tab = head + "\n" + "\n".join("| " + " | ".join(r) + " |" for r in rows)
+  cmd = "python bench/bench_core.py" + ("" if argv is None and len(sys.argv) == 1 else
+                                        " " + " ".join(argv if argv is not None else sys.argv[1:]))
+  md = (f"# pygrad core benchmark\n\nCommand: `{cmd}`  \nMachine: Python {platform.python_version()}, "
+        f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}  \n"
+        f"Date: {time.strftime('%Y-%m-%d %H:%M')}; medians of {a.repeat} runs per core, alternating, each in a "
+        f"fresh process.\n\nDAG: {a.nodes:,} steps of sin / add / exp2 / mul on a (4,) input, each binary op taking "
+        f"one of the last 16 nodes as its second source. Chain: {a.nodes:,} alternating exp2/sin nodes, only the "
+        f"last one referenced from Python.\n\n{tab}\n")
+  os.makedirs(a.out, exist_ok=True)
+  with open(os.path.join(a.out, "core.md"), "w") as f: f.write(md)
+  print()
+  print(tab)
+  print(f"\nwrote {os.path.join(a.out, 'core.md')}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
