@@ -6,13 +6,13 @@ import math
 from .ops import Ops
 from .dtype import DType, dtypes, promote
 
-UOp = _alu1 = _alu2 = _const = None  # bound by uop.py once the class exists (the two modules need each other)
+UOp = _alu1 = _alu2 = _const = _movement = None  # bound by uop.py once the class exists (they need each other)
 _LN2, _INV_LN2 = math.log(2), 1 / math.log(2)
 
 
-def _bind(cls, alu1, alu2, const) -> None:
-  global UOp, _alu1, _alu2, _const
-  UOp, _alu1, _alu2, _const = cls, alu1, alu2, const
+def _bind(cls, alu1, alu2, const, movement) -> None:
+  global UOp, _alu1, _alu2, _const, _movement
+  UOp, _alu1, _alu2, _const, _movement = cls, alu1, alu2, const, movement
 
 
 def _axes(ndim: int, axis) -> tuple[int, ...]:
@@ -186,15 +186,25 @@ class MathMixin:
       if shape.count(-1) > 1 or known == 0 or self.numel % known:
         raise ValueError(f"RESHAPE: cannot infer -1 in {shape} from {self.shape}")
       shape = tuple(self.numel // known if s == -1 else s for s in shape)
-    return self if shape == self.shape else UOp(Ops.RESHAPE, None, (self,), shape)
+    if shape == self.shape: return self
+    if math.prod(shape) == self.numel and all(type(s) is int and s >= 0 for s in shape) and self.dtype.kind != "v":
+      return _movement(Ops.RESHAPE, self, shape, shape)
+    return UOp(Ops.RESHAPE, None, (self,), shape)  # the generic path raises the precise error
   def expand(self, *shape) -> UOp:
     shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
     shape = tuple(o if n == -1 else n for o, n in zip(self.shape, shape)) if len(shape) == len(self.shape) else shape
-    return self if shape == self.shape else UOp(Ops.EXPAND, None, (self,), shape)
+    if shape == self.shape: return self
+    if len(shape) == len(self.shape) and all(type(n) is int and (o == n or o == 1) and n >= 0
+                                             for o, n in zip(self.shape, shape)) and self.dtype.kind != "v":
+      return _movement(Ops.EXPAND, self, shape, shape)
+    return UOp(Ops.EXPAND, None, (self,), shape)
   def permute(self, *order) -> UOp:
     order = tuple(order[0]) if len(order) == 1 and isinstance(order[0], (tuple, list)) else tuple(order)
     order = tuple(o % max(self.ndim, 1) for o in order)
-    return self if order == tuple(range(self.ndim)) else UOp(Ops.PERMUTE, None, (self,), order)
+    if order == tuple(range(self.ndim)): return self
+    if sorted(order) == list(range(self.ndim)) and self.dtype.kind != "v":
+      return _movement(Ops.PERMUTE, self, order, tuple(self.shape[i] for i in order))
+    return UOp(Ops.PERMUTE, None, (self,), order)
   def flip(self, *axes) -> UOp:
     axes = tuple(axes[0]) if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else tuple(axes)
     ax = set(_axes(self.ndim, axes))

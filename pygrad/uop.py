@@ -94,14 +94,7 @@ def _wrap(nid: int, op: Ops, dtype: DType, arg, tag, shape, device, meta: int) -
 class _Ref(weakref.ref):
   """The registry's weak reference to a handle; when the handle dies, its callback drops the core reference. A
   callback (unlike __del__) runs once the handle is unreachable, so no thread can pick the dying handle up again."""
-  __slots__ = ("nid",)
-
-  def __new__(cls, o, nid):
-    self = weakref.ref.__new__(cls, o, _on_dead)
-    self.nid = nid
-    return self
-
-  def __init__(self, o, nid): super().__init__(o, _on_dead)
+  __slots__ = ("nid",)  # made as _Ref(handle, _on_dead), then nid set: no Python-level constructor on the hot path
 
 
 def _on_dead(ref: _Ref) -> None:
@@ -128,7 +121,8 @@ def _register(o: UOp, nid: int) -> UOp:
     if r is not None:
       other = r()
       if other is not None: return other
-    _handles[nid] = _Ref(o, nid)
+    w = _handles[nid] = _Ref(o, _on_dead)
+    w.nid = nid
     _registered += 1
     if not _registered & 0xFFFF and len(_handles) > 2 * CORE.live() + 1024:
       for k in [k for k, w in _handles.items() if w() is None]: del _handles[k]
@@ -160,6 +154,11 @@ def alu2(op: Ops, a: UOp, b: UOp) -> UOp:
   nid = _make2(op, out.id, a._id, b._id, 0, 0, meta)
   if nid < 0: return UOp(op, None, (a, b))
   return _wrap(nid, op, out, None, None, shape, dev, meta)
+
+
+def movement(op: Ops, x: UOp, arg: tuple, shape: tuple) -> UOp:
+  """A movement node whose arg and shape the calling method has already checked (the math methods' hot path)."""
+  return _make(op, x.dtype, (x,), arg, None, shape, x.device)
 
 
 def const(value, dtype: DType) -> UOp:
@@ -441,5 +440,5 @@ def _tables():
 
 _UNARY_OK, _BINARY_OUT = _tables()
 from . import mathops as _mathops  # noqa: E402
-_mathops._bind(UOp, alu1, alu2, const)
+_mathops._bind(UOp, alu1, alu2, const, movement)
 __all__ = ["UOp", "Walk", "CallInfo", "Metadata", "metadata", "handle", "rebuild", "alu1", "alu2", "const", "live_nodes", "core_name"]
