@@ -44,7 +44,8 @@ VM_UINTS(VM_IPOW_U)
 
 /* f32 sin, exp2, log2 computed in double with polynomials (error well under 1 ulp of float32); no libm calls in the
    vectorized loops. Large |x| for sin goes to libm in a second, rarely taken pass. */
-VM_TGT static void VM_FN(exp2_f32)(float *d, const float *x, int64_t n) {
+#if !defined(VM_HAVE_FMA)
+VM_TGT static void VM_FN(exp2_f32d)(float *d, const float *x, int64_t n) {
   int64_t i;
   for (i = 0; i < n; i++) {
     double v = (double)x[i], t, k, f, p;
@@ -69,6 +70,7 @@ VM_TGT static void VM_FN(exp2_f32)(float *d, const float *x, int64_t n) {
     d[i] = x[i] == x[i] ? (float)p : x[i];
   }
 }
+#endif
 
 VM_TGT static void VM_FN(log2_f32)(float *d, const float *x, int64_t n) {
   int64_t i;
@@ -130,7 +132,7 @@ VM_TGT static inline float VM_FN(sin_one)(float xf) {
 }
 
 /* in-place safe: the range check reads x before anything is written */
-VM_TGT static void VM_FN(sin_f32)(float *d, const float *x, int64_t n) {
+VM_TGT static void VM_FN(sin_f32d)(float *d, const float *x, int64_t n) {
   int64_t i;
   int bad = 0;
   for (i = 0; i < n; i++) bad |= !(x[i] <= 1048576.0f && x[i] >= -1048576.0f);
@@ -142,6 +144,99 @@ VM_TGT static void VM_FN(sin_f32)(float *d, const float *x, int64_t n) {
     float xf = x[i];
     d[i] = (xf <= 1048576.0f && xf >= -1048576.0f) ? VM_FN(sin_one)(xf) : (float)sin((double)xf);
   }
+}
+
+#if defined(VM_HAVE_FMA)
+/* with FMA, float32 polynomials are as accurate (about 1 ulp) and twice as wide: 2^x by 2^round(x) * p(f), the
+   scale split in two so that subnormal results round once */
+VM_TGT static void VM_FN(exp2_f32)(float *d, const float *x, int64_t n) {
+  int64_t i;
+  for (i = 0; i < n; i++) {
+    float v = x[i], t, k, f, p;
+    int32_t e, e1;
+    v = v < -151.0f ? -151.0f : v;
+    v = v > 129.0f ? 129.0f : v;
+    v = v == v ? v : 0.0f;
+    t = v + 12582912.0f;  /* 0x1.8p23: round to nearest integer */
+    e = (int32_t)(vm_f2u(t) - 0x4b400000u);
+    k = t - 12582912.0f;
+    f = v - k;
+    p = 1.5252734e-05f;
+    p = __builtin_fmaf(p, f, 1.5403530e-04f);
+    p = __builtin_fmaf(p, f, 1.3333558e-03f);
+    p = __builtin_fmaf(p, f, 9.6181291e-03f);
+    p = __builtin_fmaf(p, f, 5.5504109e-02f);
+    p = __builtin_fmaf(p, f, 2.4022651e-01f);
+    p = __builtin_fmaf(p, f, 6.9314718e-01f);
+    p = __builtin_fmaf(p, f, 1.0f);
+    e1 = e >> 1;
+    p = p * vm_u2f((uint32_t)(e1 + 127) << 23) * vm_u2f((uint32_t)(e - e1 + 127) << 23);
+    d[i] = x[i] == x[i] ? p : x[i];
+  }
+}
+
+/* sin by quadrant after a three-part FMA Cody-Waite reduction (exact enough for |x| <= 8192); larger arguments take
+   the double path */
+VM_TGT static void VM_FN(sin_f32)(float *d, const float *x, int64_t n) {
+  int64_t i;
+  int big = 0;
+  for (i = 0; i < n; i++) big |= !(x[i] <= 8192.0f && x[i] >= -8192.0f);
+  if (big) { VM_FN(sin_f32d)(d, x, n); return; }
+  for (i = 0; i < n; i++) {
+    float v = x[i], t, k, r, z, s, c, res;
+    uint32_t q;
+    t = __builtin_fmaf(v, 0.63661977f, 12582912.0f);
+    q = vm_f2u(t);
+    k = t - 12582912.0f;
+    r = __builtin_fmaf(-k, 1.5707963705062866e+00f, v);
+    r = __builtin_fmaf(-k, -4.3711388286737929e-08f, r);
+    r = __builtin_fmaf(-k, -1.7151245100059164e-15f, r);
+    z = r * r;
+    s = __builtin_fmaf(z, -1.9515295891e-4f, 8.3321608736e-3f);
+    s = __builtin_fmaf(z, s, -1.6666654611e-1f);
+    s = __builtin_fmaf(r * z, s, r);
+    c = __builtin_fmaf(z, 2.443315711809948e-5f, -1.388731625493765e-3f);
+    c = __builtin_fmaf(z, c, 4.166664568298827e-2f);
+    c = __builtin_fmaf(z, c, -0.5f);
+    c = __builtin_fmaf(z, c, 1.0f);
+    res = (q & 1u) ? c : s;
+    res = (q & 2u) ? -res : res;
+    d[i] = res;
+  }
+}
+#else
+VM_TGT static void VM_FN(exp2_f32)(float *d, const float *x, int64_t n) { VM_FN(exp2_f32d)(d, x, n); }
+VM_TGT static void VM_FN(sin_f32)(float *d, const float *x, int64_t n) { VM_FN(sin_f32d)(d, x, n); }
+#endif
+
+/* sqrt: gcc vectorizes sqrtf only under -fno-math-errno, which the build does not pass (and the optimize pragma
+   does not reach); on x86 the packed-sqrt builtins do it, correctly rounded like sqrtf */
+VM_TGT static void VM_FN(sqrt_f32)(float *d, const float *x, int64_t n) {
+  int64_t i = 0;
+#if defined(VM_SQRT_PS)
+  typedef float vsq __attribute__((vector_size(VM_SQRT_BYTES)));
+  for (; i + (int64_t)(VM_SQRT_BYTES / 4) <= n; i += VM_SQRT_BYTES / 4) {
+    vsq v;
+    memcpy(&v, x + i, sizeof v);
+    v = VM_SQRT_PS(v);
+    memcpy(d + i, &v, sizeof v);
+  }
+#endif
+  for (; i < n; i++) d[i] = sqrtf(x[i]);
+}
+
+VM_TGT static void VM_FN(sqrt_f64)(double *d, const double *x, int64_t n) {
+  int64_t i = 0;
+#if defined(VM_SQRT_PD)
+  typedef double vsq __attribute__((vector_size(VM_SQRT_BYTES)));
+  for (; i + (int64_t)(VM_SQRT_BYTES / 8) <= n; i += VM_SQRT_BYTES / 8) {
+    vsq v;
+    memcpy(&v, x + i, sizeof v);
+    v = VM_SQRT_PD(v);
+    memcpy(d + i, &v, sizeof v);
+  }
+#endif
+  for (; i < n; i++) d[i] = sqrt(x[i]);
 }
 
 VM_TGT static void VM_FN(round_lt)(int32_t lt, float *d, int64_t n) {
@@ -308,7 +403,8 @@ VM_TGT static void VM_FN(unary)(const vm_ins *in, char *d, const char *a, int64_
     if (in->lt == VT_F64) UN_LOOP(double, double, 1.0 / X); else UN_LOOP(float, float, 1.0f / X);
     break;
   case VM_SQRT:
-    if (in->lt == VT_F64) UN_LOOP(double, double, sqrt(X)); else UN_LOOP(float, float, sqrtf(X));
+    if (in->lt == VT_F64) VM_FN(sqrt_f64)((double *)d, (const double *)a, n);
+    else VM_FN(sqrt_f32)((float *)d, (const float *)a, n);
     break;
   case VM_SIN:
     if (in->lt == VT_F64) UN_LOOP(double, double, sin(X)); else VM_FN(sin_f32)((float *)d, (const float *)a, n);
@@ -327,8 +423,13 @@ VM_TGT static void VM_FN(unary)(const vm_ins *in, char *d, const char *a, int64_
 /* WHERE(cond a, b, c): a select by element size; the all-vector case is the vectorizable one */
 #define SEL_LOOP(T) do { \
     T *d_ = (T *)d; const T *x_ = (const T *)b, *y_ = (const T *)c; const uint8_t *k_ = (const uint8_t *)a; \
-    if (!(in->mode & 7)) for (i = 0; i < n; i++) d_[i] = k_[i] ? x_[i] : y_[i]; \
-    else for (i = 0; i < n; i++) d_[i] = k_[i * sa] ? x_[i * sb] : y_[i * sc]; \
+    switch (in->mode & 7) { \
+    case 0: for (i = 0; i < n; i++) d_[i] = k_[i] ? x_[i] : y_[i]; break; \
+    case 2: { T xs = x_[0]; for (i = 0; i < n; i++) d_[i] = k_[i] ? xs : y_[i]; } break; \
+    case 4: { T ys = y_[0]; for (i = 0; i < n; i++) d_[i] = k_[i] ? x_[i] : ys; } break; \
+    case 6: { T xs = x_[0], ys = y_[0]; for (i = 0; i < n; i++) d_[i] = k_[i] ? xs : ys; } break; \
+    default: for (i = 0; i < n; i++) d_[i] = k_[i * sa] ? x_[i * sb] : y_[i * sc]; break; \
+    } \
   } while (0)
 
 VM_TGT static void VM_FN(where)(const vm_ins *in, char *d, const char *a, const char *b, const char *c, int64_t n) {

@@ -21,6 +21,11 @@
 #define VM_FN(name) vm_##name##_base
 #define VM_TGT
 #define VM_VBYTES 16
+#if defined(__GNUC__) && defined(__x86_64__)
+#define VM_SQRT_BYTES 16
+#define VM_SQRT_PS __builtin_ia32_sqrtps
+#define VM_SQRT_PD __builtin_ia32_sqrtpd
+#endif
 #include "vm_kern.h"
 #define GT float
 #define GFN(name) VM_FN(name##_f32)
@@ -51,6 +56,13 @@ typedef double GV __attribute__((vector_size(VM_VBYTES)));
 #define VM_FN(name) vm_##name##_avx2
 #define VM_TGT __attribute__((target("avx2,fma")))
 #define VM_VBYTES 32
+#undef VM_SQRT_BYTES
+#undef VM_SQRT_PS
+#undef VM_SQRT_PD
+#define VM_SQRT_BYTES 32
+#define VM_SQRT_PS __builtin_ia32_sqrtps256
+#define VM_SQRT_PD __builtin_ia32_sqrtpd256
+#define VM_HAVE_FMA 1
 #include "vm_kern.h"
 #define GT float
 #define GFN(name) VM_FN(name##_f32)

@@ -298,3 +298,15 @@ def test_program_reuse_and_multiple_outputs():
     np.testing.assert_allclose(r[1], (a * a).sum())
     np.testing.assert_array_equal(r[2], a)
     assert r[2] is not a
+
+
+@pytest.mark.parametrize("fn,ref,lo,hi", [("sin", np.sin, -8000, 8000), ("sin", np.sin, -3e7, 3e7),
+                                          ("exp2", np.exp2, -149, 128), ("log2", np.log2, -100, 88)])
+def test_transcendentals_within_two_ulp(fn, ref, lo, hi):
+  x = UOp.placeholder((1 << 16,), dtypes.float32, "x")
+  v = np.random.default_rng(0).uniform(lo, hi, 1 << 16)
+  v = (np.exp(v) if fn == "log2" else v).astype(np.float32)
+  got = program.evaluate_c([getattr(x, fn)()], {x: v})[0].astype(np.float64)
+  want = ref(v.astype(np.float64))
+  ulp = np.spacing(np.abs(want).astype(np.float32)).astype(np.float64)
+  assert np.nanmax(np.abs(got - want) / ulp) <= 2.0

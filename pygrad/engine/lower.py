@@ -12,7 +12,7 @@ from .vmlib import OPCODES
 
 VK_LOOP, VK_GEMM = 1, 2
 VR = {None: 0, Ops.ADD: 1, Ops.MAX: 2, Ops.MUL: 3}
-TILE = 1024
+TILE, TILE_REDUCE = 4096, 2048  # elements per tile: registers of a fused group stay in L1/L2
 _CMP = (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ)
 _OPC = {op: OPCODES[op.name] for op in Ops if op.name in OPCODES}
 
@@ -99,7 +99,7 @@ def lower_loop(loop: Loop) -> tuple[list[int], bool]:
     g = _gemm(loop, shape, red, loads, stores[0], kn)
     if g is not None: return g, True
   numel = math.prod(shape)
-  T = max(1, min(TILE, numel))
+  T = max(1, min(TILE if loop.redop is None else TILE_REDUCE, numel))
   nalu = sum(1 for k in kn if k[0] == "alu")
   # registers
   regs: list[tuple[int, int]] = []

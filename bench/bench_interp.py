@@ -1,0 +1,198 @@
+"""The C interpreter against numpy eager, numexpr, jax.jit and torch eager (each when installed), single thread, on
+the workloads of the interpreter issue. Engines alternate inside every repetition; figures are medians.
+Run: python bench/bench_interp.py [--reps N]   (writes bench/results/interp.md)"""
+from __future__ import annotations
+import os
+for _v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS"):
+  os.environ[_v] = "1"
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                           " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import argparse, platform, statistics, sys, time  # noqa: E402
+import numpy as np  # noqa: E402
+
+from pygrad import UOp, dtypes  # noqa: E402
+from pygrad.engine.program import compile_program  # noqa: E402
+from pygrad.engine import vmlib  # noqa: E402
+
+F32 = dtypes.float32
+
+
+def _peers():
+  peers = {}
+  try:
+    import numexpr
+    numexpr.set_num_threads(1)
+    peers["numexpr"] = numexpr
+  except ImportError:
+    pass
+  try:
+    import jax
+    import jax.numpy as jnp
+    peers["jax"] = (jax, jnp)
+  except ImportError:
+    pass
+  try:
+    import torch
+    torch.set_num_threads(1)
+    peers["torch"] = torch
+  except ImportError:
+    pass
+  return peers
+
+
+def _jit(jax, f, *xs):
+  g = jax.jit(f)
+  dev = [jax.device_put(x) for x in xs]
+  g(*dev).block_until_ready()
+  return lambda: g(*dev).block_until_ready()
+
+
+def workloads(peers):
+  """[(name, unit, work (bytes or flops or ops), {engine: callable}, note)]"""
+  rng = np.random.default_rng(0)
+  out = []
+  # 1. the expression over 4M float32
+  n = 4_000_000
+  A, B, C = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
+  a, b, c = (UOp.placeholder((n,), F32, k) for k in "abc")
+  e = (a * b + c).sin() * a.exp2() + b.abs().sqrt() / (c * c + 1) - a.maximum(b)
+  p = compile_program([e], [a, b, c])
+  fs = {"pygrad": lambda: p(A, B, C),
+        "numpy": lambda: np.sin(A * B + C) * np.exp2(A) + np.sqrt(np.abs(B)) / (C * C + 1) - np.maximum(A, B)}
+  if "numexpr" in peers:
+    ne = peers["numexpr"]
+    fs["numexpr"] = lambda: ne.evaluate("sin(a*b+c)*exp(a*0.6931471805599453) + sqrt(abs(b))/(c*c+1) - where(a>b,a,b)",
+                                        local_dict={"a": A, "b": B, "c": C})
+  if "jax" in peers:
+    jax, jnp = peers["jax"]
+    fs["jax.jit"] = _jit(jax, lambda a, b, c: jnp.sin(a * b + c) * jnp.exp2(a) + jnp.sqrt(jnp.abs(b)) / (c * c + 1)
+                         - jnp.maximum(a, b), A, B, C)
+  if "torch" in peers:
+    t = peers["torch"]
+    tA, tB, tC = (t.from_numpy(x) for x in (A, B, C))
+    fs["torch"] = lambda: t.sin(tA * tB + tC) * t.exp2(tA) + t.sqrt(t.abs(tB)) / (tC * tC + 1) - t.maximum(tA, tB)
+  out.append(("sin(a*b+c)*exp2(a)+sqrt(abs(b))/(c*c+1)-max(a,b), 4M f32", "ms", None, fs,
+              f"pygrad: {p.stats['kernels']} kernel, peak {p.stats['peak_bytes']} B of temporaries"))
+  # 2. reduce over an elementwise expression, and a plain sum
+  X, Y = rng.standard_normal((4096, 4096)).astype(np.float32), rng.standard_normal((4096, 4096)).astype(np.float32)
+  x, y = UOp.placeholder(X.shape, F32, "x"), UOp.placeholder(Y.shape, F32, "y")
+  pr = compile_program([(x * y).sum(axis=1)], [x, y])
+  fs = {"pygrad": lambda: pr(X, Y), "numpy": lambda: (X * Y).sum(1), "numpy einsum": lambda: np.einsum("ij,ij->i", X, Y)}
+  if "numexpr" in peers: fs["numexpr"] = lambda: peers["numexpr"].evaluate("sum(X*Y, axis=1)", local_dict={"X": X, "Y": Y})
+  if "jax" in peers:
+    jax, jnp = peers["jax"]
+    fs["jax.jit"] = _jit(jax, lambda a, b: (a * b).sum(1), X, Y)
+  if "torch" in peers:
+    t = peers["torch"]
+    tX, tY = t.from_numpy(X), t.from_numpy(Y)
+    fs["torch"] = lambda: (tX * tY).sum(1)
+  out.append(("(x*y).sum(axis=1), 4096x4096 f32", "GB/s", 2 * X.nbytes, fs,
+              f"pygrad: {pr.stats['kernels']} kernel, peak {pr.stats['peak_bytes']} B of temporaries"))
+  ps = compile_program([x.sum(axis=1)], [x])
+  fs = {"pygrad": lambda: ps(X), "numpy": lambda: X.sum(1)}
+  if "jax" in peers:
+    jax, jnp = peers["jax"]
+    fs["jax.jit"] = _jit(jax, lambda a: a.sum(1), X)
+  if "torch" in peers:
+    tX = peers["torch"].from_numpy(X)
+    fs["torch"] = lambda: tX.sum(1)
+  out.append(("a.sum(axis=1), 4096x4096 f32", "GB/s", X.nbytes, fs, ""))
+  # 3. matmul written as x @ w (reshape/expand/mul/sum in the IR)
+  M, W = rng.standard_normal((384, 384)).astype(np.float32), rng.standard_normal((384, 384)).astype(np.float32)
+  m, w = UOp.placeholder(M.shape, F32, "m"), UOp.placeholder(W.shape, F32, "w")
+  pm = compile_program([m @ w], [m, w])
+  fs = {"pygrad": lambda: pm(M, W), "numpy": lambda: M @ W}
+  if "jax" in peers:
+    jax, jnp = peers["jax"]
+    fs["jax.jit"] = _jit(jax, lambda a, b: a @ b, M, W)
+  if "torch" in peers:
+    tM, tW = peers["torch"].from_numpy(M), peers["torch"].from_numpy(W)
+    fs["torch"] = lambda: tM @ tW
+  out.append(("matmul 384x384x384 f32 (x @ w)", "GFLOP/s", 2 * 384 ** 3, fs,
+              f"pygrad: {pm.stats['contractions']} contraction, peak {pm.stats['peak_bytes']} B of temporaries "
+              f"(the expanded product would be {384 ** 3 * 4} B)"))
+  # 4. a chain of 1,000 ops on 16x16
+  Z = rng.standard_normal((16, 16)).astype(np.float32)
+  z = UOp.placeholder(Z.shape, F32, "z")
+  h = z
+  steps = [lambda q: q * 1.0001, lambda q: q + 0.01, lambda q: q.sin(), lambda q: q.maximum(0.1)]
+  for i in range(1000): h = steps[i % 4](h)
+  t0 = time.perf_counter()
+  pc = compile_program([h], [z])
+  t_compile = time.perf_counter() - t0
+  np_steps = [lambda q: q * np.float32(1.0001), lambda q: q + np.float32(0.01), np.sin, lambda q: np.maximum(q, np.float32(0.1))]
+
+  def np_chain():
+    q = Z
+    for i in range(1000): q = np_steps[i % 4](q)
+    return q
+  fs = {"pygrad": lambda: pc(Z), "numpy": np_chain}
+  if "jax" in peers:
+    jax, jnp = peers["jax"]
+    j_steps = [lambda q: q * 1.0001, lambda q: q + 0.01, jnp.sin, lambda q: jnp.maximum(q, 0.1)]
+
+    def jchain(q):
+      for i in range(1000): q = j_steps[i % 4](q)
+      return q
+    fs["jax.jit"] = _jit(jax, jchain, Z)
+  if "torch" in peers:
+    t = peers["torch"]
+    tZ = t.from_numpy(Z)
+    t_steps = [lambda q: q * 1.0001, lambda q: q + 0.01, t.sin, lambda q: t.clamp_min(q, 0.1)]
+
+    def tchain():
+      q = tZ
+      for i in range(1000): q = t_steps[i % 4](q)
+      return q
+    fs["torch"] = tchain
+  out.append(("chain of 1,000 ops on 16x16 f32", "us/op", 1000, fs,
+              f"pygrad: compiled once in {t_compile * 1e3:.0f} ms into {pc.stats['kernels']} kernel"))
+  return out
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--reps", type=int, default=15)
+  args = ap.parse_args()
+  peers = _peers()
+  rows = []
+  for name, unit, work, fs, note in workloads(peers):
+    for f in fs.values(): f()  # warm up
+    times = {k: [] for k in fs}
+    for _ in range(args.reps):
+      for k, f in fs.items():  # alternate engines inside each repetition
+        t = time.perf_counter()
+        f()
+        times[k].append(time.perf_counter() - t)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    for k, t in med.items():
+      if unit == "ms": fig = t * 1e3
+      elif unit == "us/op": fig = t * 1e6 / work
+      elif unit == "GB/s": fig = work / t / 1e9
+      else: fig = work / t / 1e9
+      rel = med["numpy"] / t if "numpy" in med else float("nan")
+      rows.append((name, k, fig, unit, rel))
+    rows.append((name, "", None, note, None))
+  ver = {"numpy": np.__version__}
+  for k, mod in peers.items():
+    ver[k] = (mod[0] if isinstance(mod, tuple) else mod).__version__
+  head = (f"# Interpreter benchmark\n\n`python bench/bench_interp.py --reps {args.reps}` on {platform.machine()} "
+          f"({os.cpu_count()} CPUs), one thread everywhere, VM ISA `{vmlib.isa_name()}`, medians of {args.reps} "
+          f"alternating runs. Versions: {', '.join(f'{k} {v}' for k, v in ver.items())}.\n\n"
+          "| workload | engine | figure | unit | speed vs numpy eager |\n|---|---|---:|---|---:|\n")
+  lines = []
+  for name, k, fig, unit, rel in rows:
+    if fig is None:
+      if unit: lines.append(f"| | | | {unit} | |")
+      continue
+    lines.append(f"| {name} | {k} | {fig:.3f} | {unit} | {rel:.2f}x |")
+  text = head + "\n".join(lines) + "\n"
+  print(text)
+  res = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+  os.makedirs(res, exist_ok=True)
+  with open(os.path.join(res, "interp.md"), "w") as f: f.write(text)
+
+
+if __name__ == "__main__":
+  main()
