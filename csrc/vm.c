@@ -102,6 +102,7 @@ static void read_view(rd *r, pg_vm *vm, vm_kernel *k, vm_view *v, int isstore) {
   if (k->regs[v->reg].ct != vm_ct(v->stype)) { rd_fail(r, "view storage type does not match its register"); return; }
   if (!extent(k->shape, v->st, v->lo, v->hi, k->ndim, v->off, &mn, &mx)) { rd_fail(r, "view extent overflows"); return; }
   if (!in_buf(vm, v->buf, mn, mx, v->esize)) { rd_fail(r, "view reaches outside its buffer"); return; }
+  if (v->esize > vm->bufs[v->buf].align) vm->bufs[v->buf].align = v->esize;  /* checked against pointers at run */
   v->invariant = !v->masked;
   for (d = 0; d < k->ndim; d++) if (v->st[d] != 0 && k->shape[d] > 1) v->invariant = 0;
   v->contig = !v->masked && v->stype == vm_ct(v->stype);
@@ -238,6 +239,7 @@ static void check_gemm_operand(rd *r, pg_vm *vm, const vm_gemm *g, int32_t bf, i
   size[d] = n0; st[d] = s0; size[d + 1] = n1; st[d + 1] = s1;
   if (!extent(size, st, NULL, NULL, g->nbatch + 2, off, &mn, &mx)) { rd_fail(r, "contraction extent overflows"); return; }
   if (!in_buf(vm, bf, mn, mx, vm_esize(g->lt))) rd_fail(r, "contraction operand reaches outside its buffer");
+  if (vm_esize(g->lt) > vm->bufs[bf].align) vm->bufs[bf].align = vm_esize(g->lt);
 }
 
 static void read_gemm(rd *r, pg_vm *vm, vm_kernel *k) {
@@ -317,6 +319,7 @@ int pg_vm_prepare(const int64_t *code, int64_t ncode, pg_vm **out, char *msg, in
     b->slot = (int32_t)rd_get(&r, 0, vm->nslots - 1, "buffer slot out of range");
     b->off = rd_get(&r, 0, LIM_SIZE, "buffer offset out of range");
     b->nbytes = rd_get(&r, 0, LIM_SIZE, "buffer size out of range");
+    b->align = 1;
     if (!r.err && b->off + b->nbytes > vm->slotmin[b->slot]) rd_fail(&r, "buffer reaches past its slot");
   }
   for (i = 0; i < vm->nkern && !r.err; i++) {
@@ -565,7 +568,10 @@ int pg_vm_run(pg_vm *vm, void *const *slots, const int64_t *sizes, int32_t nslot
     if (sizes[i] < vm->slotmin[i] || (vm->slotmin[i] > 0 && !slots[i])) return PG_VM_ERR_SLOTS;
   bufp = (char **)malloc(((size_t)vm->nbufs + 1) * sizeof *bufp);
   if (!bufp) return PG_ERR_NOMEM;
-  for (i = 0; i < vm->nbufs; i++) bufp[i] = (char *)slots[vm->bufs[i].slot] + vm->bufs[i].off;
+  for (i = 0; i < vm->nbufs; i++) {
+    bufp[i] = (char *)slots[vm->bufs[i].slot] + vm->bufs[i].off;
+    if ((uintptr_t)bufp[i] % (uintptr_t)vm->bufs[i].align) { free(bufp); return PG_VM_ERR_SLOTS; }  /* misaligned */
+  }
   if (vm->wsbytes > 0 && !(ws = (char *)malloc((size_t)vm->wsbytes))) { free(bufp); return PG_ERR_NOMEM; }
   for (i = 0; i < vm->nkern && rc == 0; i++) {
     const vm_kernel *k = &vm->kern[i];

@@ -51,7 +51,7 @@ typedef struct vm_kernel {
   vm_gemm gemm;
 } vm_kernel;
 
-typedef struct vm_buf { int32_t slot; int64_t off, nbytes; } vm_buf;
+typedef struct vm_buf { int32_t slot; int64_t off, nbytes, align; } vm_buf;
 
 struct pg_vm {
   int32_t nslots, nbufs, nkern;

@@ -310,3 +310,31 @@ def test_transcendentals_within_two_ulp(fn, ref, lo, hi):
   want = ref(v.astype(np.float64))
   ulp = np.spacing(np.abs(want).astype(np.float32)).astype(np.float64)
   assert np.nanmax(np.abs(got - want) / ulp) <= 2.0
+
+
+def test_corrupted_programs_raise_and_never_crash():
+  """The C side validates every word: any mutation of a valid program is accepted or refused with ValueError."""
+  from pygrad.engine import vmlib
+  x, y = UOp.placeholder((6, 5), dtypes.float32, "x"), UOp.placeholder((5, 9), dtypes.float32, "y")
+  p = program.compile_program([(x.pad(((1, 1), (0, 2))).flip(0) * 2.0).sum(1), x @ y, x.cast(dtypes.int8) >> 2],
+                              [x, y])
+  words = p._words
+  rng = np.random.default_rng(0)
+  slots = [np.zeros(max(n, 1), np.uint8) for n in p._slot_sizes]
+  refused = 0
+  for trial in range(3000):
+    w = list(words)
+    for _ in range(int(rng.integers(1, 4))):
+      i = int(rng.integers(0, len(w)))
+      w[i] = int(rng.choice([w[i] + 1, w[i] - 1, -1, 0, 1 << 50, -(1 << 50), int(rng.integers(-50, 50))]))
+    if trial % 50 == 0: w = w[:int(rng.integers(0, len(w)))]
+    try:
+      h = vmlib.prepare(w)
+    except ValueError:
+      refused += 1
+      continue
+    if any(abs(v) >= 1 << 50 for v in w): continue  # accepted only if unused: a legal but enormous loop
+    ptrs = vmlib.ffi.new("void *[]", [vmlib.ffi.cast("void *", s.ctypes.data) for s in slots])
+    sizes = vmlib.ffi.new("int64_t[]", [s.nbytes for s in slots])
+    assert vmlib.lib.pg_vm_run(h, ptrs, sizes, len(slots)) in (0, vmlib.lib.PG_VM_ERR_SLOTS)
+  assert refused > 1000

@@ -88,6 +88,7 @@ class Program:
       if b.kind in ("input", "output"): slot_size[slot] = b.nbytes
       table += [slot, b.offset, b.nbytes]
     head = [_MAGIC, _VERSION, self._nslots, len(pl.bufs)]
+    self._slot_sizes = slot_size
     self._steps, seg, nk, nfused, ngemm = [], [], 0, 0, 0
     for k in pl.kernels + [None]:
       if isinstance(k, Loop):
@@ -99,6 +100,7 @@ class Program:
         words = head + [len(seg)] + slot_size + table
         for w in seg: words += w
         self._steps.append(vmlib.prepare(words))
+        self._words = words
         seg = []
       if k is not None: self._steps.append(k)
     self.stats = {"kernels": nk, "fused_groups": nfused, "peak_bytes": self.arena_bytes, "contractions": ngemm,
@@ -120,7 +122,7 @@ class Program:
       from .numpy_eval import _as_value
       a = _as_value(u, v)
       if a.shape != u.shape: raise ValueError(f"input PARAM {u.arg[0]}: expected shape {u.shape}, got {a.shape}")
-    return np.ascontiguousarray(a)
+    return np.require(a, requirements="CA")  # C-contiguous and aligned, as the VM's typed loads need
 
   def __call__(self, *arrays):
     if len(arrays) != len(self.inputs):
