@@ -167,7 +167,7 @@ static void read_loop(rd *r, pg_vm *vm, vm_kernel *k) {
   int64_t numel = 1, ws;
   k->ndim = (int32_t)rd_get(r, 1, VM_MAXDIM, "ndim out of range");
   k->T = rd_get(r, 1, VM_MAXTILE, "tile size out of range");
-  k->redop = (int32_t)rd_get(r, VR_NONE, VR_MUL, "reduce op out of range");
+  k->redop = (int32_t)rd_get(r, VR_NONE, VR_DOT, "reduce op out of range");
   k->rlt = (int32_t)rd_get(r, 0, VT_N - 1, "reduce type out of range");
   k->post = (int32_t)rd_get(r, 0, 2, "post-rounding out of range");
   k->redmask = (uint32_t)rd_get(r, 0, ((int64_t)1 << VM_MAXDIM) - 1, "reduce mask out of range");
@@ -226,6 +226,12 @@ static void read_loop(rd *r, pg_vm *vm, vm_kernel *k) {
   if (k->stores[0].stype != vm_ct(k->rlt) || k->regs[k->stores[0].reg].ct != vm_ct(k->rlt))
     rd_fail(r, "a reduction accumulates in its compute type");
   if (k->post && vm_ct(k->rlt) != VT_F32) rd_fail(r, "post-rounding of a non-float32 reduction");
+  if (k->redop == VR_DOT) {  /* the last instruction is the product whose sum this is */
+    const vm_ins *in = k->nins ? &k->ins[k->nins - 1] : NULL;
+    if (!in || in->op != VM_MUL || (in->lt != VT_F32 && in->lt != VT_F64) || in->lt != k->rlt ||
+        in->dst != k->stores[0].reg || (in->mode & 3))
+      rd_fail(r, "a dot reduction needs a last vector MUL into its register");
+  }
   for (d = 0; d < k->ndim; d++)
     if ((k->redmask >> d & 1u) && k->stores[0].st[d] != 0) rd_fail(r, "a reduced dim of the output needs stride 0");
 }
@@ -475,7 +481,7 @@ static int run_loop(const vm_kernel *k, char *const *bufp, char *ws, const vm_is
   char **ptr = (char **)ws, **scratch, *p;
   int nd = k->ndim - 1;  /* outer dims; the last is the tile's inner dim */
   int64_t inner = k->shape[nd], rows = 1, rpt, r, c0, idx[VM_MAXDIM] = {0};
-  int32_t i;
+  int32_t i, dot = 0, rop = k->redop == VR_DOT ? VR_ADD : k->redop;
   scratch = ptr + k->nregs;
   p = (char *)(((uintptr_t)(scratch + k->nregs) + 63) & ~(uintptr_t)63);
   for (i = 0; i < k->nregs; i++) {
@@ -516,7 +522,8 @@ static int run_loop(const vm_kernel *k, char *const *bufp, char *ws, const vm_is
           if (s->contig || (nr == 1 && s->st[nd] == 1))
             ptr[s->reg] = bufp[s->buf] + (row_off(s, idx, nd) + c0 * s->st[nd]) * s->esize;
         }
-      for (i = 0; i < k->nins; i++) {
+      dot = k->redop == VR_DOT && k->stores[0].st[nd] == 0;
+      for (i = 0; i < k->nins - dot; i++) {
         const vm_ins *in = &k->ins[i];
         isa->alu(in, ptr[in->dst], ptr[in->a], in->b >= 0 ? ptr[in->b] : NULL,
                  in->c >= 0 && in->op == VM_WHERE ? ptr[in->c] : NULL, (in->mode & 8) ? 1 : n);
@@ -529,8 +536,14 @@ static int run_loop(const vm_kernel *k, char *const *bufp, char *ws, const vm_is
         for (d = 0; d < nd; d++) ridx[d] = idx[d];
         for (rr = 0; rr < nr; rr++) {
           int64_t o = row_off(s, ridx, nd);
-          if (s->st[nd] == 0) isa->red_row(k->redop, s->stype, vals + rr * nc * es, nc, ob + o * es);
-          else isa->red_vert(k->redop, s->stype, vals + rr * nc * es, nc, ob + (o + c0 * s->st[nd]) * es, s->st[nd]);
+          if (dot) {
+            const vm_ins *in = &k->ins[k->nins - 1];
+            isa->red_dot(s->stype, ptr[in->a] + rr * nc * es, ptr[in->b] + rr * nc * es, nc, ob + o * es);
+          } else if (s->st[nd] == 0) {
+            isa->red_row(rop, s->stype, vals + rr * nc * es, nc, ob + o * es);
+          } else {
+            isa->red_vert(rop, s->stype, vals + rr * nc * es, nc, ob + (o + c0 * s->st[nd]) * es, s->st[nd]);
+          }
           odo_next(ridx, k->shape, nd);
         }
       } else {

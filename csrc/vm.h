@@ -18,7 +18,7 @@ enum { VT_BOOL, VT_I8, VT_I16, VT_I32, VT_I64, VT_U8, VT_U16, VT_U32, VT_U64, VT
 /* kernel kinds of a program */
 enum { VK_LOOP = 1, VK_GEMM = 2 };
 /* reduce ops of a loop kernel */
-enum { VR_NONE, VR_ADD, VR_MAX, VR_MUL };
+enum { VR_NONE, VR_ADD, VR_MAX, VR_MUL, VR_DOT };  /* VR_DOT: a sum of the last instruction's product */
 
 /* one instruction: dst = op(a, b, c) over a tile, in logical type lt (float16/bfloat16 computed in float32 and
    rounded). mode bits: 1 a is scalar, 2 b is scalar, 4 c is scalar, 8 dst is scalar. sct: compute type of a. */
@@ -66,6 +66,7 @@ typedef struct vm_isa {
   void (*alu)(const vm_ins *in, char *d, const char *a, const char *b, const char *c, int64_t n);
   void (*red_row)(int32_t redop, int32_t ct, const char *v, int64_t n, char *out);
   void (*red_vert)(int32_t redop, int32_t ct, const char *v, int64_t n, char *out, int64_t ostride);
+  void (*red_dot)(int32_t ct, const char *a, const char *b, int64_t n, char *out);
   int (*gemm)(const vm_gemm *g, const char *a, const char *b, char *c);
 } vm_isa;
 

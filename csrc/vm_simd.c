@@ -121,10 +121,10 @@ VM_GEMM_ENTRY(avx512)
 #endif
 
 static const vm_isa vm_isas[] = {
-  {"portable", vm_alu_base, vm_red_row_base, vm_red_vert_base, vm_gemm_base},
+  {"portable", vm_alu_base, vm_red_row_base, vm_red_vert_base, vm_red_dot_base, vm_gemm_base},
 #if VM_X86
-  {"avx2", vm_alu_avx2, vm_red_row_avx2, vm_red_vert_avx2, vm_gemm_avx2},
-  {"avx512", vm_alu_avx512, vm_red_row_avx512, vm_red_vert_avx512, vm_gemm_avx512},
+  {"avx2", vm_alu_avx2, vm_red_row_avx2, vm_red_vert_avx2, vm_red_dot_avx2, vm_gemm_avx2},
+  {"avx512", vm_alu_avx512, vm_red_row_avx512, vm_red_vert_avx512, vm_red_dot_avx512, vm_gemm_avx512},
 #endif
 };
 #define VM_NISA ((int)(sizeof vm_isas / sizeof vm_isas[0]))

@@ -165,7 +165,12 @@ def lower_loop(loop: Loop) -> tuple[list[int], bool]:
   redmask = sum(1 << d for d in range(nd) if red[d]) if loop.redop is not None else 0
   post = 0
   if loop.redop is not None: post = 1 if loop.rdtype is dtypes.float16 else 2 if loop.rdtype is dtypes.bfloat16 else 0
-  words = [VK_LOOP, nd, T, VR[loop.redop], loop.rdtype.id if loop.rdtype is not None else 0, post, redmask, *shape,
+  redop = VR[loop.redop]
+  top = kn[loop.stores[0][0]]
+  if (loop.redop is Ops.ADD and loop.rdtype in (dtypes.float32, dtypes.float64) and top[0] == "alu" and
+      top[1] is Ops.MUL and loop.stores[0][0] == len(kn) - 1 and not any(scalar[s] for s in top[3])):
+    redop = 4  # VR_DOT: a row's sum of products, without the product tile
+  words = [VK_LOOP, nd, T, redop, loop.rdtype.id if loop.rdtype is not None else 0, post, redmask, *shape,
            len(regs)]
   for ct, sc in regs: words += [ct, sc]
   words += [len(loads), *load_words, nins, *ins_words, len(stores), *store_words]
