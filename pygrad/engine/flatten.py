@@ -4,7 +4,8 @@ names, and the value-preserving ops (CONTIGUOUS, CONTIGUOUS_BACKWARD, DETACH, CO
 MULTI) resolved to their source. Iterative: nothing recurses on graph depth."""
 from __future__ import annotations
 from ..ops import Ops, GroupOp
-from ..uop import UOp
+from ..uop import UOp, handle
+from ..dtype import BY_ID
 
 _ALIAS = GroupOp.Identity | {Ops.COPY}
 _INPUTS = (Ops.BUFFER, Ops.DEFINE_VAR)
@@ -12,13 +13,16 @@ _INPUTS = (Ops.BUFFER, Ops.DEFINE_VAR)
 
 class PNode:
   """One value of the flattened graph. `uop` is the node it came from (inputs are looked up by it)."""
-  __slots__ = ("op", "dtype", "shape", "arg", "src", "idx", "uop", "users", "is_output", "view", "mat", "buf",
+  __slots__ = ("op", "dtype", "shape", "arg", "src", "idx", "nid", "users", "is_output", "view", "mat", "buf",
                "callbufs", "out_slot")
 
-  def __init__(self, op, dtype, shape, arg, src, uop):
-    self.op, self.dtype, self.shape, self.arg, self.src, self.uop = op, dtype, shape, arg, src, uop
+  def __init__(self, op, dtype, shape, arg, src, nid):
+    self.op, self.dtype, self.shape, self.arg, self.src, self.nid = op, dtype, shape, arg, src, nid
     self.idx, self.users, self.is_output, self.view, self.mat, self.buf = 0, 0, False, None, False, None
     self.callbufs, self.out_slot = None, None
+
+  @property
+  def uop(self) -> UOp: return handle(self.nid)
 
   def __repr__(self): return f"PNode#{self.idx}({self.op.name}, {self.dtype.name}, {self.shape})"
 
@@ -73,10 +77,10 @@ class Flattener:
     if op is Ops.AFTER:
       call = u.src[1]
       for i, b in enumerate(call.src[1:]):
-        if b is u.src[0]: return self._new(PNode(op, u.dtype, u.shape, i, (kids[0],), u))
+        if b is u.src[0]: return self._new(PNode(op, u.dtype, u.shape, i, (kids[0],), u._id))
       raise ValueError("AFTER: src[0] is not one of its CALL's buffers")
     if any(k is None for k in kids): raise ValueError(f"{op.name}: an operand has no value (NOOP)")
-    return self._new(PNode(op, u.dtype, u.shape, u.arg, tuple(kids), u))
+    return self._new(PNode(op, u.dtype, u.shape, u.arg, tuple(kids), u._id))
 
   def _new(self, n: PNode) -> PNode:
     n.idx = len(self.nodes)
@@ -102,8 +106,56 @@ class Flattener:
     return [memo[(u._id, c)] for u, c in pairs]
 
 
+_OPS = tuple(Ops)
+_ALIAS_IDS = frozenset(int(o) for o in _ALIAS)
+
+
+def _flatten_ids(outputs: list[UOp]):
+  """The same flattening straight from the core's ids (no UOp handles) for graphs without FUNCTION; None if the
+  graph has one (the general walk handles call contexts)."""
+  from ..core import CORE
+  from ..intern import ARGS, META
+  roots = []
+  for o in outputs:
+    if o.op is Ops.FUNCTION: return None
+    roots += [s._id for s in o.src] if o.op in (Ops.TUPLE, Ops.SINK) else [o._id]
+  info, srcf, objs, metas = CORE.info, CORE.src, ARGS.objs, META.vals
+  pn: dict[int, PNode | None] = {}
+  nodes: list[PNode] = []
+  FUNC, TUP, GET, MULTI, NOOP, AFTER, CALL = (int(x) for x in (Ops.FUNCTION, Ops.TUPLE, Ops.GETTUPLE, Ops.MULTI,
+                                                                 Ops.NOOP, Ops.AFTER, Ops.CALL))
+  for nid in CORE.toposort(roots, False):
+    op, dt, _, aid, _, mid, _ = info(nid)
+    if op == FUNC: return None
+    src = srcf(nid)
+    if op in _ALIAS_IDS or (op == MULTI and aid == 0):
+      pn[nid] = pn[src[0]]
+      continue
+    if op == GET:
+      if info(src[0])[0] != TUP: return None
+      pn[nid] = pn[srcf(src[0])[objs[aid]]]
+      continue
+    if op == NOOP or op == TUP or op == int(Ops.SINK):
+      pn[nid] = None
+      continue
+    arg = objs[aid]
+    if op == AFTER:
+      kids, arg = (pn[src[1]],), srcf(src[1])[1:].index(src[0])
+    else:
+      kids = tuple(pn[s] for s in (src[1:] if op == CALL else src))
+      if any(k is None for k in kids): raise ValueError(f"{_OPS[op].name}: an operand has no value (NOOP)")
+    n = PNode(_OPS[op], BY_ID[dt], metas[mid][0], arg, kids, nid)
+    n.idx = len(nodes)
+    nodes.append(n)
+    pn[nid] = n
+  shaped = [tuple(pn[s._id] for s in o.src) if o.op in (Ops.TUPLE, Ops.SINK) else pn[o._id] for o in outputs]
+  return nodes, shaped
+
+
 def flatten(outputs: list[UOp]):
   """(nodes in topological order, per output: a PNode, None for NOOP, or a tuple of those for TUPLE/SINK/FUNCTION)."""
+  fast = _flatten_ids(outputs)
+  if fast is not None: return fast
   fl = Flattener()
   shaped = []
   for o in outputs:

@@ -116,7 +116,7 @@ class Planner:
   def _visit(self, n: PNode) -> None:
     op = n.op
     if op in (Ops.BUFFER, Ops.DEFINE_VAR, Ops.PARAM):
-      b = self.input_bufs.get(n.uop._id)
+      b = self.input_bufs.get(n.nid)
       if b is None:
         from .numpy_eval import _name
         what = _name(n.uop) if op is not Ops.PARAM else f"PARAM slot {n.arg[0]}"
