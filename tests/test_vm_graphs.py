@@ -164,6 +164,68 @@ def test_random_graphs(steps, shape, seed):
   both(outs, vals, rtol=2e-4, atol=2e-5)
 
 
+_IOPS = ["add", "mul", "idiv", "mod", "shl", "shr", "max", "where", "and", "xor", "neg", "cast8"]
+
+
+def _iapply(kind, a, b):
+  if kind == "add": return a + b
+  if kind == "mul": return a * b
+  if kind == "idiv": return a // b
+  if kind == "mod": return a % b
+  if kind == "shl": return a << (b & 31)
+  if kind == "shr": return a >> b
+  if kind == "max": return a.maximum(b)
+  if kind == "where": return (a < b).where(a, b)
+  if kind == "and": return a & b
+  if kind == "xor": return a ^ b
+  if kind == "neg": return -a
+  if kind == "cast8": return a.cast(dtypes.int8).cast(dtypes.int32)
+  raise AssertionError(kind)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(_IOPS + ["permute", "flip", "expand_sum"]), st.integers(0, 100),
+                          st.integers(0, 100)), min_size=1, max_size=14), st.integers(0, 2 ** 31))
+def test_random_integer_graphs_exact(steps, seed):
+  shape = (7, 9)
+  x, y = UOp.placeholder(shape, dtypes.int32, "x"), UOp.placeholder(shape, dtypes.int32, "y")
+  pool = [x, y]
+  for kind, i, j in steps:
+    a, b = pool[i % len(pool)], pool[j % len(pool)]
+    if kind == "permute": r = a.permute(1, 0).permute(1, 0) + b.flip(1)
+    elif kind == "flip": r = a.flip(0)
+    elif kind == "expand_sum": r = a.sum(1, keepdim=True).expand(shape) + b.max(0, keepdim=True)
+    else: r = _iapply(kind, a, b)
+    pool.append(r)
+  rng = np.random.default_rng(seed)
+  vals = {x: rng.integers(-2 ** 31, 2 ** 31, shape, dtype=np.int32), y: rng.integers(-40, 40, shape, dtype=np.int32)}
+  want = numpy_eval.evaluate([pool[-1], pool[len(pool) // 2]], vals)
+  got = program.evaluate_c([pool[-1], pool[len(pool) // 2]], vals)
+  for g, w in zip(got, want): np.testing.assert_array_equal(g, w)
+
+
+def test_one_program_from_four_threads():
+  import threading
+  x = UOp.placeholder((300, 200), F32, "x")
+  p = program.compile_program([(x.exp() * 2.0).sum(1), x.T @ x], [x])
+  vals = [rnd(300, 200, seed=i) for i in range(4)]
+  want = [p(v) for v in vals]
+  errs = []
+
+  def run(i):
+    try:
+      for _ in range(20):
+        r = p(vals[i])
+        np.testing.assert_allclose(r[0], want[i][0], rtol=1e-6)
+        np.testing.assert_allclose(r[1], want[i][1], rtol=1e-6)
+    except Exception as e:  # noqa: BLE001 -- reported below
+      errs.append(e)
+  ts = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+  for t in ts: t.start()
+  for t in ts: t.join()
+  assert not errs, errs
+
+
 @pytest.mark.parametrize("isa", [0, 1, 2])
 def test_every_instruction_set(isa):
   try:
