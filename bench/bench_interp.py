@@ -3,7 +3,8 @@ the workloads of the interpreter issue. Engines alternate inside every repetitio
 Run: python bench/bench_interp.py [--reps N]   (writes bench/results/interp.md)"""
 from __future__ import annotations
 import os
-for _v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS"):
+for _v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
+           "VECLIB_MAXIMUM_THREADS"):
   os.environ[_v] = "1"
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1").strip()
@@ -78,8 +79,10 @@ def workloads(peers):
   X, Y = rng.standard_normal((4096, 4096)).astype(np.float32), rng.standard_normal((4096, 4096)).astype(np.float32)
   x, y = UOp.placeholder(X.shape, F32, "x"), UOp.placeholder(Y.shape, F32, "y")
   pr = compile_program([(x * y).sum(axis=1)], [x, y])
-  fs = {"pygrad": lambda: pr(X, Y), "numpy": lambda: (X * Y).sum(1), "numpy einsum": lambda: np.einsum("ij,ij->i", X, Y)}
-  if "numexpr" in peers: fs["numexpr"] = lambda: peers["numexpr"].evaluate("sum(X*Y, axis=1)", local_dict={"X": X, "Y": Y})
+  fs = {"pygrad": lambda: pr(X, Y), "numpy": lambda: (X * Y).sum(1),
+        "numpy einsum": lambda: np.einsum("ij,ij->i", X, Y)}
+  if "numexpr" in peers:
+    fs["numexpr"] = lambda: peers["numexpr"].evaluate("sum(X*Y, axis=1)", local_dict={"X": X, "Y": Y})
   if "jax" in peers:
     jax, jnp = peers["jax"]
     fs["jax.jit"] = _jit(jax, lambda a, b: (a * b).sum(1), X, Y)
@@ -121,7 +124,8 @@ def workloads(peers):
   t0 = time.perf_counter()
   pc = compile_program([h], [z])
   t_compile = time.perf_counter() - t0
-  np_steps = [lambda q: q * np.float32(1.0001), lambda q: q + np.float32(0.01), np.sin, lambda q: np.maximum(q, np.float32(0.1))]
+  np_steps = [lambda q: q * np.float32(1.0001), lambda q: q + np.float32(0.01), np.sin,
+              lambda q: np.maximum(q, np.float32(0.1))]
 
   def np_chain():
     q = Z
@@ -148,6 +152,41 @@ def workloads(peers):
     fs["torch"] = tchain
   out.append(("chain of 1,000 ops on 16x16 f32", "us/op", 1000, fs,
               f"pygrad: compiled once in {t_compile * 1e3:.0f} ms into {pc.stats['kernels']} kernel"))
+  # 5. the same length with a reduction and a matmul every 4 ops: no longer one fused kernel
+  mixed = [lambda q: q * 1.0001, lambda q: q - q.max(1, keepdim=True), lambda q: q.sin(), lambda q: (q @ z) * 0.01]
+  h = z
+  for i in range(1000): h = mixed[i % 4](h)
+  pk = compile_program([h], [z])
+  np_mixed = [lambda q: q * np.float32(1.0001), lambda q: q - q.max(1, keepdims=True), np.sin,
+              lambda q: (q @ Z) * np.float32(0.01)]
+
+  def np_mchain():
+    q = Z
+    for i in range(1000): q = np_mixed[i % 4](q)
+    return q
+  fs = {"pygrad": lambda: pk(Z), "numpy": np_mchain}
+  if "jax" in peers:
+    jax, jnp = peers["jax"]
+    j_mixed = [lambda q, w: q * 1.0001, lambda q, w: q - q.max(1, keepdims=True), lambda q, w: jnp.sin(q),
+               lambda q, w: (q @ w) * 0.01]
+
+    def jmchain(q):
+      w = q
+      for i in range(1000): q = j_mixed[i % 4](q, w)
+      return q
+    fs["jax.jit"] = _jit(jax, jmchain, Z)
+  if "torch" in peers:
+    t = peers["torch"]
+    tZ = t.from_numpy(Z)
+    t_mixed = [lambda q: q * 1.0001, lambda q: q - q.amax(1, keepdim=True), t.sin, lambda q: (q @ tZ) * 0.01]
+
+    def tmchain():
+      q = tZ
+      for i in range(1000): q = t_mixed[i % 4](q)
+      return q
+    fs["torch"] = tmchain
+  out.append(("chain of 1,000 ops on 16x16 f32, a max-reduce and a matmul every 4", "us/op", 1000, fs,
+              f"pygrad: {pk.stats['kernels']} kernels ({pk.stats['contractions']} contractions)"))
   return out
 
 

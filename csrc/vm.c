@@ -100,7 +100,10 @@ static void read_view(rd *r, pg_vm *vm, vm_kernel *k, vm_view *v, int isstore) {
   }
   if (r->err) return;
   if (k->regs[v->reg].ct != vm_ct(v->stype)) { rd_fail(r, "view storage type does not match its register"); return; }
-  if (!extent(k->shape, v->st, v->lo, v->hi, k->ndim, v->off, &mn, &mx)) { rd_fail(r, "view extent overflows"); return; }
+  if (!extent(k->shape, v->st, v->lo, v->hi, k->ndim, v->off, &mn, &mx)) {
+    rd_fail(r, "view extent overflows");
+    return;
+  }
   if (!in_buf(vm, v->buf, mn, mx, v->esize)) { rd_fail(r, "view reaches outside its buffer"); return; }
   if (v->esize > vm->bufs[v->buf].align) vm->bufs[v->buf].align = v->esize;  /* checked against pointers at run */
   v->invariant = !v->masked;
@@ -118,7 +121,8 @@ static void check_ins(rd *r, vm_kernel *k, vm_ins *in) {
   const vm_regdef *R = k->regs;
   int32_t lt = in->lt, ct = vm_ct(lt), op = in->op, ns = vm_opnsrc[op], srcs[3] = {in->a, in->b, in->c}, i, allsc = 1;
   if (R[in->dst].isload) { rd_fail(r, "an instruction writes a load register"); return; }
-  for (i = 0; i < ns; i++) if (srcs[i] < 0 || srcs[i] >= k->nregs) { rd_fail(r, "operand register out of range"); return; }
+  for (i = 0; i < ns; i++)
+    if (srcs[i] < 0 || srcs[i] >= k->nregs) { rd_fail(r, "operand register out of range"); return; }
   in->mode = 0;
   for (i = 0; i < ns; i++) {
     if (R[srcs[i]].scalar) in->mode |= 1 << i;
@@ -126,7 +130,10 @@ static void check_ins(rd *r, vm_kernel *k, vm_ins *in) {
   }
   if (R[in->dst].scalar) in->mode |= 8;
   if (R[in->dst].scalar && !allsc) { rd_fail(r, "a scalar register computed from a vector"); return; }
-  if (!R[in->dst].scalar && allsc && op != VM_MOV && op != VM_WHERE) { rd_fail(r, "vector from scalars: MOV first"); return; }
+  if (!R[in->dst].scalar && allsc && op != VM_MOV && op != VM_WHERE) {
+    rd_fail(r, "vector from scalars: MOV first");
+    return;
+  }
   in->sct = R[in->a].ct;
   switch (op) {
   case VM_MOV:
@@ -243,7 +250,10 @@ static void check_gemm_operand(rd *r, pg_vm *vm, const vm_gemm *g, int32_t bf, i
   int32_t d;
   for (d = 0; d < g->nbatch; d++) { size[d] = g->bsize[d]; st[d] = bst[d]; }
   size[d] = n0; st[d] = s0; size[d + 1] = n1; st[d + 1] = s1;
-  if (!extent(size, st, NULL, NULL, g->nbatch + 2, off, &mn, &mx)) { rd_fail(r, "contraction extent overflows"); return; }
+  if (!extent(size, st, NULL, NULL, g->nbatch + 2, off, &mn, &mx)) {
+    rd_fail(r, "contraction extent overflows");
+    return;
+  }
   if (!in_buf(vm, bf, mn, mx, vm_esize(g->lt))) rd_fail(r, "contraction operand reaches outside its buffer");
   if (vm_esize(g->lt) > vm->bufs[bf].align) vm->bufs[bf].align = vm_esize(g->lt);
 }

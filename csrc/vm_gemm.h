@@ -118,7 +118,9 @@ VM_TGT static void GFN(gemm2d)(const vm_gemm *g, const GT *a, const GT *b, GT *c
 VM_TGT static int GFN(gemm)(const vm_gemm *g, const char *a, const char *b, char *c) {
   int64_t idx[VM_MAXDIM] = {0}, total = 1, t, oa = 0, ob = 0, oc = 0;
   int32_t d;
-  size_t asz = (size_t)G_MC * G_KC + 64, bsz = (size_t)G_KC * G_NC + 64;
+  int64_t mc = g->n < G_MC ? g->n : G_MC, kc = g->k < G_KC ? g->k : G_KC, nc = g->m < G_NC ? g->m : G_NC;
+  size_t asz = (size_t)((mc + G_MR - 1) / G_MR * G_MR * kc) + 64;
+  size_t bsz = (size_t)((nc + G_NR - 1) / G_NR * G_NR * kc) + 64;
   GT *buf, *apack, *bpack;
   for (d = 0; d < g->nbatch; d++) total *= g->bsize[d];
   if (total == 0 || g->n == 0 || g->m == 0) return 0;

@@ -452,6 +452,11 @@ VM_TGT static void VM_FN(alu)(const vm_ins *in, char *d, const char *a, const ch
 #define RED_LANES 32
 #define ROW_F(T, INIT, STEP) do { \
     const T *v_ = (const T *)v; T acc[RED_LANES], r_ = *(T *)out; int64_t i_ = 0, j_; \
+    if (n < 2 * RED_LANES) {  /* short rows: lanes cost more than they save */ \
+      for (; i_ < n; i_++) { T A = r_, B = v_[i_]; r_ = STEP; } \
+      *(T *)out = r_; \
+      break; \
+    } \
     for (j_ = 0; j_ < RED_LANES; j_++) acc[j_] = INIT; \
     for (; i_ + RED_LANES <= n; i_ += RED_LANES) \
       for (j_ = 0; j_ < RED_LANES; j_++) { T A = acc[j_], B = v_[i_ + j_]; acc[j_] = STEP; } \

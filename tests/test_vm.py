@@ -165,7 +165,8 @@ def test_bitcast(src, dst):
 
 @pytest.mark.parametrize("shape,axes", [((0,), (0,)), ((1,), (0,)), ((1023,), (0,)), ((1024,), (0,)), ((1025,), (0,)),
                                         ((33, 47), (0,)), ((33, 47), (1,)), ((5, 0, 3), (1,)), ((0, 4), (0,)),
-                                        ((4, 6, 5), (0, 2)), ((3, 1030), (1,)), ((1030, 3), (0,)), ((2, 3, 4), (0, 1, 2))])
+                                        ((4, 6, 5), (0, 2)), ((3, 1030), (1,)), ((1030, 3), (0,)),
+                                        ((2, 3, 4), (0, 1, 2))])
 @pytest.mark.parametrize("rop", [Ops.ADD, Ops.MAX, Ops.MUL], ids=lambda o: o.name)
 @pytest.mark.parametrize("dt", VALUE_DTYPES, ids=lambda d: d.name)
 def test_reduce(dt, rop, shape, axes):
