@@ -496,15 +496,19 @@ VM_TGT static void VM_FN(red_row)(int32_t redop, int32_t ct, const char *v, int6
   }
 }
 
-/* *out += sum of a[i]*b[i]: a multiply-then-sum without the product tile */
+/* *out += sum of a[i]*b[i]: a multiply-then-sum without the product tile; more lanes than a plain sum, so that
+   enough loads of both streams are in flight */
+#ifndef DOT_LANES
+#define DOT_LANES 128
+#endif
 #define DOT_F(T) do { \
-    const T *x_ = (const T *)a, *y_ = (const T *)b; T acc[RED_LANES], r_ = *(T *)out; int64_t i_ = 0, j_; \
-    for (j_ = 0; j_ < RED_LANES; j_++) acc[j_] = 0; \
-    for (; i_ + RED_LANES <= n; i_ += RED_LANES) \
-      for (j_ = 0; j_ < RED_LANES; j_++) acc[j_] += x_[i_ + j_] * y_[i_ + j_]; \
-    for (j_ = RED_LANES / 2; j_ >= 1; j_ /= 2) \
+    const T *x_ = (const T *)a, *y_ = (const T *)b; T acc[DOT_LANES], r_ = *(T *)out; int64_t i_ = 0, j_; \
+    for (j_ = 0; j_ < DOT_LANES; j_++) acc[j_] = 0; \
+    for (; i_ + DOT_LANES <= n; i_ += DOT_LANES) \
+      for (j_ = 0; j_ < DOT_LANES; j_++) acc[j_] += x_[i_ + j_] * y_[i_ + j_]; \
+    for (j_ = DOT_LANES / 2; j_ >= 1; j_ /= 2) \
       for (i_ = 0; i_ < j_; i_++) acc[i_] += acc[i_ + j_]; \
-    for (i_ = n / RED_LANES * RED_LANES; i_ < n; i_++) acc[0] += x_[i_] * y_[i_]; \
+    for (i_ = n / DOT_LANES * DOT_LANES; i_ < n; i_++) acc[0] += x_[i_] * y_[i_]; \
     *(T *)out = r_ + acc[0]; \
   } while (0)
 

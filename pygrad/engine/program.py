@@ -6,6 +6,7 @@ import threading
 import numpy as np
 from ..ops import Ops
 from ..uop import UOp
+from ..dtype import dtypes
 from . import vmlib
 from .vmlib import ffi, lib
 from .flatten import flatten
@@ -106,7 +107,9 @@ class Program:
     self.stats = {"kernels": nk, "fused_groups": nfused, "peak_bytes": self.arena_bytes, "contractions": ngemm,
                   "segments": sum(1 for s in self._steps if not isinstance(s, CallStep))}
     self._lock = threading.Lock()
-    self._arena = None
+    self._arena = self._fixed = None
+    self._in_spec = [(u.shape, np.dtype(u.dtype.numpy), u.op is Ops.BUFFER and u.dtype is not dtypes.bfloat16)
+                     for u in self.inputs]
 
   def _arena_array(self) -> np.ndarray:
     a = np.empty(self.arena_bytes + _ALIGN, np.uint8)
@@ -124,25 +127,50 @@ class Program:
       if a.shape != u.shape: raise ValueError(f"input PARAM {u.arg[0]}: expected shape {u.shape}, got {a.shape}")
     return np.require(a, requirements="CA")  # C-contiguous and aligned, as the VM's typed loads need
 
+  def _fixed_slots(self, arena):
+    n = self._nslots
+    slots, sizes = ffi.new("void *[]", n), ffi.new("int64_t[]", n)
+    keep = []
+    for i, a in enumerate((arena, self._pool)):
+      if a.nbytes:
+        keep.append(ffi.from_buffer(a))
+        slots[i] = keep[-1]
+      sizes[i] = a.nbytes
+    return slots, sizes, keep
+
   def __call__(self, *arrays):
     if len(arrays) != len(self.inputs):
       raise ValueError(f"program takes {len(self.inputs)} inputs, got {len(arrays)}")
-    n = self._nslots
-    slots, sizes = ffi.new("void *[]", n), ffi.new("int64_t[]", n)
-    keep = [self._check(u, v) for u, v in zip(self.inputs, arrays)]
+    ins = []
+    for u, v, (shape, npdt, fast) in zip(self.inputs, arrays, self._in_spec):
+      if fast and type(v) is np.ndarray and v.dtype == npdt and v.shape == shape and v.flags.c_contiguous and \
+         v.flags.aligned:
+        ins.append(v)  # already what the VM reads: no conversion, no copy
+      else:
+        ins.append(self._check(u, v))
     outs = [np.empty(b.shape, b.stype.numpy) for b in self._out_bufs]
     mine = self._lock.acquire(blocking=False)
     try:
       if mine:
-        if self._arena is None: self._arena = self._arena_array()
+        if self._arena is None:
+          self._arena = self._arena_array()
+          self._fixed = self._fixed_slots(self._arena)
         arena = self._arena
+        slots, sizes, _ = self._fixed
       else:
         arena = self._arena_array()  # another thread runs this program: a private arena
-      mem = [arena, self._pool] + keep + outs
-      for i, a in enumerate(mem):
+        slots, sizes, _keep = self._fixed_slots(arena)
+      mem = [arena, self._pool] + ins + outs
+      keep = []
+      for i in range(2, len(mem)):
+        a = mem[i]
         if a.nbytes:
-          slots[i] = ffi.cast("void *", a.ctypes.data)
+          keep.append(ffi.from_buffer(a))
+          slots[i] = keep[-1]
+        else:
+          slots[i] = ffi.NULL
         sizes[i] = a.nbytes
+      n = self._nslots
       for st in self._steps:
         if isinstance(st, CallStep): self._call(st, mem)
         else:
