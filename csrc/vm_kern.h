@@ -449,7 +449,7 @@ VM_TGT static void VM_FN(alu)(const vm_ins *in, char *d, const char *a, const ch
 }
 
 /* ---- reductions: a row of n values into *out (red_row) or element-wise into out[j*os] (red_vert) ---- */
-#define RED_LANES 32
+#define RED_LANES 16
 #define ROW_F(T, INIT, STEP) do { \
     const T *v_ = (const T *)v; T acc[RED_LANES], r_ = *(T *)out; int64_t i_ = 0, j_; \
     if (n < 2 * RED_LANES) {  /* short rows: lanes cost more than they save */ \
@@ -498,9 +498,7 @@ VM_TGT static void VM_FN(red_row)(int32_t redop, int32_t ct, const char *v, int6
 
 /* *out += sum of a[i]*b[i]: a multiply-then-sum without the product tile; more lanes than a plain sum, so that
    enough loads of both streams are in flight */
-#ifndef DOT_LANES
-#define DOT_LANES 128
-#endif
+#define DOT_LANES 16
 #define DOT_F(T) do { \
     const T *x_ = (const T *)a, *y_ = (const T *)b; T acc[DOT_LANES], r_ = *(T *)out; int64_t i_ = 0, j_; \
     for (j_ = 0; j_ < DOT_LANES; j_++) acc[j_] = 0; \
@@ -512,11 +510,12 @@ VM_TGT static void VM_FN(red_row)(int32_t redop, int32_t ct, const char *v, int6
     *(T *)out = r_ + acc[0]; \
   } while (0)
 
-VM_TGT static void VM_FN(red_dot)(int32_t ct, const char *a, const char *b, int64_t n, char *out) {
+VM_TGT_STREAM static void VM_FN(red_dot)(int32_t ct, const char *a, const char *b, int64_t n, char *out) {
   if (ct == VT_F64) DOT_F(double);
   else DOT_F(float);
 }
 #undef DOT_F
+#undef DOT_LANES
 
 #define VERT(T, STEP) do { \
     const T *v_ = (const T *)v; T *o_ = (T *)out; int64_t i_; \

@@ -20,6 +20,7 @@
 /* ---- the portable clone ---- */
 #define VM_FN(name) vm_##name##_base
 #define VM_TGT
+#define VM_TGT_STREAM
 #define VM_VBYTES 16
 #if defined(__GNUC__) && defined(__x86_64__)
 #define VM_SQRT_BYTES 16
@@ -49,12 +50,14 @@ typedef double GV __attribute__((vector_size(VM_VBYTES)));
 #undef GV
 #undef VM_FN
 #undef VM_TGT
+#undef VM_TGT_STREAM
 #undef VM_VBYTES
 
 #if VM_X86
 /* ---- AVX2 + FMA ---- */
 #define VM_FN(name) vm_##name##_avx2
 #define VM_TGT __attribute__((target("avx2,fma")))
+#define VM_TGT_STREAM VM_TGT
 #define VM_VBYTES 32
 #undef VM_SQRT_BYTES
 #undef VM_SQRT_PS
@@ -82,11 +85,15 @@ typedef double GV __attribute__((vector_size(VM_VBYTES)));
 #undef GV
 #undef VM_FN
 #undef VM_TGT
+#undef VM_TGT_STREAM
 #undef VM_VBYTES
 
 /* ---- AVX-512 (F, DQ, BW, VL) ---- */
 #define VM_FN(name) vm_##name##_avx512
 #define VM_TGT __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,prefer-vector-width=512")))
+/* streaming kernels (two operands from memory, little arithmetic) run faster on 32-byte vectors: numpy buffers are
+   16-byte aligned, and 64-byte loads would split cache lines */
+#define VM_TGT_STREAM __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,prefer-vector-width=256")))
 #define VM_VBYTES 64
 #include "vm_kern.h"
 #define GT float
@@ -107,6 +114,7 @@ typedef double GV __attribute__((vector_size(VM_VBYTES)));
 #undef GV
 #undef VM_FN
 #undef VM_TGT
+#undef VM_TGT_STREAM
 #undef VM_VBYTES
 #endif
 
