@@ -154,7 +154,10 @@ class MathMixin:
       shape = _bshape(c.shape, shape)
     if c.shape not in ((), shape): c = c.broadcast_to(shape)
     if x.shape not in ((), shape): x, y = x.broadcast_to(shape), y.broadcast_to(shape)
-    return UOp(Ops.WHERE, None, (c, x, y))
+    devs = {d for d in (c.device, x.device, y.device) if d is not None}
+    if c.dtype is dtypes.bool and y.shape in ((), shape) and len(devs) <= 1 and x.dtype.kind != "v":
+      return _movement(Ops.WHERE, (c, x, y), None, shape, x.dtype, devs.pop() if devs else None)
+    return UOp(Ops.WHERE, None, (c, x, y))  # the generic path raises the precise error
   def cast(self, dtype: DType) -> UOp: return self if self.dtype is dtype else UOp(Ops.CAST, dtype, (self,))
   def bitcast(self, dtype: DType) -> UOp: return UOp(Ops.BITCAST, dtype, (self,))
 
@@ -225,7 +228,13 @@ class MathMixin:
   # ---- reductions ----
   def r(self, op: Ops, axes) -> UOp:
     """REDUCE_AXIS over `axes` (kept as size 1)."""
-    return UOp(Ops.REDUCE_AXIS, None, (self,), (op, tuple(axes)))
+    axes = tuple(axes)
+    n = len(self.shape)
+    if op in (Ops.ADD, Ops.MAX, Ops.MUL) and all(type(a) is int and 0 <= a < n for a in axes) and \
+       len(set(axes)) == len(axes) and self.dtype.kind != "v":
+      shape = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
+      return _movement(Ops.REDUCE_AXIS, self, (op, axes), shape)
+    return UOp(Ops.REDUCE_AXIS, None, (self,), (op, axes))
   def _reduce(self, op: Ops, axis, keepdim: bool) -> UOp:
     axes = _axes(self.ndim, axis)
     ret = self.r(op, axes) if axes else self

@@ -156,8 +156,10 @@ def alu2(op: Ops, a: UOp, b: UOp) -> UOp:
   return _wrap(nid, op, out, None, None, shape, dev, meta)
 
 
-def movement(op: Ops, x: UOp, arg: tuple, shape: tuple) -> UOp:
-  """A movement node whose arg and shape the calling method has already checked (the math methods' hot path)."""
+def movement(op: Ops, x, arg, shape: tuple, dtype: DType | None = None, device=None) -> UOp:
+  """A node whose arg, shape (and dtype/device, for several sources) the calling method has already checked: the
+  math methods' hot path for movement, reduce and where nodes. x is the source, or a tuple of sources."""
+  if type(x) is tuple: return _make(op, dtype, x, arg, None, shape, device)
   return _make(op, x.dtype, (x,), arg, None, shape, x.device)
 
 
