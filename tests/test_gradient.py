@@ -3,7 +3,6 @@ from __future__ import annotations
 import math
 import numpy as np
 import pytest
-import pygrad
 from pygrad import UOp, Ops, dtypes
 from pygrad.gradient import compute_gradient
 from gradcheck import check_fd, evaluate

@@ -1,6 +1,6 @@
 """The numpy reference evaluator against direct numpy (and, for the C-semantics edge cases, against Python-int
 references written independently of the evaluator)."""
-import importlib.util, math, struct
+import math, struct
 import numpy as np
 import pytest
 import pygrad
@@ -594,12 +594,3 @@ def test_engine_front():
   from pygrad.engine import default_engine
   assert default_engine() in ("numpy", "c")
   if pygrad.core_name() == "python": assert default_engine() == "numpy"
-
-
-def test_compile_without_program_is_clear():
-  if importlib.util.find_spec("pygrad.engine.program") is not None: pytest.skip("pygrad.engine.program exists")
-  x = UOp.placeholder((2,), dtypes.float32)
-  with pytest.raises(ImportError, match="program"):
-    pygrad.compile(x + 1.0, [x])
-  with pytest.raises(ImportError, match="program"):
-    pygrad.evaluate(x, {x: np.zeros(2, np.float32)}, engine="c")
