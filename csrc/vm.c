@@ -113,7 +113,7 @@ static void read_view(rd *r, pg_vm *vm, vm_kernel *k, vm_view *v, int isstore) {
     if (k->shape[d] > 1 && v->st[d] != numel) v->contig = 0;
     numel *= k->shape[d];
   }
-  if (k->regs[v->reg].scalar && !v->invariant) rd_fail(r, "a scalar register needs an invariant view");
+  if (!isstore && k->regs[v->reg].scalar && !v->invariant) rd_fail(r, "a scalar register needs an invariant view");
 }
 
 /* the checks of one instruction's operand types; mode is derived here from the registers, not trusted */

@@ -242,3 +242,41 @@ def test_every_instruction_set(isa):
          rtol=2e-3, atol=1e-3)
   finally:
     vmlib.set_isa(-1)
+
+
+_LOSSES = {
+  "softmax": lambda x, w, v: (x.softmax(1) * x).sum(),
+  "log_softmax": lambda x, w, v: x.log_softmax(0).sum(),
+  "matmul_tanh": lambda x, w, v: (x @ w).tanh().mean(),
+  "max": lambda x, w, v: x.max(1).sum() + x.max(),
+  "pad_shrink_flip": lambda x, w, v: (x.pad(((1, 2), (3, 0))).flip(0).shrink(((1, 7), (2, 10))) * x).sum(),
+  "pow": lambda x, w, v: (x.abs() + 1.0).pow(1.7).sum(),
+  "where_relu": lambda x, w, v: ((x > 0).where(x, x * 0.1) + x.relu()).sum(),
+  "broadcast": lambda x, w, v: (x * v + v.sum()).sigmoid().sum(),
+  "permute_reshape": lambda x, w, v: x.permute(1, 0).reshape(4, 12).sin().sum(),
+  "prod": lambda x, w, v: (x * 0.1 + 1.0).prod(1).sum(),
+  "min_mean": lambda x, w, v: x.min(0).mean(),
+  "exp_log": lambda x, w, v: ((x * 0.3).exp() + 1.0).log().sum(),
+  "cast_f16": lambda x, w, v: (x.cast(dtypes.float16) * 2.0).cast(F32).sum(),
+  "batched": lambda x, w, v: (x.reshape(2, 3, 8) @ w).sum(),
+  "mm2": lambda x, w, v: ((x @ w) @ w.T).sum(),
+}
+
+
+@pytest.mark.parametrize("name", list(_LOSSES))
+def test_gradients_first_and_second_order(name):
+  """Gradient graphs (constants broadcast into outputs, reductions of expands, ...) on the VM as on numpy."""
+  x, w, v = UOp.placeholder((6, 8), F32, "x"), UOp.placeholder((8, 5), F32, "w"), UOp.placeholder((8,), F32, "v")
+  loss = _LOSSES[name](x, w, v)
+  topo = loss.toposort()
+  targets = [t for t in (x, w, v) if t in topo]
+  grads = loss.gradient(*targets)
+  vals = {x: rnd(6, 8), w: rnd(8, 5, seed=1), v: rnd(8, seed=2)}
+  vals = {k: a for k, a in vals.items() if k in targets}
+  both([loss, *grads], vals, rtol=2e-5, atol=2e-6)
+  both(grads[0].sum().gradient(targets[0]), vals, rtol=2e-5, atol=2e-6)
+
+
+def test_outputs_that_are_broadcast_constants():
+  x = UOp.placeholder((3, 4), F32, "x")
+  both([x.const_like(2.5), x.const_like(1.0) * 3.0 + 1.0, x.sum().gradient(x)[0]], {x: rnd(3, 4)})
