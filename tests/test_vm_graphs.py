@@ -280,3 +280,11 @@ def test_gradients_first_and_second_order(name):
 def test_outputs_that_are_broadcast_constants():
   x = UOp.placeholder((3, 4), F32, "x")
   both([x.const_like(2.5), x.const_like(1.0) * 3.0 + 1.0, x.sum().gradient(x)[0]], {x: rnd(3, 4)})
+
+
+def test_nested_tuple_outputs_and_noop():
+  x = UOp.placeholder((2,), F32, "x")
+  t = UOp.maketuple(x, x * 2.0)
+  r = program.evaluate_c([t, t.gettuple(1), UOp.sink(x, t), UOp(Ops.NOOP)], {x: np.array([1.0, 2.0], np.float32)})
+  assert type(r[0]) is tuple and len(r[0]) == 2 and type(r[2][1]) is tuple and r[3] is None
+  np.testing.assert_array_equal(r[2][1][1], [2.0, 4.0])

@@ -27,11 +27,14 @@ class PNode:
   def __repr__(self): return f"PNode#{self.idx}({self.op.name}, {self.dtype.name}, {self.shape})"
 
 
-def _outputs_of(u: UOp, c: int, fctx) -> list:
-  """The leaves of one requested output (TUPLE/SINK/FUNCTION expand to several), as (uop, ctx) pairs."""
-  if u.op in (Ops.TUPLE, Ops.SINK): return [(s, c) for s in u.src]
-  if u.op is Ops.FUNCTION: return [(s, fctx(u, c)) for s in u.src[0].src]
-  return [(u, c)]
+def _structure(o: UOp, c: int, fctx, get):
+  """An output's value: a PNode (via get), None for NOOP, or a tuple (TUPLE/SINK/FUNCTION, nested as they are)."""
+  if o.op in (Ops.TUPLE, Ops.SINK): return tuple(_structure(s, c, fctx, get) for s in o.src)
+  if o.op is Ops.FUNCTION:
+    fc = fctx(o, c)
+    return tuple(_structure(s, fc, fctx, get) for s in o.src[0].src)
+  if o.op is Ops.NOOP: return None
+  return get(o, c)
 
 
 class Flattener:
@@ -115,10 +118,12 @@ def _flatten_ids(outputs: list[UOp]):
   graph has one (the general walk handles call contexts)."""
   from ..core import CORE
   from ..intern import ARGS, META
-  roots = []
-  for o in outputs:
+  roots, stack = [], list(outputs)
+  while stack:
+    o = stack.pop()
     if o.op is Ops.FUNCTION: return None
-    roots += [s._id for s in o.src] if o.op in (Ops.TUPLE, Ops.SINK) else [o._id]
+    if o.op in (Ops.TUPLE, Ops.SINK): stack.extend(o.src)
+    elif o.op is not Ops.NOOP: roots.append(o._id)
   info, srcf, objs, metas = CORE.info, CORE.src, ARGS.objs, META.vals
   pn: dict[int, PNode | None] = {}
   nodes: list[PNode] = []
@@ -148,8 +153,7 @@ def _flatten_ids(outputs: list[UOp]):
     n.idx = len(nodes)
     nodes.append(n)
     pn[nid] = n
-  shaped = [tuple(pn[s._id] for s in o.src) if o.op in (Ops.TUPLE, Ops.SINK) else pn[o._id] for o in outputs]
-  return nodes, shaped
+  return nodes, [_structure(o, 0, None, lambda u, c: pn[u._id]) for o in outputs]
 
 
 def flatten(outputs: list[UOp]):
@@ -157,12 +161,10 @@ def flatten(outputs: list[UOp]):
   fast = _flatten_ids(outputs)
   if fast is not None: return fast
   fl = Flattener()
-  shaped = []
-  for o in outputs:
-    leaves = _outputs_of(o, 0, fl.fctx)
-    vals = fl.resolve(leaves)
-    shaped.append(vals[0] if len(leaves) == 1 and leaves[0][0] is o else tuple(vals))
-  return fl.nodes, shaped
+  pairs: list = []
+  for o in outputs: _structure(o, 0, fl.fctx, lambda u, c: pairs.append((u, c)))
+  fl.resolve(pairs)
+  return fl.nodes, [_structure(o, 0, fl.fctx, lambda u, c: fl.memo[(u._id, c)]) for o in outputs]
 
 
 __all__ = ["PNode", "flatten"]

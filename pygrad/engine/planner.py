@@ -79,16 +79,15 @@ class Planner:
       if u._id in self.input_bufs: raise ValueError(f"compile: input {i} ({u.op.name}) is listed twice")
       self.input_bufs[u._id] = self._buf("input", storage_dtype(u.dtype), u.shape, u.dtype, index=i)
     self.n_out, self.out_used = 0, set()
-    flat = []
-    for o in shaped_outputs:
-      for x in (o if type(o) is tuple else (o,)):
-        if x is not None:
-          x.is_output = True
-          flat.append(x)
+    stack = list(shaped_outputs)
+    while stack:  # mark every output (tuples nest)
+      x = stack.pop()
+      if type(x) is tuple: stack.extend(x)
+      elif x is not None: x.is_output = True
     for n in nodes:
       for s in n.src: s.users += 1
     for n in nodes: self._visit(n)
-    self.outputs = [tuple(self._output(x) for x in o) if type(o) is tuple else self._output(o) for o in shaped_outputs]
+    self.outputs = [self._outputs(o) for o in shaped_outputs]
     self.jobs.sort(key=lambda j: j[0])
     for j in self.jobs: j[2]()
 
@@ -165,6 +164,9 @@ class Planner:
     b = self._buf("arena", compute_dtype(n.dtype), n.shape, n.dtype)
     self._job(order - 0.5, lambda: self._emit_copy(view, n.dtype, b))
     return b
+
+  def _outputs(self, o):
+    return tuple(self._outputs(x) for x in o) if type(o) is tuple else self._output(o)
 
   def _output(self, n: PNode | None):
     """The buffer holding output n and the shape to return it in (a copy only when no buffer can be it)."""

@@ -179,11 +179,12 @@ class Program:
           if rc < 0: raise RuntimeError(f"pygrad VM: run failed with error {rc}")
     finally:
       if mine: self._lock.release()
-    res = [tuple(self._value(x, outs) for x in o) if type(o) is tuple else self._value(o, outs) for o in self._shaped]
+    res = [self._value(o, outs) for o in self._shaped]
     return res[0] if self._single else res
 
-  @staticmethod
-  def _value(b, outs):
+  @classmethod
+  def _value(cls, b, outs):
+    if type(b) is tuple: return tuple(cls._value(x, outs) for x in b)
     return None if b is None else outs[b.buf.index].reshape(b.shape)
 
   def _call(self, st: CallStep, mem: list) -> None:
