@@ -188,7 +188,7 @@ static void read_loop(rd *r, pg_vm *vm, vm_kernel *k) {
   if (r->err) return;
   k->regs = (vm_regdef *)calloc((size_t)k->nregs, sizeof *k->regs);
   if (!k->regs) { rd_fail(r, "out of memory"); return; }
-  ws = 64 + (int64_t)k->nregs * (int64_t)sizeof(char *);
+  ws = 128 + 2 * (int64_t)k->nregs * (int64_t)sizeof(char *);  /* ptr[] and scratch[], then 64-aligned tiles */
   for (i = 0; i < k->nregs && !r->err; i++) {
     k->regs[i].ct = (int32_t)rd_get(r, 0, VT_N - 1, "register type out of range");
     k->regs[i].scalar = (int32_t)rd_get(r, 0, 1, "register scalar flag");

@@ -288,3 +288,11 @@ def test_nested_tuple_outputs_and_noop():
   r = program.evaluate_c([t, t.gettuple(1), UOp.sink(x, t), UOp(Ops.NOOP)], {x: np.array([1.0, 2.0], np.float32)})
   assert type(r[0]) is tuple and len(r[0]) == 2 and type(r[2][1]) is tuple and r[3] is None
   np.testing.assert_array_equal(r[2][1][1], [2.0, 4.0])
+
+
+def test_many_scalar_registers():
+  """A (1, 1) graph runs every register as a scalar: the register file must hold them all (an ASan find)."""
+  x, y = UOp.placeholder((1, 1), F32, "x"), UOp.placeholder((1, 1), F32, "y")
+  h = x
+  for i in range(40): h = (h * y + float(i)).sin() + h.sum(1, keepdim=True) * 0.5
+  both([h, (h * x).sum()], {x: rnd(1, 1), y: rnd(1, 1, seed=1)}, rtol=1e-4)
