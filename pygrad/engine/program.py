@@ -59,7 +59,12 @@ def _place(kernels: list, bufs: list[Buf]) -> int:
 
 class Program:
   """A graph planned for the C interpreter. Call it with one array per input (in `inputs` order); it returns one
-  array per output (a list, or the array itself for a single output)."""
+  array per output (a list, or the array itself for a single output; tuples for TUPLE/SINK/FUNCTION outputs).
+
+  `stats`: "kernels" (VM kernels: loops and contractions), "fused_groups" (kernels computing at least one ALU op
+  or a contraction), "peak_bytes" (the arena of internal buffers at its high-water mark: every temporary the
+  program holds; inputs and outputs excluded), "contractions" (matmuls run blocked), "segments" (C calls per run:
+  one plus one per CALL)."""
 
   def __init__(self, outputs: list[UOp], inputs: list[UOp]):
     for u in inputs:
