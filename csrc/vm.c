@@ -146,6 +146,10 @@ static void check_ins(rd *r, vm_kernel *k, vm_ins *in) {
     if (in->c < 0 || in->c >= VT_N || vm_esize(in->c) != vm_esize(lt)) { rd_fail(r, "BITCAST sizes"); return; }
     if (R[in->dst].ct != ct || R[in->a].ct != vm_ct(in->c)) rd_fail(r, "BITCAST types");
     return;
+  case VM_ABS:
+    if (lt == VT_BOOL) { rd_fail(r, "ABS of bool"); return; }
+    if (R[in->dst].ct != ct || R[in->a].ct != ct) rd_fail(r, "ABS types differ");
+    return;
   case VM_TRUNC:
     if (!is_float(lt) && !is_int(lt)) { rd_fail(r, "TRUNC type"); return; }
     if (R[in->dst].ct != ct || R[in->a].ct != ct) rd_fail(r, "TRUNC types differ");

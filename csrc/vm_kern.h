@@ -265,6 +265,7 @@ VM_TGT static void VM_FN(round_lt)(int32_t lt, float *d, int64_t n) {
   case ID: BIN_LOOP(T, T, B < 0 ? 0 : B >= BITS ? (A < 0 ? -1 : 0) : A < 0 ? (T)~(~A >> B) : (T)(A >> B)); break;
 #define K_SHR_U(ID, T, UT, UW, BITS, MINV) case ID: BIN_LOOP(T, T, B >= BITS ? 0 : A >> B); break;
 #define K_CMP_I(ID, T, UT, UW, BITS, MINV) case ID: BIN_LOOP(T, uint8_t, A CMPOP B); break;
+#define K_ABS_S(ID, T, UT, UW, BITS, MINV) case ID: UN_LOOP(T, T, X < 0 ? (T)(UT)(0u - (UW)(UT)X) : X); break;
 
 #define K_FLOATS(EXPRF, EXPRD) \
   case VT_F16: case VT_BF16: case VT_F32: BIN_LOOP(float, float, EXPRF); break; \
@@ -393,6 +394,14 @@ VM_TGT static void VM_FN(unary)(const vm_ins *in, char *d, const char *a, int64_
     } else if (d != a) memmove(d, a, (size_t)(n * es));
     return;
   case VM_CAST: VM_FN(cast)(in, d, a, n); return;
+  case VM_ABS:  /* x * sign(x) exactly: zeros keep their sign, signed MIN wraps */
+    switch (in->lt) {
+    VM_SINTS(K_ABS_S)
+    case VT_F64: UN_LOOP(double, double, X != 0 ? fabs(X) : X); break;
+    case VT_F16: case VT_BF16: case VT_F32: UN_LOOP(float, float, X != 0 ? fabsf(X) : X); break;
+    default: if (d != a) memmove(d, a, (size_t)(n * vm_esize(in->lt))); break;
+    }
+    return;
   case VM_BITCAST: VM_FN(bitcast)(in, d, a, n); return;
   case VM_TRUNC:
     if (in->lt == VT_F64) UN_LOOP(double, double, fabs(X) < 4503599627370496.0 ? copysign((double)(int64_t)X, X) : X);

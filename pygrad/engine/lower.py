@@ -85,6 +85,31 @@ def _gemm(loop: Loop, shape, red, loads, store, kn):
   return w
 
 
+def _is_const(kn, i, v) -> bool:
+  k = kn[i]
+  return k[0] == "load" and k[1].kind == "const" and k[2].is_scalar() and float(k[1].data) == v
+
+
+def _abs_peephole(kn: list) -> list:
+  """x * sign(x), the form mathops' abs takes (x * where(x != 0, where(x < 0, -1, 1), 0)), as one ABS op with
+  exactly that product's results; the select chain is left to dead-code elimination."""
+  out = list(kn)
+  for i, k in enumerate(kn):
+    if k[0] != "alu" or k[1] is not Ops.MUL: continue
+    for x, s in (k[3], k[3][::-1]):
+      w = kn[s]
+      if w[0] != "alu" or w[1] is not Ops.WHERE or not _is_const(kn, w[3][2], 0): continue
+      ne, wi = kn[w[3][0]], kn[w[3][1]]
+      if not (ne[0] == "alu" and ne[1] is Ops.CMPNE and ne[3][0] == x and _is_const(kn, ne[3][1], 0)): continue
+      if not (wi[0] == "alu" and wi[1] is Ops.WHERE and _is_const(kn, wi[3][1], -1) and _is_const(kn, wi[3][2], 1)):
+        continue
+      lt = kn[wi[3][0]]
+      if not (lt[0] == "alu" and lt[1] is Ops.CMPLT and lt[3][0] == x and _is_const(kn, lt[3][1], 0)): continue
+      out[i] = ("alu", "ABS", k[2], (x,), k[2])
+      break
+  return out
+
+
 def lower_loop(loop: Loop) -> tuple[list[int], bool]:
   """(words, is_fused_group) of one kernel."""
   kn = loop.knodes
@@ -100,6 +125,10 @@ def lower_loop(loop: Loop) -> tuple[list[int], bool]:
     if g is not None: return g, True
   numel = math.prod(shape)
   T = max(1, min(TILE if loop.redop is None else TILE_REDUCE, numel))
+  kn = _abs_peephole(kn)
+  live = {i for i, _, _ in loop.stores}
+  for i in range(len(kn) - 1, -1, -1):  # dead-code elimination from the stores back
+    if i in live and kn[i][0] == "alu": live.update(kn[i][3])
   nalu = sum(1 for k in kn if k[0] == "alu")
   # registers
   regs: list[tuple[int, int]] = []
@@ -109,7 +138,7 @@ def lower_loop(loop: Loop) -> tuple[list[int], bool]:
   last: dict[int, int] = {}
   pinned = {i for i, _, _ in loop.stores}
   for i, k in enumerate(kn):
-    if k[0] == "alu":
+    if k[0] == "alu" and i in live:
       for s in k[3]: last[s] = i
 
   def alloc(ct: int, sc: bool) -> int:
@@ -121,7 +150,7 @@ def lower_loop(loop: Loop) -> tuple[list[int], bool]:
   load_words, ins_words = [], []
   nd = len(shape)
   for i, k in enumerate(kn):
-    if k[0] != "load": continue
+    if k[0] != "load" or i not in live: continue
     v = loads[i]
     sc = v.mask is None and all(st == 0 or s == 1 for st, s in zip(v.strides, shape))
     r = len(regs)
@@ -131,7 +160,7 @@ def lower_loop(loop: Loop) -> tuple[list[int], bool]:
     if v.mask is not None: load_words += [m[0] for m in v.mask] + [m[1] for m in v.mask]
   nins = 0
   for i, k in enumerate(kn):
-    if k[0] != "alu": continue
+    if k[0] != "alu" or i not in live: continue
     _, op, dt, srcs, sdt = k
     sc = all(scalar[s] for s in srcs)
     for s in srcs:  # operands dying here free their registers first: the result may reuse one in place
@@ -148,7 +177,7 @@ def lower_loop(loop: Loop) -> tuple[list[int], bool]:
     elif op is Ops.BITCAST: c = sdt.id
     else: c = -1
     lt = sdt.id if op in _CMP else dt.id
-    ins_words += [_OPC[op], lt, r, a, b, c]
+    ins_words += [OPCODES["ABS"] if op == "ABS" else _OPC[op], lt, r, a, b, c]
     nins += 1
   store_words = []
   top_vec = None
@@ -173,7 +202,7 @@ def lower_loop(loop: Loop) -> tuple[list[int], bool]:
   words = [VK_LOOP, nd, T, redop, loop.rdtype.id if loop.rdtype is not None else 0, post, redmask, *shape,
            len(regs)]
   for ct, sc in regs: words += [ct, sc]
-  words += [len(loads), *load_words, nins, *ins_words, len(stores), *store_words]
+  words += [sum(1 for i in loads if i in live), *load_words, nins, *ins_words, len(stores), *store_words]
   return words, nalu > 0
 
 
