@@ -12,7 +12,7 @@ from .vmlib import OPCODES
 
 VK_LOOP, VK_GEMM = 1, 2
 VR = {None: 0, Ops.ADD: 1, Ops.MAX: 2, Ops.MUL: 3}
-TILE, TILE_REDUCE = 4096, 2048  # elements per tile: registers of a fused group stay in L1/L2
+TILE, TILE_REDUCE = 4096, 8192  # elements per tile: registers of a fused group stay in L1/L2
 _CMP = (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ)
 _OPC = {op: OPCODES[op.name] for op in Ops if op.name in OPCODES}
 
