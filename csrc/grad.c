@@ -371,6 +371,13 @@ static int32_t acc_key(const pg_node *prev, const pg_node *v, const pg_node *k, 
   return 8;
 }
 
+/* stop the run for Python to make the template of key: it is handed over in out */
+static int need_template(pg_stop *out, const int32_t *key, int32_t nkey, int why) {
+  memcpy(out->key, key, (size_t)nkey * sizeof *key);
+  out->nkey = nkey;
+  return why;
+}
+
 /* advance past the node at pos */
 static void next_node(pg_grad *g) {
   g->stage = 0;
@@ -400,11 +407,7 @@ static int run_locked(pg_grad *g, pg_tcache *tc, pg_stop *out) {
         return PG_GRAD_PY_STEP;                               /* FUNCTION, GETTUPLE, metadata, ... */
       nkey = rule_key(st, n, ctx, key);
       t = tcache_find(tc, key, nkey);
-      if (!t) {
-        memcpy(out->key, key, (size_t)nkey * sizeof *key);
-        out->nkey = nkey;
-        return PG_GRAD_NEED_RULE;
-      }
+      if (!t) return need_template(out, key, nkey, PG_GRAD_NEED_RULE);
       if (t->prog[2] != n->nsrc) return PG_ERR_ARG;
       src = pg_node_src(n);
       inputs[0] = nid;
@@ -434,11 +437,7 @@ static int run_locked(pg_grad *g, pg_tcache *tc, pg_stop *out) {
         return PG_GRAD_PY_ACC;
       nkey = acc_key(pv, vv, kn, key);
       t = tcache_find(tc, key, nkey);
-      if (!t) {
-        memcpy(out->key, key, (size_t)nkey * sizeof *key);
-        out->nkey = nkey;
-        return PG_GRAD_NEED_ACC;
-      }
+      if (!t) return need_template(out, key, nkey, PG_GRAD_NEED_ACC);
       if (pv) inputs[ni++] = prev;
       inputs[ni++] = v;
       inputs[ni++] = k;
