@@ -323,8 +323,8 @@ def test_corrupted_programs_raise_and_never_crash():
   """The C side validates every word: any mutation of a valid program is accepted or refused with ValueError."""
   from pygrad.engine import vmlib
   x, y = UOp.placeholder((6, 5), dtypes.float32, "x"), UOp.placeholder((5, 9), dtypes.float32, "y")
-  p = program.compile_program([(x.pad(((1, 1), (0, 2))).flip(0) * 2.0).sum(1), x @ y, x.cast(dtypes.int8) >> 2],
-                              [x, y])
+  p = program.Program([(x.pad(((1, 1), (0, 2))).flip(0) * 2.0).sum(1), x @ y, x.cast(dtypes.int8) >> 2], [x, y],
+                      keep_words=True)
   words = p._words
   rng = np.random.default_rng(0)
   slots = [np.zeros(max(n, 1), np.uint8) for n in p._slot_sizes]
