@@ -258,7 +258,7 @@ pg_grad *pg_grad_new(pg_store *st, const int32_t *walk, int64_t nwalk, int32_t r
   if (!g) return NULL;
   g->st = st;
   g->walk = (int32_t *)malloc((size_t)(nwalk ? nwalk : 1) * sizeof *walk);
-  if (!g->walk || gmap_init(&g->map, 64) != 0) ok = 0;
+  if (!g->walk || gmap_init(&g->map, nwalk < (1 << 26) ? nwalk + 64 : 64) != 0) ok = 0;
   if (ok && nwalk) memcpy(g->walk, walk, (size_t)nwalk * sizeof *walk);
   memcpy(g->fast, fast, (size_t)nfast);
   g->nwalk = nwalk;
