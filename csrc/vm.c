@@ -477,17 +477,28 @@ static void red_identity(int32_t redop, int32_t ct, char *out) {
 /* every output element of a reduction (reduced dims at 0): set to the identity (post 0) or rounded (post 1, 2) */
 static void red_outputs(const vm_kernel *k, char *base, int post) {
   const vm_view *s = &k->stores[0];
-  int64_t shp[VM_MAXDIM], idx[VM_MAXDIM] = {0}, total = 1, t, es = vm_esize(s->stype);
+  int64_t shp[VM_MAXDIM], idx[VM_MAXDIM] = {0}, total = 1, t, es = vm_esize(s->stype), lo = s->off, hi = s->off;
   char ident[8];
-  int d;
-  for (d = 0; d < k->ndim; d++) { shp[d] = (k->redmask >> d & 1u) ? 1 : k->shape[d]; total *= shp[d]; }
+  int d, dense = 1;
+  for (d = 0; d < k->ndim; d++) {
+    shp[d] = (k->redmask >> d & 1u) ? 1 : k->shape[d];
+    total *= shp[d];
+  }
+  for (d = k->ndim - 1; d >= 0; d--) {  /* dense: the output dims are C-contiguous in the store view */
+    if (shp[d] == 1) continue;
+    if (s->st[d] != hi - lo + 1) dense = 0;
+    hi += s->st[d] * (shp[d] - 1);
+  }
+  dense = dense && hi - lo + 1 == total;  /* the outputs are one run of memory: fill it linearly */
   red_identity(k->redop, s->stype, ident);
   for (t = 0; t < total; t++) {
-    char *o = base + row_off(s, idx, k->ndim) * es;
-    if (!post) memcpy(o, ident, (size_t)es);
-    else if (post == 1) *(float *)o = vm_round_f16(*(float *)o);
+    char *o = base + (dense ? lo + t : row_off(s, idx, k->ndim)) * es;
+    if (!post) {
+      if (es == 4) memcpy(o, ident, 4);
+      else memcpy(o, ident, (size_t)es);
+    } else if (post == 1) *(float *)o = vm_round_f16(*(float *)o);
     else *(float *)o = vm_round_bf16(*(float *)o);
-    odo_next(idx, shp, k->ndim);
+    if (!dense) odo_next(idx, shp, k->ndim);
   }
 }
 
