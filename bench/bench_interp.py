@@ -9,7 +9,7 @@ for _v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXP
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-import argparse, platform, statistics, sys, time  # noqa: E402
+import argparse, platform, statistics, time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from pygrad import UOp, dtypes  # noqa: E402

@@ -206,4 +206,4 @@ def lower_loop(loop: Loop) -> tuple[list[int], bool]:
   return words, nalu > 0
 
 
-__all__ = ["lower_loop", "TILE"]
+__all__ = ["lower_loop", "TILE", "TILE_REDUCE"]

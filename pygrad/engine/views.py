@@ -37,9 +37,8 @@ class View:
     return self.mask is None and all(st == 0 or s == 1 for st, s in zip(self.strides, self.shape))
 
   def broadcast_to(self, shape) -> View:
-    """A ()-shaped view broadcast to shape (the implicit broadcast of ALU operands)."""
-    return View(shape, (0,) * len(shape), self.offset, None if self.mask is None else
-                (None if all(hi > lo for lo, hi in self.mask) else tuple((0, 0) for _ in shape)))
+    """A ()-shaped view (never masked: it has no dims) broadcast to shape, the implicit broadcast of ALU operands."""
+    return View(shape, (0,) * len(shape), self.offset)
 
   # ---- movement ----
   def permute(self, order) -> View:
