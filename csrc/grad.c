@@ -6,12 +6,10 @@
    GETTUPLE, metadata...), pg_grad_run returns and says why, and Python answers and calls it again. */
 #include <stdlib.h>
 #include <string.h>
-#include "store_impl.h"
+#include "prog.h"
 
 #define TPL_MAXSRC 3    /* fast ops have at most this many sources */
 #define KEY_MAX 16      /* longest key: 7 + 2 * TPL_MAXSRC + 2 */
-#define PROG_HDR 3      /* ninputs, ninstr, noutputs */
-#define INSTR_HDR 6     /* op, dtype, arg, tag, meta, nsrc */
 #define OP_NOOP 4
 #define OP_TUPLE 40
 
@@ -24,6 +22,7 @@ typedef struct tpl {
 } tpl;
 
 struct pg_tcache {
+  pg_store *st;  /* the store whose arg ids the programs hold */
   tpl **buckets;
   uint32_t mask, n;
 };
@@ -55,10 +54,13 @@ static uint32_t key_hash(const int32_t *key, int32_t n) {
   return h ^ (h >> 15);
 }
 
-/* an empty template cache */
-pg_tcache *pg_tcache_new(void) {
-  pg_tcache *tc = (pg_tcache *)calloc(1, sizeof *tc);
+/* an empty template cache for the nodes of st */
+pg_tcache *pg_tcache_new(pg_store *st) {
+  pg_tcache *tc;
+  if (!st) return NULL;
+  tc = (pg_tcache *)calloc(1, sizeof *tc);
   if (!tc) return NULL;
+  tc->st = st;
   tc->buckets = (tpl **)calloc(64, sizeof *tc->buckets);
   if (!tc->buckets) {
     free(tc);
@@ -68,19 +70,24 @@ pg_tcache *pg_tcache_new(void) {
   return tc;
 }
 
-/* free every template */
+/* free every template, releasing the arg ids their programs hold (the store must still exist) */
 void pg_tcache_delete(pg_tcache *tc) {
+  pg_store *st;
   uint32_t b;
   if (!tc) return;
+  st = tc->st;
+  pg_lock_take(&st->lock);
   for (b = 0; b <= tc->mask; b++) {
     tpl *t = tc->buckets[b];
     while (t) {
       tpl *nx = t->next;
+      pg_prog_hold_locked(st, t->prog, 0);
       free(t->prog);
       free(t);
       t = nx;
     }
   }
+  pg_lock_drop(&st->lock);
   free(tc->buckets);
   free(tc);
 }
@@ -113,49 +120,30 @@ static void tcache_grow(pg_tcache *tc) {
   tc->mask = nmask;
 }
 
-/* check a program once, so that instantiation trusts it: every reference points backwards, sizes add up */
-static int prog_valid(const int32_t *prog, int32_t nprog) {
-  int32_t nin, ninstr, nout, i, p, avail;
-  if (nprog < PROG_HDR) return 0;
-  nin = prog[0];
-  ninstr = prog[1];
-  nout = prog[2];
-  if (nin < 0 || ninstr < 0 || nout < 0 || nout > TPL_MAXSRC || nin > 64 || ninstr > (1 << 20)) return 0;
-  p = PROG_HDR;
-  avail = nin;
-  for (i = 0; i < ninstr; i++) {
-    int32_t ns, k;
-    if (p + INSTR_HDR > nprog) return 0;
-    ns = prog[p + 5];
-    if (ns < 0 || ns > 64 || p + INSTR_HDR + ns > nprog) return 0;
-    if (prog[p + 2] < 0 || prog[p + 3] < 0) return 0;  /* arg and tag ids */
-    for (k = 0; k < ns; k++)
-      if (prog[p + INSTR_HDR + k] < 0 || prog[p + INSTR_HDR + k] >= avail) return 0;
-    p += INSTR_HDR + ns;
-    avail++;
-  }
-  if (p + nout != nprog) return 0;
-  for (i = 0; i < nout; i++)
-    if (prog[p + i] < -1 || prog[p + i] >= avail) return 0;
-  return 1;
-}
-
 /* add the template of a key (a later add of the same key is ignored); takes the store lock, like every reader */
 int pg_tcache_add(pg_store *st, pg_tcache *tc, const int32_t *key, int32_t nkey, const int32_t *prog, int32_t nprog) {
   tpl *t;
   uint32_t h;
   int r = 0;
-  if (!st || !tc || !key || !prog || nkey <= 0 || nkey > KEY_MAX || !prog_valid(prog, nprog)) return PG_ERR_ARG;
+  if (!st || !tc || tc->st != st || !key || !prog || nkey <= 0 || nkey > KEY_MAX || !pg_prog_check(prog, nprog) ||
+      prog[2] > TPL_MAXSRC)
+    return PG_ERR_ARG;
   pg_lock_take(&st->lock);
   if (tcache_find(tc, key, nkey)) goto done;
   t = (tpl *)calloc(1, sizeof *t);
   if (!t || !(t->prog = (int32_t *)malloc((size_t)nprog * sizeof *prog))) {
+    if (t) free(t->prog);
     free(t);
     r = PG_ERR_NOMEM;
     goto done;
   }
   memcpy(t->key, key, (size_t)nkey * sizeof *key);
   memcpy(t->prog, prog, (size_t)nprog * sizeof *prog);
+  if ((r = pg_prog_hold_locked(st, t->prog, 1)) != 0) {  /* the program outlives the graph it came from */
+    free(t->prog);
+    free(t);
+    goto done;
+  }
   t->nkey = nkey;
   t->nprog = nprog;
   t->hash = h = key_hash(key, nkey);
@@ -305,36 +293,14 @@ void pg_grad_delete(pg_grad *g) {
 
 /* build a template's nodes over inputs; outs get one reference each (-1 where the rule gave none) */
 static int instantiate(pg_grad *g, const int32_t *prog, const int32_t *inputs, int32_t *outs) {
-  pg_store *st = g->st;
-  int32_t nin = prog[0], ninstr = prog[1], nout = prog[2], i, p = PROG_HDR, built = 0, r = 0;
-  int32_t srcbuf[64];
-  if (nin + ninstr > g->nvals) {
-    int32_t *v = (int32_t *)realloc(g->vals, (size_t)(nin + ninstr) * sizeof *v);
+  int32_t need = prog[0] + prog[1];
+  if (need > g->nvals) {
+    int32_t *v = (int32_t *)realloc(g->vals, (size_t)need * sizeof *v);
     if (!v) return PG_ERR_NOMEM;
     g->vals = v;
-    g->nvals = nin + ninstr;
+    g->nvals = need;
   }
-  memcpy(g->vals, inputs, (size_t)nin * sizeof *inputs);
-  for (i = 0; i < ninstr; i++, built++) {
-    int32_t ns = prog[p + 5], k, id;
-    for (k = 0; k < ns; k++) srcbuf[k] = g->vals[prog[p + INSTR_HDR + k]];
-    id = pg_store_make_locked(st, prog[p], prog[p + 1], srcbuf, ns, prog[p + 2], prog[p + 3], prog[p + 4]);
-    if (id < 0) {
-      r = id;
-      break;
-    }
-    g->vals[nin + i] = id;
-    p += INSTR_HDR + ns;
-  }
-  for (i = 0; r == 0 && i < nout; i++) {
-    int32_t ref = prog[p + i];
-    outs[i] = ref < 0 ? -1 : g->vals[ref];
-    if (ref >= 0 && (r = incref_locked(st, outs[i])) != 0)
-      while (i-- > 0)
-        if (outs[i] >= 0) pg_store_decref_locked(st, outs[i]);
-  }
-  for (i = 0; i < built; i++) pg_store_decref_locked(st, g->vals[nin + i]);  /* outputs keep what they need */
-  return r;
+  return pg_prog_inst_locked(g->st, prog, inputs, g->vals, outs);
 }
 
 /* the key of a node's rule: its op, dtype, arg, tag, meta, and dtype/meta of each source and of the gradient */
@@ -408,7 +374,7 @@ static int run_locked(pg_grad *g, pg_tcache *tc, pg_stop *out) {
       nkey = rule_key(st, n, ctx, key);
       t = tcache_find(tc, key, nkey);
       if (!t) return need_template(out, key, nkey, PG_GRAD_NEED_RULE);
-      if (t->prog[2] != n->nsrc) return PG_ERR_ARG;
+      if (t->prog[0] != n->nsrc + 2 || t->prog[2] != n->nsrc) return PG_ERR_ARG;
       src = pg_node_src(n);
       inputs[0] = nid;
       for (i = 0; i < n->nsrc; i++) inputs[1 + i] = src[i];
@@ -456,7 +422,7 @@ static int run_locked(pg_grad *g, pg_tcache *tc, pg_stop *out) {
 /* continue the run; see run_locked */
 int pg_grad_run(pg_grad *g, pg_tcache *tc, pg_stop *out) {
   int r;
-  if (!g || !tc || !out) return PG_ERR_ARG;
+  if (!g || !tc || tc->st != g->st || !out) return PG_ERR_ARG;
   pg_lock_take(&g->st->lock);
   r = run_locked(g, tc, out);
   pg_lock_drop(&g->st->lock);

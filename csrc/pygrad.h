@@ -42,6 +42,15 @@ int pg_walk_toposort(pg_store *st, const int32_t *roots, int32_t nroots, int32_t
 int pg_walk_deepwalk(pg_store *st, int32_t root, const int32_t *targets, int32_t ntargets, pg_ids **walk,
                      pg_ids **path);
 
+/* ---- prog.c: template programs (a graph recorded over numbered inputs; layout in csrc/prog.h) ---- */
+typedef struct pg_prog pg_prog;
+pg_prog *pg_prog_new(pg_store *st, const int32_t *prog, int32_t nprog);
+void pg_prog_delete(pg_prog *p);
+int pg_prog_run(pg_store *st, const pg_prog *p, const int32_t *inputs, int32_t ninputs, int32_t *outs,
+                int32_t nouts);
+int32_t pg_prog_run1(pg_store *st, const pg_prog *p, int32_t in0);
+int32_t pg_prog_run2(pg_store *st, const pg_prog *p, int32_t in0, int32_t in1);
+
 /* ---- grad.c: gradient derivation by cached rule templates ---- */
 #define PG_GRAD_DONE 0
 #define PG_GRAD_NEED_RULE 1
@@ -55,7 +64,7 @@ typedef struct pg_grad pg_grad;
    gradient so far (prev, or -1) and the new one (v); key is the missing template's key */
 typedef struct pg_stop { int64_t pos; int32_t node, ctx, k, prev, v, nkey; int32_t key[16]; } pg_stop;
 
-pg_tcache *pg_tcache_new(void);
+pg_tcache *pg_tcache_new(pg_store *st);
 void pg_tcache_delete(pg_tcache *tc);
 int pg_tcache_add(pg_store *st, pg_tcache *tc, const int32_t *key, int32_t nkey, const int32_t *prog, int32_t nprog);
 pg_grad *pg_grad_new(pg_store *st, const int32_t *walk, int64_t nwalk, int32_t root, int32_t root_grad,

@@ -177,6 +177,7 @@ int32_t pg_store_make_locked(pg_store *st, int32_t op, int32_t dtype, const int3
   }
   if (!arg_ok(st, arg) || !arg_ok(st, tag)) return PG_ERR_ARG;
   if ((arg && st->argrc[arg] < 0) || (tag && st->argrc[tag] < 0)) return PG_ERR_ARG_GONE;
+  if ((arg && st->argrc[arg] >= INT32_MAX - 1) || (tag && st->argrc[tag] >= INT32_MAX - 1)) return PG_ERR_NOMEM;
   if (nsrc > PG_INLINE_SRC) {
     ext = (int32_t *)malloc((size_t)nsrc * sizeof *ext);
     if (!ext) return PG_ERR_NOMEM;
@@ -370,6 +371,7 @@ int pg_store_set_pdata(pg_store *st, int32_t id, int32_t pdata) {
   if (!n) r = PG_ERR_BADID;
   else if (!arg_ok(st, pdata)) r = PG_ERR_ARG;
   else if (pdata && st->argrc[pdata] < 0) r = PG_ERR_ARG_GONE;  /* drained: the caller interns it again */
+  else if (pdata && st->argrc[pdata] == INT32_MAX) r = PG_ERR_NOMEM;
   else {
     int32_t old = n->pdata;
     if (pdata) st->argrc[pdata]++;
@@ -409,6 +411,22 @@ static int args_grow(pg_store *st, int32_t need) {
   memset(q + st->argcap, 0, (size_t)(cap - st->argcap));
   st->argcap = (int32_t)cap;
   return 0;
+}
+
+/* one more hold on a registered, not drained arg/tag id (0 needs none), with the lock held: for C structures
+   (template programs) that keep ids beyond the nodes that use them */
+int pg_store_arg_hold_locked(pg_store *st, int32_t aid) {
+  if (aid == 0) return 0;
+  if (!arg_ok(st, aid)) return PG_ERR_ARG;
+  if (st->argrc[aid] < 0) return PG_ERR_ARG_GONE;
+  if (st->argrc[aid] == INT32_MAX) return PG_ERR_NOMEM;
+  st->argrc[aid]++;
+  return 0;
+}
+
+/* drop a hold taken by pg_store_arg_hold_locked */
+void pg_store_arg_release_locked(pg_store *st, int32_t aid) {
+  if (aid > 0 && aid < st->argn && st->argrc[aid] > 0) count_release(st, aid);
 }
 
 /* make aid a counted id with count 0 (growing the table as needed) */

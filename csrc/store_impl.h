@@ -74,6 +74,9 @@ static PG_INLINE const int32_t *pg_node_src(const pg_node *n) {
 int32_t pg_store_make_locked(pg_store *st, int32_t op, int32_t dtype, const int32_t *src, int32_t nsrc, int32_t arg,
                              int32_t tag, int32_t meta);
 int pg_store_decref_locked(pg_store *st, int32_t id);
+/* hold an arg/tag id for a C structure (0 or an error code), and release it */
+int pg_store_arg_hold_locked(pg_store *st, int32_t aid);
+void pg_store_arg_release_locked(pg_store *st, int32_t aid);
 /* reserve k consecutive walk marks and return the first; resets every mark when the counter would wrap */
 uint32_t pg_store_epoch_locked(pg_store *st, uint32_t k);
 

@@ -12,6 +12,7 @@ from .core import CORE
 from .uop import UOp, handle
 from . import gradient as _g
 from . import uop as _uop
+from .templates import placeholder as _placeholder, program as _program
 
 if CORE.name != "c": raise ImportError("gradfast needs the C core")
 from ._core import ffi, lib  # noqa: E402
@@ -20,33 +21,13 @@ from ._core import ffi, lib  # noqa: E402
 FAST_OPS = frozenset(Ops) - {Ops.GETTUPLE, Ops.FUNCTION, Ops.CALL, Ops.TUPLE, Ops.AFTER, Ops.MULTI, Ops.SINK}
 _mask = ffi.new("uint8_t[]", [1 if o in FAST_OPS else 0 for o in Ops])
 _st = CORE._st
-_tc = ffi.gc(lib.pg_tcache_new(), lib.pg_tcache_delete)
-_keep: list = []  # each template's placeholder graphs: they keep the arg ids its program names alive
+_tc = ffi.gc(lib.pg_tcache_new(_st), lambda q, _keep_store=_st: lib.pg_tcache_delete(q))  # (it holds arg ids)
 
 
 def enabled() -> bool:
   """Templates are on unless PYGRAD_GRAD_TEMPLATES=0 (the direct path, for comparisons) or a metadata block is open
   (nodes made there get its metadata, which C instantiation would not attach)."""
   return os.environ.get("PYGRAD_GRAD_TEMPLATES", "1") != "0" and _uop._md_current is None
-
-
-def _placeholder(i: int, like: UOp) -> UOp:
-  return UOp(Ops.PARAM, like.dtype, (), (-1 - i, like.shape, like.device))
-
-
-def _program(inputs: list[UOp], outputs: list[UOp | None]) -> list[int]:
-  """The template program building `outputs` from `inputs` (see csrc/grad.c for the layout)."""
-  ref = {u._id: i for i, u in enumerate(inputs)}
-  roots = [o._id for o in outputs if o is not None and o._id not in ref]
-  body = CORE.toposort(roots, True, list(ref)) if roots else []
-  prog = [len(inputs), len(body), len(outputs)]
-  for nid in body:
-    op, dt, _, arg, tag, meta, _ = CORE.info(nid)
-    srcs = CORE.src(nid)
-    prog += [op, dt, arg, tag, meta, len(srcs), *(ref[s] for s in srcs)]
-    ref[nid] = len(ref)
-  prog += [-1 if o is None else ref[o._id] for o in outputs]
-  return prog
 
 
 def _add(key, prog) -> None:
@@ -68,7 +49,6 @@ def _rule_template(key, t0: UOp, ctx: UOp) -> None:
     raise
   inputs = [ret, *srcs, cph]
   _add(key, _program(inputs, list(lgrads)))
-  _keep.append((inputs, lgrads))
 
 
 def _acc_template(key, k: UOp, prev: UOp | None, v: UOp) -> None:
@@ -77,7 +57,6 @@ def _acc_template(key, k: UOp, prev: UOp | None, v: UOp) -> None:
   out = _g.accumulate(pp, vp, kp)
   inputs = ([pp] if pp is not None else []) + [vp, kp]
   _add(key, _program(inputs, [out]))
-  _keep.append((inputs, out))
 
 
 class GradMap(dict):

@@ -443,4 +443,7 @@ def _tables():
 _UNARY_OK, _BINARY_OUT = _tables()
 from . import mathops as _mathops  # noqa: E402
 _mathops._bind(UOp, alu1, alu2, const, movement)
+if CORE.name == "c":  # multi-node methods instantiate cached programs in one C call (pygrad/templates.py)
+  from . import templates as _templates  # noqa: E402
+  _templates.install(UOp)
 __all__ = ["UOp", "Walk", "CallInfo", "Metadata", "metadata", "handle", "rebuild", "alu1", "alu2", "const", "live_nodes", "core_name"]

@@ -1,0 +1,145 @@
+"""Template programs on the C core: a graph recorded once over placeholder inputs, then made again over real nodes
+by one C call (csrc/prog.c), hash-consing every node.
+
+Math-method templates. A method that builds several nodes (matmul: eight, relu: three, a broadcasting add: three)
+builds the same graph, node for node, for every call whose node operands have the same dtype, shape and device and
+whose other arguments are equal: the methods read nothing else of their operands (no method looks at an operand's
+op, value or identity). So on the second call with a signature, the method's body runs on placeholder PARAMs and its
+graph becomes a program; from then on a call with that signature is one C call plus the result's handle, where the
+body would make a handle for every intermediate node. The gradient templates (gradfast.py) use the same programs.
+
+Calls take the direct path inside a `metadata` block (every node made there gets the metadata), when
+PYGRAD_BUILD_TEMPLATES=0, for operands that are not nodes or Python scalars, and once LIMIT signatures are cached.
+"""
+from __future__ import annotations
+import functools, os
+from .ops import Ops
+from .core import CORE
+from .intern import argkey
+from . import uop as _uop
+from .uop import UOp, _wrap
+
+if CORE.name != "c": raise ImportError("templates need the C core")
+from ._core import ffi, lib  # noqa: E402
+
+_st = CORE._st
+LIMIT = 4096       # signatures with a program, at most: later new signatures take the direct path
+_SEEN = object()   # a signature met once: the second meeting records it
+_DIRECT = object()  # a signature whose body failed on placeholders: the direct path raises the real error
+_entries: dict = {}
+_state = {"on": os.environ.get("PYGRAD_BUILD_TEMPLATES", "1") != "0"}
+_run1, _run2 = functools.partial(lib.pg_prog_run1, _st), functools.partial(lib.pg_prog_run2, _st)
+
+
+def placeholder(i: int, like: UOp) -> UOp:
+  """The i-th input of a template: a PARAM with like's dtype, shape and device (its negative slot is no function's)."""
+  return UOp(Ops.PARAM, like.dtype, (), (-1 - i, like.shape, like.device))
+
+
+def program(inputs: list[UOp], outputs: list[UOp | None]) -> list[int]:
+  """The program words building `outputs` from `inputs` (layout in csrc/prog.h)."""
+  ref = {u._id: i for i, u in enumerate(inputs)}
+  roots = [o._id for o in outputs if o is not None and o._id not in ref]
+  body = CORE.toposort(roots, True, list(ref)) if roots else []
+  prog = [len(inputs), len(body), len(outputs)]
+  for nid in body:
+    op, dt, _, arg, tag, meta, _ = CORE.info(nid)
+    srcs = CORE.src(nid)
+    prog += [op, dt, arg, tag, meta, len(srcs), *(ref[s] for s in srcs)]
+    ref[nid] = len(ref)
+  prog += [-1 if o is None else ref[o._id] for o in outputs]
+  return prog
+
+
+def compile_program(inputs: list[UOp], outputs: list[UOp | None]):
+  """The checked C program (it holds the arg ids it names, so the recorded graph may die)."""
+  words = program(inputs, outputs)
+  p = lib.pg_prog_new(_st, ffi.new("int32_t[]", words), len(words))
+  if p == ffi.NULL: raise RuntimeError("pygrad: template program rejected by the C core")
+  return ffi.gc(p, lambda q, _keep_store=_st: lib.pg_prog_delete(q))  # the store must outlive its programs
+
+
+def set_enabled(on: bool) -> bool:
+  """Turn method templates on or off (tests compare both paths); returns the previous setting."""
+  prev, _state["on"] = _state["on"], bool(on)
+  return prev
+
+
+def clear() -> None:
+  """Forget every method template."""
+  _entries.clear()
+
+
+def _record(key, fn, self, args, kw, ins):
+  """Run fn's body on placeholders and cache its program under key; the entry, or _DIRECT."""
+  try:
+    phs = [placeholder(i, u) for i, u in enumerate(ins)]
+    it = iter(phs[1:])
+    out = fn(phs[0], *[next(it) if type(a) is UOp else a for a in args], **kw)
+    if type(out) is not UOp: raise TypeError("method result is not a node")
+  except Exception:
+    _entries[key] = _DIRECT
+    return _DIRECT
+  if out._id in [p._id for p in phs]:  # the body returned an operand as it is
+    e = (None, [p._id for p in phs].index(out._id))
+  else:
+    e = (compile_program(phs, [out]), out.op, out.dtype, out.arg, out.tag, out.shape, out.device, out._m)
+  _entries[key] = e
+  return e
+
+
+def templated(kind: str, fn):
+  """fn (a math method) through templates: see the module docstring."""
+  def method(self, *args, **kw):
+    if not _state["on"] or _uop._md_current is not None or self.dtype.kind == "v": return fn(self, *args, **kw)
+    key, ins = [kind, self.dtype.id, self._m], [self]
+    for a in args:
+      t = type(a)
+      if t is UOp:
+        if a.dtype.kind == "v": return fn(self, *args, **kw)
+        key += (a.dtype.id, a._m)
+        ins.append(a)
+      elif t is Ops or t is int or t is float or t is bool or t is str or a is None: key.append(argkey(a))
+      elif t is tuple:
+        try: key.append(argkey(a))
+        except TypeError: return fn(self, *args, **kw)
+        if any(type(x) is UOp for x in a): return fn(self, *args, **kw)
+      else: return fn(self, *args, **kw)
+    if kw:
+      for k, a in sorted(kw.items()):
+        if not (a is None or type(a) in (int, float, bool, str)): return fn(self, *args, **kw)
+        key += (k, argkey(a))
+    key = tuple(key)
+    e = _entries.get(key)
+    if e is None:
+      if len(_entries) < LIMIT: _entries[key] = _SEEN
+      return fn(self, *args, **kw)
+    if e is _SEEN: e = _record(key, fn, self, args, kw, ins)
+    if e is _DIRECT: return fn(self, *args, **kw)
+    p = e[0]
+    if p is None: return ins[e[1]]
+    n = len(ins)
+    if n == 1: nid = _run1(p, self._id)
+    elif n == 2: nid = _run2(p, self._id, ins[1]._id)
+    else:
+      out = ffi.new("int32_t[1]")
+      nid = lib.pg_prog_run(_st, p, ffi.new("int32_t[]", [u._id for u in ins]), n, out, 1)
+      if nid == 0: nid = out[0]
+    if nid < 0: return fn(self, *args, **kw)  # cannot happen for live operands; the direct path says what is wrong
+    return _wrap(nid, *e[1:])
+  method.__name__, method.__qualname__, method.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+  method.__wrapped__ = fn
+  return method
+
+
+# methods that build two or more nodes from node operands and plain arguments
+METHODS = ("_bin", "__sub__", "__rsub__", "__truediv__", "__rtruediv__", "neg", "minimum", "where", "cos", "exp",
+           "log", "floor", "sign", "abs", "relu", "sigmoid", "tanh", "broadcast_to", "_reduce", "min", "mean",
+           "softmax", "log_softmax", "matmul", "__matmul__", "__le__", "__ge__")
+
+
+def install(cls) -> None:
+  """Route cls's multi-node math methods through templates."""
+  for name in METHODS:
+    fn = getattr(cls, name)
+    setattr(cls, name, templated(name, getattr(fn, "__wrapped__", fn)))
