@@ -30,7 +30,7 @@ struct pg_tcache {
 /* node id -> gradient id, open addressing; both sides hold one reference */
 typedef struct gmap {
   int32_t *keys, *vals;
-  uint32_t mask, n;
+  uint32_t mask, bits, n;  /* bits: log2 of the width, mask + 1 */
 } gmap;
 
 struct pg_grad {
@@ -157,22 +157,29 @@ done:
 
 /* ---- the gradient map ---- */
 
-/* the slot of key in the map (its own, or the empty one where it would go) */
+/* the slot of key in the map (its own, or the empty one where it would go). The hash keeps an id's low bits and
+   scrambles only the bits above the map's width: ids of one walk are mostly close together, so they fill the
+   map without collisions and in memory order (a walk touches the map sequentially, not a cache line per id),
+   while ids a multiple of the width apart still spread. */
 static uint32_t gmap_slot(const gmap *m, int32_t key) {
-  uint32_t i = ((uint32_t)key * 2654435761u) & m->mask;
+  uint32_t k = (uint32_t)key, i = (k ^ ((k >> m->bits) * 2654435761u)) & m->mask;
   while (m->keys[i] != -1 && m->keys[i] != key) i = (i + 1) & m->mask;
   return i;
 }
 
 /* room for at least n entries at load <= 1/2 */
 static int gmap_init(gmap *m, int64_t n) {
-  uint32_t cap = 16;
-  while ((int64_t)cap < 2 * n + 2 && cap < (1u << 30)) cap *= 2;
+  uint32_t cap = 16, bits = 4;
+  while ((int64_t)cap < 2 * n + 2 && cap < (1u << 30)) {
+    cap *= 2;
+    bits++;
+  }
   m->keys = (int32_t *)malloc((size_t)cap * sizeof *m->keys);
   m->vals = (int32_t *)malloc((size_t)cap * sizeof *m->vals);
   if (!m->keys || !m->vals) return PG_ERR_NOMEM;
   memset(m->keys, 0xff, (size_t)cap * sizeof *m->keys);
   m->mask = cap - 1;
+  m->bits = bits;
   m->n = 0;
   return 0;
 }
