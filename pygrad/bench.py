@@ -277,6 +277,9 @@ def _env(fw: str) -> dict:
     env.get("PYGRAD_CORE", "python")
   if fw == "tinygrad": env["DEV"] = "CPU"
   if fw == "jax": env["JAX_PLATFORMS"] = "cpu"
+  # nothing measured here calls BLAS, but numpy's OpenBLAS threads spin for a while after import: on a 2-core
+  # machine they take a core from the measurement
+  env.setdefault("OPENBLAS_NUM_THREADS", "1")
   return env
 
 
@@ -438,7 +441,9 @@ def markdown(rows, tgts, command: str, notes: list[str], repeat: int) -> str:
          "inputs and the model graph (JAX: `make_jaxpr(f)`). `gradient`: `root.gradient(*targets)` (pygrad; "
          "tinygrad: `Tensor.gradient`, no realize; JAX: `make_jaxpr(jax.grad(f))`, which traces the forward "
          "again). Each process first derives the gradient of a tiny instance of the same workload (warm caches "
-         "in every framework). `bytes/node`: RSS growth over the build / nodes (shown from 5,000 nodes). "
+         "in every framework; pygrad records its method and rule templates there, `--cold` skips it). Workers "
+         "run with OPENBLAS_NUM_THREADS=1 (no BLAS is called; idle BLAS threads would take a core). "
+         "`bytes/node`: RSS growth over the build / nodes (shown from 5,000 nodes). "
          "`vs C`: time / pygrad C core's. The models are one code path for every framework (pygrad/bench.py): "
          "each framework's own relu, softmax and matmul (JAX: `jax.nn.relu`, `jax.nn.softmax`, `@`).", ""]
   out += [f"Note: {n}" for n in notes] + ([""] if notes else [])

@@ -71,11 +71,18 @@ def _bufs(dt, n, k, rng, kinds=("any",) * 3, strided=False):
 UNARY = [Ops.RECIPROCAL, Ops.SQRT, Ops.SIN, Ops.LOG2, Ops.EXP2, Ops.TRUNC]
 
 
-@pytest.mark.parametrize("n", SIZES)
-@pytest.mark.parametrize("dt", VALUE_DTYPES, ids=lambda d: d.name)
-@pytest.mark.parametrize("op", UNARY, ids=lambda o: o.name)
+def _unary_ok(op, dt) -> bool:
+  return dtypes.is_float(dt) or (op is Ops.TRUNC and dtypes.is_int(dt))
+
+
+def _cases(ops, ok, sizes):
+  """(op, dtype, n) for every op and dtype the op takes: the combinations it refuses are tested as errors."""
+  return [pytest.param(op, dt, n, id=f"{op.name}-{dt.name}-{n}")
+          for op in ops for dt in VALUE_DTYPES if ok(op, dt) for n in sizes]
+
+
+@pytest.mark.parametrize("op,dt,n", _cases(UNARY, _unary_ok, SIZES))
 def test_unary(op, dt, n):
-  if not dtypes.is_float(dt) and not (op is Ops.TRUNC and dtypes.is_int(dt)): pytest.skip("not defined for dtype")
   rng = np.random.default_rng(n)
   (x,), (v,) = _bufs(dt, n, 1, rng)
   check(UOp(op, None, (x,)), {x: v}, approx=op in APPROX)
@@ -93,11 +100,8 @@ def _binary_ok(op, dt) -> bool:
   return True
 
 
-@pytest.mark.parametrize("n", SIZES)
-@pytest.mark.parametrize("dt", VALUE_DTYPES, ids=lambda d: d.name)
-@pytest.mark.parametrize("op", BINARY, ids=lambda o: o.name)
+@pytest.mark.parametrize("op,dt,n", _cases(BINARY, _binary_ok, SIZES))
 def test_binary(op, dt, n):
-  if not _binary_ok(op, dt): pytest.skip("not defined for dtype")
   rng = np.random.default_rng(n + 7)
   kinds = ("any", "shift") if op in (Ops.SHL, Ops.SHR) else ("any", "small") if op is Ops.POW else ("any", "any")
   (x, y), (a, b) = _bufs(dt, n, 2, rng, kinds)
@@ -109,12 +113,21 @@ def test_binary(op, dt, n):
     check(UOp(op, None, (x2.flip(0), y2)), {x2: a2, y2: b2}, approx=op in APPROX and dtypes.is_float(dt))
 
 
-@pytest.mark.parametrize("n", (1, 1025))
-@pytest.mark.parametrize("dt", VALUE_DTYPES, ids=lambda d: d.name)
-@pytest.mark.parametrize("op", BINARY, ids=lambda o: o.name)
+REFUSED = [(op, dt) for op in UNARY for dt in VALUE_DTYPES if not _unary_ok(op, dt)] + \
+          [(op, dt) for op in BINARY for dt in VALUE_DTYPES if not _binary_ok(op, dt)]
+
+
+@pytest.mark.parametrize("op,dt", REFUSED, ids=[f"{o.name}-{d.name}" for o, d in REFUSED])
+def test_refused_dtypes_are_clear_errors(op, dt):
+  """The op/dtype pairs the matrices above leave out are refused when the node is made, naming op and dtype."""
+  x = UOp.placeholder((3,), dt, "x")
+  with pytest.raises(TypeError, match=rf"^{op.name}: .*:{dt.name}"):
+    UOp(op, None, (x,) if op in UNARY else (x, x))
+
+
+@pytest.mark.parametrize("op,dt,n", _cases(BINARY, _binary_ok, (1, 1025)))
 def test_binary_scalar_operand(op, dt, n):
   """A ()-shaped operand (a constant or a DEFINE_VAR) broadcast on either side: the VM's scalar registers."""
-  if not _binary_ok(op, dt): pytest.skip("not defined for dtype")
   rng = np.random.default_rng(3)
   (x,), (a,) = _bufs(dt, n, 1, rng)
   c = values(dt, 8, rng, "shift" if op in (Ops.SHL, Ops.SHR) else "small")[5].item()
@@ -217,18 +230,30 @@ MOVES = [
 ]
 
 
-@pytest.mark.parametrize("cols", (1, 255, 256, 257))
-@pytest.mark.parametrize("mi", range(len(MOVES)))
+def _move_ok(mi: int, cols: int) -> bool:
+  try: MOVES[mi](UOp.placeholder((4, cols), dtypes.float32))
+  except ValueError: return False
+  return True
+
+
+MOVE_CASES = [(mi, cols) for mi in range(len(MOVES)) for cols in (1, 255, 256, 257)]
+
+
+@pytest.mark.parametrize("mi,cols", [c for c in MOVE_CASES if _move_ok(*c)])
 def test_movement_views(mi, cols):
   rng = np.random.default_rng(mi)
   x, y = UOp.placeholder((4, cols), dtypes.float32, "x"), UOp.placeholder((4, cols), dtypes.float32, "y")
-  try:
-    out = MOVES[mi](x)
-  except ValueError:
-    pytest.skip("movement not valid for this shape")
+  out = MOVES[mi](x)
   a, b = _arr((4, cols), rng), _arr((4, cols), rng)
   check(out, {x: a})                              # a view of an input (a copy kernel)
   check(MOVES[mi](x * y + 1.0) * 2.0, {x: a, y: b})  # movement of an expression
+
+
+def test_movements_out_of_bounds_are_refused():
+  bad = [c for c in MOVE_CASES if not _move_ok(*c)]
+  assert bad == [(3, 1), (8, 1)]  # shrink (2, 7) of one column, and the padded shrink (0, 4) of three
+  with pytest.raises(ValueError, match=r"SHRINK: .*out of bounds"):
+    MOVES[3](UOp.placeholder((4, 1), dtypes.float32))
 
 
 def test_expand_of_expression_materializes_the_small_source():
