@@ -1,4 +1,4 @@
-/* vm_simd.c: the VM's tile kernels compiled once per instruction set -- portable (the compiler's baseline), AVX2+FMA
+/* vm_simd.c: the VM's tile kernels (vm_clone.h) compiled once per instruction set -- portable (the compiler's baseline), AVX2+FMA
    and AVX-512 -- and the run-time choice among them (__builtin_cpu_supports). Wheels never assume a wider ISA than
    the baseline; the clones are selected on the machine that runs them. */
 #if defined(__GNUC__) && !defined(__clang__)
@@ -27,31 +27,7 @@
 #define VM_SQRT_PS __builtin_ia32_sqrtps
 #define VM_SQRT_PD __builtin_ia32_sqrtpd
 #endif
-#include "vm_kern.h"
-#define GT float
-#define GFN(name) VM_FN(name##_f32)
-#define GV VM_FN(gv_f32)
-#if defined(__GNUC__)
-typedef float GV __attribute__((vector_size(VM_VBYTES)));
-#endif
-#include "vm_gemm.h"
-#undef GT
-#undef GFN
-#undef GV
-#define GT double
-#define GFN(name) VM_FN(name##_f64)
-#define GV VM_FN(gv_f64)
-#if defined(__GNUC__)
-typedef double GV __attribute__((vector_size(VM_VBYTES)));
-#endif
-#include "vm_gemm.h"
-#undef GT
-#undef GFN
-#undef GV
-#undef VM_FN
-#undef VM_TGT
-#undef VM_TGT_STREAM
-#undef VM_VBYTES
+#include "vm_clone.h"
 
 #if VM_X86
 /* ---- AVX2 + FMA ---- */
@@ -66,27 +42,7 @@ typedef double GV __attribute__((vector_size(VM_VBYTES)));
 #define VM_SQRT_PS __builtin_ia32_sqrtps256
 #define VM_SQRT_PD __builtin_ia32_sqrtpd256
 #define VM_HAVE_FMA 1
-#include "vm_kern.h"
-#define GT float
-#define GFN(name) VM_FN(name##_f32)
-#define GV VM_FN(gv_f32)
-typedef float GV __attribute__((vector_size(VM_VBYTES)));
-#include "vm_gemm.h"
-#undef GT
-#undef GFN
-#undef GV
-#define GT double
-#define GFN(name) VM_FN(name##_f64)
-#define GV VM_FN(gv_f64)
-typedef double GV __attribute__((vector_size(VM_VBYTES)));
-#include "vm_gemm.h"
-#undef GT
-#undef GFN
-#undef GV
-#undef VM_FN
-#undef VM_TGT
-#undef VM_TGT_STREAM
-#undef VM_VBYTES
+#include "vm_clone.h"
 
 /* ---- AVX-512 (F, DQ, BW, VL) ---- */
 #define VM_FN(name) vm_##name##_avx512
@@ -95,27 +51,7 @@ typedef double GV __attribute__((vector_size(VM_VBYTES)));
    16-byte aligned, and 64-byte loads would split cache lines */
 #define VM_TGT_STREAM __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,prefer-vector-width=256")))
 #define VM_VBYTES 64
-#include "vm_kern.h"
-#define GT float
-#define GFN(name) VM_FN(name##_f32)
-#define GV VM_FN(gv_f32)
-typedef float GV __attribute__((vector_size(VM_VBYTES)));
-#include "vm_gemm.h"
-#undef GT
-#undef GFN
-#undef GV
-#define GT double
-#define GFN(name) VM_FN(name##_f64)
-#define GV VM_FN(gv_f64)
-typedef double GV __attribute__((vector_size(VM_VBYTES)));
-#include "vm_gemm.h"
-#undef GT
-#undef GFN
-#undef GV
-#undef VM_FN
-#undef VM_TGT
-#undef VM_TGT_STREAM
-#undef VM_VBYTES
+#include "vm_clone.h"
 #endif
 
 /* per-ISA contraction entry: dispatch on the element type */
