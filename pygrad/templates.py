@@ -65,11 +65,6 @@ def set_enabled(on: bool) -> bool:
   return prev
 
 
-def clear() -> None:
-  """Forget every method template."""
-  _entries.clear()
-
-
 def _record(key, fn, self, args, kw, ins):
   """Run fn's body on placeholders and cache its program under key; the entry, or _DIRECT."""
   try:
@@ -80,8 +75,9 @@ def _record(key, fn, self, args, kw, ins):
   except Exception:
     _entries[key] = _DIRECT
     return _DIRECT
-  if out._id in [p._id for p in phs]:  # the body returned an operand as it is
-    e = (None, [p._id for p in phs].index(out._id))
+  ids = [p._id for p in phs]
+  if out._id in ids:  # the body returned an operand as it is
+    e = (None, ids.index(out._id))
   else:
     e = (compile_program(phs, [out]), out.op, out.dtype, out.arg, out.tag, out.shape, out.device, out._m)
   _entries[key] = e
@@ -101,9 +97,9 @@ def templated(kind: str, fn):
         ins.append(a)
       elif t is Ops or t is int or t is float or t is bool or t is str or a is None: key.append(argkey(a))
       elif t is tuple:
+        if any(type(x) is UOp for x in a): return fn(self, *args, **kw)
         try: key.append(argkey(a))
         except TypeError: return fn(self, *args, **kw)
-        if any(type(x) is UOp for x in a): return fn(self, *args, **kw)
       else: return fn(self, *args, **kw)
     if kw:
       for k, a in sorted(kw.items()):
