@@ -7,7 +7,7 @@
 
 struct pg_prog {
   pg_store *st;  /* the store whose arg ids it holds, and whose nodes it makes */
-  int32_t nin, ninstr, nout, nprog;
+  int32_t nin, ninstr, nout;  /* code[0..2], kept beside it for the argument checks */
   int32_t *code;
 };
 
@@ -114,7 +114,6 @@ pg_prog *pg_prog_new(pg_store *st, const int32_t *prog, int32_t nprog) {
   p->nin = prog[0];
   p->ninstr = prog[1];
   p->nout = prog[2];
-  p->nprog = nprog;
   p->st = st;
   pg_lock_take(&st->lock);
   r = pg_prog_hold_locked(st, p->code, 1);
@@ -142,7 +141,8 @@ int pg_prog_run(pg_store *st, const pg_prog *p, const int32_t *inputs, int32_t n
                 int32_t nouts) {
   int32_t stackvals[128], *vals = stackvals, i;
   int r = 0;
-  if (!st || !p || p->st != st || ninputs != p->nin || (ninputs && !inputs) || nouts < p->nout || (p->nout && !outs))
+  if (!st || !p || p->st != st || ninputs != p->nin || (ninputs && !inputs) || nouts < p->nout ||
+      (p->nout && !outs))
     return PG_ERR_ARG;
   if (p->nin + p->ninstr > 128) {
     vals = (int32_t *)malloc((size_t)(p->nin + p->ninstr) * sizeof *vals);
