@@ -67,10 +67,13 @@ pg_tcache *pg_tcache_new(pg_store *st) {
     return NULL;
   }
   tc->mask = 63;
+  pg_lock_take(&st->lock);
+  pg_store_retain_locked(st);
+  pg_lock_drop(&st->lock);
   return tc;
 }
 
-/* free every template, releasing the arg ids their programs hold (the store must still exist) */
+/* free every template, releasing the arg ids their programs hold, and the cache's use of the store */
 void pg_tcache_delete(pg_tcache *tc) {
   pg_store *st;
   uint32_t b;
@@ -88,6 +91,7 @@ void pg_tcache_delete(pg_tcache *tc) {
     }
   }
   pg_lock_drop(&st->lock);
+  pg_store_release(st);
   free(tc->buckets);
   free(tc);
 }
@@ -260,6 +264,7 @@ pg_grad *pg_grad_new(pg_store *st, const int32_t *walk, int64_t nwalk, int32_t r
   g->pos = nwalk - 1;
   g->check_pdata = check_pdata;
   pg_lock_take(&st->lock);
+  pg_store_retain_locked(st);  /* released by pg_grad_delete, on this function's failure too */
   for (i = 0; ok && i < nwalk; i++)
     if (!pg_node_live(st, walk[i])) ok = 0;
   if (ok && (!pg_node_live(st, root) || incref_locked(st, root_grad) != 0)) ok = 0;
@@ -275,7 +280,7 @@ pg_grad *pg_grad_new(pg_store *st, const int32_t *walk, int64_t nwalk, int32_t r
   return g;
 }
 
-/* release every reference the run holds */
+/* release every reference the run holds, and its use of the store */
 void pg_grad_delete(pg_grad *g) {
   uint32_t i;
   int32_t j;
@@ -291,6 +296,7 @@ void pg_grad_delete(pg_grad *g) {
       if (g->lg[j] >= 0) pg_store_decref_locked(g->st, g->lg[j]);
     pg_lock_drop(&g->st->lock);
   }
+  pg_store_release(g->st);
   free(g->map.keys);
   free(g->map.vals);
   free(g->walk);

@@ -117,6 +117,7 @@ pg_prog *pg_prog_new(pg_store *st, const int32_t *prog, int32_t nprog) {
   p->st = st;
   pg_lock_take(&st->lock);
   r = pg_prog_hold_locked(st, p->code, 1);
+  if (r == 0) pg_store_retain_locked(st);
   pg_lock_drop(&st->lock);
   if (r) {
     free(p->code);
@@ -126,12 +127,13 @@ pg_prog *pg_prog_new(pg_store *st, const int32_t *prog, int32_t nprog) {
   return p;
 }
 
-/* free a program, releasing its arg ids (its store must still exist) */
+/* free a program, releasing its arg ids and its use of the store */
 void pg_prog_delete(pg_prog *p) {
   if (!p) return;
   pg_lock_take(&p->st->lock);
   pg_prog_hold_locked(p->st, p->code, 0);
   pg_lock_drop(&p->st->lock);
+  pg_store_release(p->st);
   free(p->code);
   free(p);
 }

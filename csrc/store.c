@@ -96,15 +96,15 @@ pg_store *pg_store_new(void) {
     return NULL;
   }
   st->mask = INIT_SLOTS - 1;
+  st->users = 1;  /* the owner's */
   st->free_head = PG_NIL;
   st->epoch = 1;
   return st;
 }
 
-/* free the store and everything in it; no other thread may use it any more */
-void pg_store_delete(pg_store *st) {
+/* free the store and everything in it: its owner and every C structure that uses it are gone */
+static void store_free(pg_store *st) {
   uint32_t i;
-  if (!st) return;
   for (i = 0; i < st->nalloc; i++) {
     pg_node *n = pg_node_at(st, i);
     if (n->rc && n->nsrc > PG_INLINE_SRC) free(n->src.ext);
@@ -118,6 +118,22 @@ void pg_store_delete(pg_store *st) {
   free(st->scratch);
   pg_lock_destroy(&st->lock);
   free(st);
+}
+
+/* drop the owner's reference: the store is freed once no program, template cache or gradient run uses it either,
+   so the order in which a caller frees them cannot leave one of them on freed memory */
+void pg_store_delete(pg_store *st) {
+  if (st) pg_store_release(st);
+}
+
+void pg_store_retain_locked(pg_store *st) { st->users++; }
+
+void pg_store_release(pg_store *st) {
+  int64_t left;
+  pg_lock_take(&st->lock);
+  left = --st->users;
+  pg_lock_drop(&st->lock);
+  if (left == 0) store_free(st);
 }
 
 /* make sure the slot for a new id exists (a new page when nalloc crosses a page boundary) */

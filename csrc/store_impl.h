@@ -35,6 +35,7 @@ typedef char pg_node_is_56_bytes[sizeof(pg_node) == 56 ? 1 : -1];  /* the size t
 
 struct pg_store {
   pg_lock lock;
+  int64_t users;         /* the owner plus every program, template cache and gradient run made on the store */
   pg_node **pages;       /* pages[id >> PG_PAGE_BITS][id & (PG_PAGE_SIZE - 1)] */
   uint32_t npages, pagecap;
   uint32_t nalloc;       /* ids handed out so far: [0, nalloc) */
@@ -78,6 +79,9 @@ int pg_store_decref_locked(pg_store *st, int32_t id);
 /* hold an arg/tag id for a C structure (0 or an error code), and release it */
 int pg_store_arg_hold_locked(pg_store *st, int32_t aid);
 void pg_store_arg_release_locked(pg_store *st, int32_t aid);
+/* one more user of the store (with the lock held), and one less (without it): the last one frees the store */
+void pg_store_retain_locked(pg_store *st);
+void pg_store_release(pg_store *st);
 /* reserve k consecutive walk marks and return the first; resets every mark when the counter would wrap */
 uint32_t pg_store_epoch_locked(pg_store *st, uint32_t k);
 

@@ -21,7 +21,7 @@ from ._core import ffi, lib  # noqa: E402
 FAST_OPS = frozenset(Ops) - {Ops.GETTUPLE, Ops.FUNCTION, Ops.CALL, Ops.TUPLE, Ops.AFTER, Ops.MULTI, Ops.SINK}
 _mask = ffi.new("uint8_t[]", [1 if o in FAST_OPS else 0 for o in Ops])
 _st = CORE._st
-_tc = ffi.gc(lib.pg_tcache_new(_st), lambda q, _keep_store=_st: lib.pg_tcache_delete(q))  # (it holds arg ids)
+_tc = ffi.gc(lib.pg_tcache_new(_st), lib.pg_tcache_delete)  # (it holds arg ids, and keeps the store alive in C)
 
 
 def enabled() -> bool:
@@ -124,7 +124,7 @@ def compute_gradient_fast(root: UOp, root_grad: UOp, targets) -> GradMap:
   p = lib.pg_grad_new(_st, ffi.from_buffer("int32_t[]", wn), len(wn), root._id, root_grad._id, _mask, len(Ops),
                       1 if _uop._md_count else 0)
   if p == ffi.NULL: raise MemoryError("pygrad: cannot start a gradient run")
-  run = ffi.gc(p, lambda q, _keep_store=_st: lib.pg_grad_delete(q))  # the store must outlive the run
+  run = ffi.gc(p, lib.pg_grad_delete)  # (the run keeps the store alive in C)
   stop = ffi.new("pg_stop *")
   path: set[int] | None = None
 

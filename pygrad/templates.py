@@ -56,7 +56,7 @@ def compile_program(inputs: list[UOp], outputs: list[UOp | None]):
   words = program(inputs, outputs)
   p = lib.pg_prog_new(_st, ffi.new("int32_t[]", words), len(words))
   if p == ffi.NULL: raise RuntimeError("pygrad: template program rejected by the C core")
-  return ffi.gc(p, lambda q, _keep_store=_st: lib.pg_prog_delete(q))  # the store must outlive its programs
+  return ffi.gc(p, lib.pg_prog_delete)  # (a program keeps its store alive in C)
 
 
 def set_enabled(on: bool) -> bool:

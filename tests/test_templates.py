@@ -240,8 +240,31 @@ def test_c_tcache_belongs_to_its_store():
   from pygrad._core import ffi, lib
   from pygrad.core import CORE
   other = ffi.gc(lib.pg_store_new(), lib.pg_store_delete)
-  tc = ffi.gc(lib.pg_tcache_new(other), lib.pg_tcache_delete)
+  tc = ffi.gc(lib.pg_tcache_new(other), lib.pg_tcache_delete)  # locals die in order: the store's owner first
   key = ffi.new("int32_t[]", [0, 1])
   assert lib.pg_tcache_add(CORE._st, tc, key, 2, ffi.new("int32_t[]", [1, 0, 1, 0]), 4) < 0
   assert lib.pg_tcache_add(other, tc, key, 2, ffi.new("int32_t[]", [1, 0, 1, 0]), 4) == 0
   assert lib.pg_tcache_new(ffi.NULL) == ffi.NULL
+
+
+def test_c_store_lives_while_anything_made_on_it_does():
+  """A store freed by its owner before its programs, template caches and gradient runs stays until the last of them
+  is freed: each still takes its lock and releases its arg ids in live memory (CI runs this under ASan)."""
+  from pygrad._core import ffi, lib
+  st = lib.pg_store_new()
+  assert lib.pg_store_arg_register(st, 1) == 0
+  x = lib.pg_store_make0(st, int(Ops.CONST), dtypes.float32.id, 1, 0, 0)
+  words = [1, 1, 1, int(Ops.SIN), dtypes.float32.id, 1, 0, 0, 1, 0, 1]  # sin(input 0), naming arg id 1
+  prog = lib.pg_prog_new(st, ffi.new("int32_t[]", words), len(words))
+  tc = lib.pg_tcache_new(st)
+  assert x >= 0 and prog != ffi.NULL and tc != ffi.NULL
+  assert lib.pg_tcache_add(st, tc, ffi.new("int32_t[]", [0, 1]), 2, ffi.new("int32_t[]", words), len(words)) == 0
+  fast = ffi.new("uint8_t[64]")
+  run = lib.pg_grad_new(st, ffi.new("int32_t[]", [x]), 1, x, x, fast, 64, 0)
+  assert run != ffi.NULL
+  lib.pg_store_delete(st)  # the owner lets go first
+  y = lib.pg_prog_run1(st, prog, x)  # the store is still there for what uses it
+  assert y >= 0 and lib.pg_grad_count(run) == 1
+  lib.pg_grad_delete(run)
+  lib.pg_prog_delete(prog)
+  lib.pg_tcache_delete(tc)  # the last user: frees the store
