@@ -126,8 +126,10 @@ void pg_store_delete(pg_store *st) {
   if (st) pg_store_release(st);
 }
 
+/* one more user (a program, template cache or gradient run), counted under the lock its maker already holds */
 void pg_store_retain_locked(pg_store *st) { st->users++; }
 
+/* one user fewer; the last one out frees the store (nobody else can reach it then, so no lock is needed) */
 void pg_store_release(pg_store *st) {
   int64_t left;
   pg_lock_take(&st->lock);
