@@ -24,9 +24,8 @@ SIZE_NAME = {"W1": "depth", "W2": "blocks", "W3": "ops"}
 SIZES = {"full": {"W1": (400, 500, 2000, 8000), "W2": (8, 32, 128), "W3": (10_000, 100_000, 1_000_000)},
          "quick": {"W1": (20, 100), "W2": (1, 2), "W3": (2_000, 10_000)}}
 WARMUP = {"W1": 3, "W2": 1, "W3": 500}
-PEER_MAX = {"W3": 100_000}  # tinygrad and JAX take minutes per run above this; the report says so
 ONCE_AFTER_S = 60.0  # a measurement whose first run took longer is not repeated
-TIMEOUT_S = 1800.0
+TIMEOUT_S = 600.0  # per measurement; one that runs out still reports its build (see run_one)
 MIN_NODES_FOR_BYTES = 5000
 W2_SEQ, W2_DIM, W2_HEADS = 16, 32, 2
 
@@ -175,11 +174,12 @@ def _median_time(fn, budget_s: float = 1.0, most: int = 5) -> float:
   return statistics.median(ts)
 
 
-def measure(fw: str, wl: str, size: int, warmup: bool = True) -> dict:
-  """Build the workload in framework `fw`, then time its toposort and gradient derivation."""
+def measure(fw: str, wl: str, size: int, warmup: bool = True, built=lambda r: None) -> dict:
+  """Build the workload in framework `fw`, then time its toposort and gradient derivation; `built` gets the
+  figures known before the gradient (a gradient that never ends still leaves them)."""
   script = w3_script(size) if wl == "W3" else None
   model = MODELS[wl]
-  if fw == "jax": return _measure_jax(wl, size, script, model, warmup)
+  if fw == "jax": return _measure_jax(wl, size, script, model, warmup, built)
   if fw == "tinygrad":
     from tinygrad import Tensor
 
@@ -209,12 +209,14 @@ def measure(fw: str, wl: str, size: int, warmup: bool = True) -> dict:
   grown = _rss() - r0
   nodes = topo(root)
   t_topo = _median_time(lambda: topo(root))
+  r = {"nodes": nodes, "build_s": t_build, "topo_s": t_topo, "bytes_per_node": grown / nodes}
+  built(r)
   grads, t_grad = _timed(lambda: root.gradient(*targets))
   assert len(grads) == len(targets)
-  return {"nodes": nodes, "build_s": t_build, "topo_s": t_topo, "grad_s": t_grad, "bytes_per_node": grown / nodes}
+  return {**r, "grad_s": t_grad}
 
 
-def _measure_jax(wl, size, script, model, warmup):
+def _measure_jax(wl, size, script, model, warmup, built):
   import jax
   import jax.numpy as jnp
   F = jax_ops()
@@ -232,15 +234,16 @@ def _measure_jax(wl, size, script, model, warmup):
   jp, t_build = _timed(lambda: jax.make_jaxpr(f)(*args))
   gc.collect()
   grown = _rss() - r0
-  nodes = len(jp.eqns)
+  r = {"nodes": len(jp.eqns), "build_s": t_build, "topo_s": None, "bytes_per_node": grown / len(jp.eqns)}
+  built(r)
   jg, t_grad = _timed(lambda: jax.make_jaxpr(jax.grad(f, argnums=tuple(range(len(args)))))(*args))
-  return {"nodes": nodes, "build_s": t_build, "topo_s": None, "grad_s": t_grad, "bytes_per_node": grown / nodes,
-          "grad_nodes": len(jg.eqns)}
+  return {**r, "grad_s": t_grad, "grad_nodes": len(jg.eqns)}
 
 
 def worker_main(spec: str) -> None:
   s = json.loads(spec)
-  r = measure(s["fw"], s["wl"], s["size"], s.get("warmup", True))
+  r = measure(s["fw"], s["wl"], s["size"], s.get("warmup", True),
+              built=lambda b: print("BUILT " + json.dumps(b), flush=True))
   print("RESULT " + json.dumps(r), flush=True)
 
 
@@ -283,69 +286,80 @@ def _env(fw: str) -> dict:
   return env
 
 
-def run_one(fw: str, wl: str, size: int, warmup: bool = True) -> dict:
-  """One measurement in a fresh subprocess: the worker's result, or {"error": ...}."""
+def _last(out, tag: str) -> dict | None:
+  """The JSON of the worker's last `tag` line in its output, if any."""
+  if isinstance(out, bytes): out = out.decode(errors="replace")  # what a timeout leaves is not decoded
+  for line in reversed((out or "").splitlines()):
+    if line.startswith(tag + " "): return json.loads(line[len(tag) + 1:])
+  return None
+
+
+def run_one(fw: str, wl: str, size: int, warmup: bool = True, timeout_s: float = TIMEOUT_S) -> dict:
+  """One measurement in a fresh subprocess: the worker's result; where the gradient did not end within
+  timeout_s, its build figures with grad_s None and grad_timeout_s; else {"error": ...}."""
   spec = json.dumps({"fw": fw, "wl": wl, "size": size, "warmup": warmup})
   t = time.perf_counter()
   try:
     p = subprocess.run([sys.executable, "-m", "pygrad.bench", "--worker", spec], env=_env(fw), capture_output=True,
-                       text=True, timeout=TIMEOUT_S)
-  except subprocess.TimeoutExpired:
-    return {"error": f"timed out after {TIMEOUT_S:.0f} s", "wall_s": time.perf_counter() - t}
+                       text=True, timeout=timeout_s)
+  except subprocess.TimeoutExpired as e:
+    b = _last(e.stdout, "BUILT")
+    if b is None: return {"error": f"timed out after {timeout_s:.0f} s", "wall_s": time.perf_counter() - t}
+    return {**b, "grad_s": None, "grad_timeout_s": timeout_s, "wall_s": time.perf_counter() - t}
   wall = time.perf_counter() - t
-  for line in reversed(p.stdout.splitlines()):
-    if line.startswith("RESULT "): return {**json.loads(line[7:]), "wall_s": wall}
+  r = _last(p.stdout, "RESULT")
+  if r is not None: return {**r, "wall_s": wall}
   tail = (p.stderr.strip().splitlines() or [f"exit code {p.returncode}"])[-1]
   return {"error": tail[:300], "wall_s": wall}
 
 
-def plan(workloads, sizes, fws) -> list[tuple[str, int, list[str], list[str]]]:
-  """(workload, size, frameworks measured, frameworks skipped) in run order."""
-  out = []
-  for wl in workloads:
-    for size in sizes[wl]:
-      skip = [fw for fw in fws if fw in ("tinygrad", "jax") and size > PEER_MAX.get(wl, math.inf)]
-      out.append((wl, size, [fw for fw in fws if fw not in skip], skip))
-  return out
+def plan(workloads, sizes) -> list[tuple[str, int]]:
+  """(workload, size) in run order."""
+  return [(wl, size) for wl in workloads for size in sizes[wl]]
 
 
 def _fmt_s(x):
   return "–" if x is None else f"{x:.3g}"
 
 
-def run_suite(workloads, sizes, fws, repeat: int, log=print, warmup: bool = True) -> list[dict]:
+def _grad_cell(r) -> str:
+  """A row's gradient time, or `> limit` where the gradient did not end in time."""
+  if r.get("grad_s") is None and r.get("grad_timeout_s"): return f"> {r['grad_timeout_s']:.0f}"
+  return _fmt_s(r.get("grad_s"))
+
+
+def run_suite(workloads, sizes, fws, repeat: int, log=print, warmup: bool = True,
+              timeout_s: float = TIMEOUT_S) -> list[dict]:
   """Every measurement of the plan, `repeat` times alternating frameworks; one row of medians per entry."""
-  steps = plan(workloads, sizes, fws)
-  total = sum(len(m) for _, _, m, _ in steps) * repeat
+  steps = plan(workloads, sizes)
+  total = len(steps) * len(fws) * repeat
   done, rows, t0 = 0, [], time.perf_counter()
-  for wl, size, measured, skipped in steps:
-    runs: dict[str, list[dict]] = {fw: [] for fw in measured}
+  fws = list(fws)
+  for wl, size in steps:
+    runs: dict[str, list[dict]] = {fw: [] for fw in fws}
     for rep in range(repeat):
-      order = measured[rep % len(measured):] + measured[:rep % len(measured)] if measured else []
+      order = fws[rep % len(fws):] + fws[:rep % len(fws)] if fws else []
       for fw in order:
         done += 1
         first = runs[fw][0] if runs[fw] else None
         if first is not None and ("error" in first or first["wall_s"] > ONCE_AFTER_S): continue
         log(f"[{done}/{total} {time.perf_counter() - t0:6.0f}s] {wl} {SIZE_NAME[wl]}={size} {LABEL[fw]} "
             f"(run {rep + 1}/{repeat}) ...", end=" ", flush=True)
-        r = run_one(fw, wl, size, warmup)
+        r = run_one(fw, wl, size, warmup, timeout_s)
         runs[fw].append(r)
         log(f"ERROR {r['error']}" if "error" in r else
-            f"build {_fmt_s(r['build_s'])} s, gradient {_fmt_s(r['grad_s'])} s, {r['nodes']} nodes "
+            f"build {_fmt_s(r['build_s'])} s, gradient {_grad_cell(r)} s, {r['nodes']} nodes "
             f"({r['wall_s']:.1f} s wall)", flush=True)
-    for fw in measured:
+    for fw in fws:
       good = [r for r in runs[fw] if "error" not in r]
       row = {"workload": wl, "size": size, "fw": fw, "runs": len(good)}
       if not good:
         row["error"] = runs[fw][0]["error"] if runs[fw] else "not run"
       else:
-        for k in ("nodes", "build_s", "topo_s", "grad_s", "bytes_per_node", "grad_nodes"):
+        for k in ("nodes", "build_s", "topo_s", "grad_s", "grad_timeout_s", "bytes_per_node", "grad_nodes"):
           vals = [r[k] for r in good if r.get(k) is not None]
           row[k] = statistics.median(vals) if vals else None
       rows.append(row)
-    for fw in skipped:
-      rows.append({"workload": wl, "size": size, "fw": fw, "runs": 0,
-                   "error": f"skipped: above {PEER_MAX[wl]:,} {SIZE_NAME[wl]} for peers"})
   return rows
 
 
@@ -414,11 +428,13 @@ def table(rows) -> str:
     c = _get(rows, r["workload"], r["size"], "pygrad-c")
 
     def rel(key):
-      if c is None or r.get(key) is None or not c.get(key): return "–"
-      return f"{r[key] / c[key]:.1f}x"
+      if c is None or not c.get(key): return "–"
+      if key == "grad_s" and r.get("grad_s") is None and r.get("grad_timeout_s"):
+        return f"> {r['grad_timeout_s'] / c[key]:.0f}x"
+      return "–" if r.get(key) is None else f"{r[key] / c[key]:.1f}x"
     topo = "–" if r["topo_s"] is None else f"{r['topo_s'] * 1e3:.3g}"
     lines.append(f"| {r['workload']} | {size} | {LABEL[r['fw']]} | {r['nodes']:,} | {r['build_s']:.3g} | {topo} | "
-                 f"{r['grad_s']:.3g} | {_bytes(r)} | {rel('grad_s')} | {rel('build_s')} | {r['runs']} |")
+                 f"{_grad_cell(r)} | {_bytes(r)} | {rel('grad_s')} | {rel('build_s')} | {r['runs']} |")
   return "\n".join(lines)
 
 
@@ -432,10 +448,11 @@ def environment() -> str:
           f"{platform.system()} {platform.release()}; " + ", ".join(vs))
 
 
-def markdown(rows, tgts, command: str, notes: list[str], repeat: int) -> str:
+def markdown(rows, tgts, command: str, notes: list[str], repeat: int, timeout_s: float = TIMEOUT_S) -> str:
   out = ["# pygrad gradient benchmark", "", f"Command: `{command}`  ", f"Machine: {environment()}  ",
          f"Date: {time.strftime('%Y-%m-%d %H:%M')}; medians of {repeat} runs per cell, each in a fresh process "
-         "(a measurement whose first run took over 60 s runs once: see `runs`).", "",
+         f"(a measurement whose first run took over 60 s runs once: see `runs`; one may take {timeout_s:.0f} s, "
+         "and a gradient not done by then shows as `> limit`, with the build figures it had).", "",
          "Graph construction and gradient derivation only, nothing executed. `nodes`: the forward graph "
          "(pygrad/tinygrad: `len(root.toposort())`; JAX: equations of `make_jaxpr(f)`). `build`: making the "
          "inputs and the model graph (JAX: `make_jaxpr(f)`). `gradient`: `root.gradient(*targets)` (pygrad; "
@@ -469,10 +486,13 @@ def plot(rows, path: str) -> str | None:
       for r in rows:
         if r["workload"] != wl or r["fw"] != fw or "error" in r: continue
         c = _get(rows, wl, r["size"], "pygrad-c") or _get(rows, wl, r["size"], "pygrad-py")
-        pts.append(((c or r)["nodes"], r["grad_s"], r["build_s"]))
+        pts.append(((c or r)["nodes"], r["grad_s"], r["build_s"], r.get("grad_timeout_s")))
       if not pts: continue
-      pts.sort()
-      ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=colors[fw], label=f"{LABEL[fw]} gradient")
+      pts.sort(key=lambda p: p[0])
+      done = [p for p in pts if p[1] is not None]
+      ax.plot([p[0] for p in done], [p[1] for p in done], "o-", color=colors[fw], label=f"{LABEL[fw]} gradient")
+      late = [(p[0], p[3]) for p in pts if p[1] is None and p[3]]
+      if late: ax.plot(*zip(*late), "^", color=colors[fw], ms=9, label=f"{LABEL[fw]} gradient: not done by then")
       ax.plot([p[0] for p in pts], [p[2] for p in pts], "s--", color=colors[fw], alpha=0.55,
               label=f"{LABEL[fw]} build")
     ax.set_xscale("log")
@@ -498,6 +518,8 @@ def main(argv=None, command: str | None = None) -> int:
   ap.add_argument("--frameworks", default=",".join(FRAMEWORKS), help="comma separated: c, python, tinygrad, jax")
   ap.add_argument("--out", default=os.path.join("bench", "results"), help="folder for grad.md/.png/.json")
   ap.add_argument("--cold", action="store_true", help="no warm-up derivation: time each process's first one")
+  ap.add_argument("--timeout", type=float, default=TIMEOUT_S,
+                  help="seconds one measurement may take; a gradient not done by then is reported as '> limit'")
   ap.add_argument("--worker", help=argparse.SUPPRESS)
   a = ap.parse_args(argv)
   if a.worker:
@@ -521,13 +543,14 @@ def main(argv=None, command: str | None = None) -> int:
   print(f"measuring {', '.join(LABEL[f] for f in fws)} on {', '.join(wls)} "
         f"({'; '.join(f'{w} {SIZE_NAME[w]} ' + '/'.join(map(str, sizes[w])) for w in wls)}), {repeat} run(s) each",
         flush=True)
-  rows = run_suite(wls, sizes, fws, repeat, warmup=not a.cold)
+  if a.timeout <= 0: ap.error("--timeout must be > 0")
+  rows = run_suite(wls, sizes, fws, repeat, warmup=not a.cold, timeout_s=a.timeout)
   tgts = targets(rows)
   if command is None:
     command = " ".join(["python -m pygrad bench", *(argv if argv is not None else sys.argv[1:])])
   os.makedirs(a.out, exist_ok=True)
   if a.cold: notes.append("--cold: no warm-up; each gradient time is the first derivation in its process")
-  md = markdown(rows, tgts, command, notes, repeat)
+  md = markdown(rows, tgts, command, notes, repeat, a.timeout)
   with open(os.path.join(a.out, "grad.md"), "w") as f: f.write(md)
   with open(os.path.join(a.out, "grad.json"), "w") as f:
     json.dump({"command": command, "environment": environment(), "rows": rows, "targets": tgts}, f, indent=1)

@@ -1,0 +1,39 @@
+"""The benchmark driver's report (pygrad/bench.py): a measurement whose gradient does not end within the time
+limit still reports the build figures it had, and the table says `> limit` instead of dropping the row."""
+import json, subprocess
+import pygrad
+from pygrad import bench
+
+
+def _times_out(printed: bytes):
+  def run(cmd, timeout=None, **kw):
+    raise subprocess.TimeoutExpired(cmd, timeout, output=printed)  # a timeout leaves undecoded output
+  return run
+
+
+def test_a_gradient_out_of_time_keeps_its_build(monkeypatch):
+  built = {"nodes": 1000, "build_s": 2.0, "topo_s": 0.01, "bytes_per_node": 700.0}
+  monkeypatch.setattr(bench.subprocess, "run", _times_out(b"warming up\nBUILT " + json.dumps(built).encode() + b"\n"))
+  r = bench.run_one("tinygrad", "W3", 1000, timeout_s=5)
+  assert r["grad_s"] is None and r["grad_timeout_s"] == 5 and r["build_s"] == 2.0 and r["nodes"] == 1000
+  c = {"workload": "W3", "size": 1000, "fw": "pygrad-c", "runs": 1, "nodes": 1000, "build_s": 0.5, "topo_s": 0.001,
+       "grad_s": 0.1, "bytes_per_node": 70.0}
+  late = {"workload": "W3", "size": 1000, "fw": "tinygrad", "runs": 1, **r}
+  line = [x for x in bench.table([c, late]).splitlines() if "tinygrad" in x][0]
+  assert "| > 5 |" in line and "| > 50x |" in line and "| 4.0x |" in line  # gradient, gradient vs C, build vs C
+
+
+def test_a_timeout_before_the_build_is_an_error(monkeypatch):
+  monkeypatch.setattr(bench.subprocess, "run", _times_out(b"warming up\n"))
+  r = bench.run_one("jax", "W3", 1000, timeout_s=7)
+  assert r["error"] == "timed out after 7 s" and "grad_s" not in r
+
+
+def test_the_worker_reports_its_build_before_the_gradient(capsys):
+  fw = "pygrad-c" if pygrad.core_name() == "c" else "pygrad-py"
+  bench.worker_main(json.dumps({"fw": fw, "wl": "W1", "size": 3}))
+  lines = capsys.readouterr().out.splitlines()
+  tags = [ln.split(" ", 1)[0] for ln in lines]
+  assert tags == ["BUILT", "RESULT"]
+  b, r = (json.loads(ln.split(" ", 1)[1]) for ln in lines)
+  assert "grad_s" not in b and r["grad_s"] > 0 and r["build_s"] == b["build_s"] and r["nodes"] == b["nodes"]
