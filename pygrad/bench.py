@@ -481,6 +481,7 @@ def plot(rows, path: str) -> str | None:
   fig, axes = plt.subplots(1, len(wls), figsize=(5.2 * len(wls), 4.4), squeeze=False)
   colors = {"pygrad-c": "tab:blue", "pygrad-py": "tab:orange", "tinygrad": "tab:green", "jax": "tab:red"}
   for ax, wl in zip(axes[0], wls):
+    lates = []  # markers of gradients that ran out of time, at the limit: their own legend on that panel
     for fw in FRAMEWORKS:
       pts = []
       for r in rows:
@@ -492,7 +493,8 @@ def plot(rows, path: str) -> str | None:
       done = [p for p in pts if p[1] is not None]
       ax.plot([p[0] for p in done], [p[1] for p in done], "o-", color=colors[fw], label=f"{LABEL[fw]} gradient")
       late = [(p[0], p[3]) for p in pts if p[1] is None and p[3]]
-      if late: ax.plot(*zip(*late), "^", color=colors[fw], ms=9, label=f"{LABEL[fw]} gradient: not done by then")
+      if late:
+        lates += ax.plot(*zip(*late), "^", color=colors[fw], ms=9, label=f"{LABEL[fw]} gradient not done by then")
       ax.plot([p[0] for p in pts], [p[2] for p in pts], "s--", color=colors[fw], alpha=0.55,
               label=f"{LABEL[fw]} build")
     ax.set_xscale("log")
@@ -501,6 +503,7 @@ def plot(rows, path: str) -> str | None:
     ax.set_xlabel("forward graph nodes (pygrad)")
     ax.set_ylabel("seconds")
     ax.grid(True, which="both", alpha=0.3)
+    if lates and ax is not axes[0][0]: ax.legend(handles=lates, fontsize=7, loc="lower right")
   axes[0][0].legend(fontsize=7, loc="upper left")
   fig.tight_layout()
   fig.savefig(path, dpi=110)
