@@ -313,11 +313,6 @@ def run_one(fw: str, wl: str, size: int, warmup: bool = True, timeout_s: float =
   return {"error": tail[:300], "wall_s": wall}
 
 
-def plan(workloads, sizes) -> list[tuple[str, int]]:
-  """(workload, size) in run order."""
-  return [(wl, size) for wl in workloads for size in sizes[wl]]
-
-
 def _fmt_s(x):
   return "–" if x is None else f"{x:.3g}"
 
@@ -331,10 +326,10 @@ def _grad_cell(r) -> str:
 def run_suite(workloads, sizes, fws, repeat: int, log=print, warmup: bool = True,
               timeout_s: float = TIMEOUT_S) -> list[dict]:
   """Every measurement of the plan, `repeat` times alternating frameworks; one row of medians per entry."""
-  steps = plan(workloads, sizes)
+  steps = [(wl, size) for wl in workloads for size in sizes[wl]]
+  fws = list(fws)
   total = len(steps) * len(fws) * repeat
   done, rows, t0 = 0, [], time.perf_counter()
-  fws = list(fws)
   for wl, size in steps:
     runs: dict[str, list[dict]] = {fw: [] for fw in fws}
     for rep in range(repeat):
