@@ -317,10 +317,14 @@ def _fmt_s(x):
   return "–" if x is None else f"{x:.3g}"
 
 
+def _late(r) -> bool:
+  """Whether the row's gradient ran out of time (its build figures are still there)."""
+  return r.get("grad_s") is None and bool(r.get("grad_timeout_s"))
+
+
 def _grad_cell(r) -> str:
   """A row's gradient time, or `> limit` where the gradient did not end in time."""
-  if r.get("grad_s") is None and r.get("grad_timeout_s"): return f"> {r['grad_timeout_s']:.0f}"
-  return _fmt_s(r.get("grad_s"))
+  return f"> {r['grad_timeout_s']:.0f}" if _late(r) else _fmt_s(r.get("grad_s"))
 
 
 def run_suite(workloads, sizes, fws, repeat: int, log=print, warmup: bool = True,
@@ -424,7 +428,7 @@ def table(rows) -> str:
 
     def rel(key):
       if c is None or not c.get(key): return "–"
-      if key == "grad_s" and r.get("grad_s") is None and r.get("grad_timeout_s"):
+      if key == "grad_s" and _late(r):
         return f"> {r['grad_timeout_s'] / c[key]:.0f}x"
       return "–" if r.get(key) is None else f"{r[key] / c[key]:.1f}x"
     topo = "–" if r["topo_s"] is None else f"{r['topo_s'] * 1e3:.3g}"
@@ -532,6 +536,7 @@ def main(argv=None, command: str | None = None) -> int:
     ap.error(f"unknown framework {e}: choose from c, python, tinygrad, jax")
   repeat = a.repeat if a.repeat is not None else (1 if a.quick else 3)
   if repeat < 1: ap.error("--repeat must be >= 1")
+  if a.timeout <= 0: ap.error("--timeout must be > 0")
   sizes = SIZES["quick" if a.quick else "full"]
   fws, notes = available(fws)
   for n in notes: print(f"note: {n}", flush=True)
@@ -541,7 +546,6 @@ def main(argv=None, command: str | None = None) -> int:
   print(f"measuring {', '.join(LABEL[f] for f in fws)} on {', '.join(wls)} "
         f"({'; '.join(f'{w} {SIZE_NAME[w]} ' + '/'.join(map(str, sizes[w])) for w in wls)}), {repeat} run(s) each",
         flush=True)
-  if a.timeout <= 0: ap.error("--timeout must be > 0")
   rows = run_suite(wls, sizes, fws, repeat, warmup=not a.cold, timeout_s=a.timeout)
   tgts = targets(rows)
   if command is None:
