@@ -96,7 +96,10 @@ def test_both_cores_build_identical_gradient_graphs():
     pytest.fail("the C core is not built; this test compares the two cores")
   outs = {}
   for core in ("python", "c"):
-    env = {**os.environ, "PYGRAD_CORE": core}
+    # the subprocess imports the pygrad this process tests, not whatever its working folder holds
+    pkg_dir = os.path.dirname(os.path.dirname(os.path.abspath(pygrad.__file__)))
+    path = os.pathsep.join([pkg_dir] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
+    env = {**os.environ, "PYGRAD_CORE": core, "PYTHONPATH": path}
     r = subprocess.run([sys.executable, "-c", _canonical_script()], env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr
