@@ -89,19 +89,19 @@ print(json.dumps([pygrad.core_name(), canon(gx), canon(gw), canon(h)]))
 '''
 
 
-def test_both_cores_build_identical_gradient_graphs():
+def test_both_cores_build_identical_gradient_graphs(tmp_path):
   try:
     import pygrad._core  # noqa: F401
   except ImportError:
     pytest.fail("the C core is not built; this test compares the two cores")
   outs = {}
   for core in ("python", "c"):
-    # the subprocess imports the pygrad this process tests, not whatever its working folder holds
+    # the subprocess imports the pygrad this process tests (python -c puts its working folder first)
     pkg_dir = os.path.dirname(os.path.dirname(os.path.abspath(pygrad.__file__)))
     path = os.pathsep.join([pkg_dir] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
     env = {**os.environ, "PYGRAD_CORE": core, "PYTHONPATH": path}
-    r = subprocess.run([sys.executable, "-c", _canonical_script()], env=env, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run([sys.executable, "-c", _canonical_script()], env=env, cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     name, *graphs = json.loads(r.stdout)
     assert name == core
