@@ -10,8 +10,8 @@
 
 #define TPL_MAXSRC 3    /* fast ops have at most this many sources */
 #define KEY_MAX 16      /* longest key: 7 + 2 * TPL_MAXSRC + 2 */
-#define OP_NOOP 4
-#define OP_TUPLE 40
+#define OP_NOOP PG_OP_NOOP    /* tables.h */
+#define OP_TUPLE PG_OP_TUPLE
 
 typedef struct tpl {
   struct tpl *next;
@@ -363,6 +363,16 @@ static void next_node(pg_grad *g) {
   g->pos--;
 }
 
+/* a template's inputs in tables.h's order (PG_TPL_*_INPUTS), appended to inputs[ni++] */
+#define RULE_INPUT(part) RULE_INPUT_##part
+#define RULE_INPUT_NODE inputs[ni++] = nid;
+#define RULE_INPUT_SRCS for (i = 0; i < n->nsrc; i++) inputs[ni++] = src[i];
+#define RULE_INPUT_GRAD inputs[ni++] = gid;
+#define ACC_INPUT(part) ACC_INPUT_##part
+#define ACC_INPUT_PREV if (pv) inputs[ni++] = prev;
+#define ACC_INPUT_NEW inputs[ni++] = v;
+#define ACC_INPUT_NODE inputs[ni++] = k;
+
 /* run the reverse walk until done (0) or until Python is needed (PG_GRAD_* > 0, with `out` saying for what) */
 static int run_locked(pg_grad *g, pg_tcache *tc, pg_stop *out) {
   pg_store *st = g->st;
@@ -372,7 +382,7 @@ static int run_locked(pg_grad *g, pg_tcache *tc, pg_stop *out) {
     pg_node *n = pg_node_at(st, (uint32_t)nid);
     const int32_t *src;
     if (g->stage == 0) {
-      int32_t gid = gmap_get(&g->map, nid), inputs[TPL_MAXSRC + 2], i;
+      int32_t gid = gmap_get(&g->map, nid), inputs[TPL_MAXSRC + 2], i, ni = 0;
       const pg_node *ctx;
       const tpl *t;
       if (gid < 0) { g->pos--; continue; }                   /* no gradient reached it */
@@ -389,9 +399,7 @@ static int run_locked(pg_grad *g, pg_tcache *tc, pg_stop *out) {
       if (!t) return need_template(out, key, nkey, PG_GRAD_NEED_RULE);
       if (t->prog[0] != n->nsrc + 2 || t->prog[2] != n->nsrc) return PG_ERR_ARG;
       src = pg_node_src(n);
-      inputs[0] = nid;
-      for (i = 0; i < n->nsrc; i++) inputs[1 + i] = src[i];
-      inputs[1 + n->nsrc] = gid;
+      PG_TPL_RULE_INPUTS(RULE_INPUT)
       if ((r = instantiate(g, t->prog, inputs, g->lg)) != 0) return r;
       g->nlg = n->nsrc;
       g->stage = 1;
@@ -417,9 +425,7 @@ static int run_locked(pg_grad *g, pg_tcache *tc, pg_stop *out) {
       nkey = acc_key(pv, vv, kn, key);
       t = tcache_find(tc, key, nkey);
       if (!t) return need_template(out, key, nkey, PG_GRAD_NEED_ACC);
-      if (pv) inputs[ni++] = prev;
-      inputs[ni++] = v;
-      inputs[ni++] = k;
+      PG_TPL_ACC_INPUTS(ACC_INPUT)
       if (t->prog[0] != ni || t->prog[2] != 1) return PG_ERR_ARG;
       if ((r = instantiate(g, t->prog, inputs, &res)) != 0) return r;
       if (res < 0) return PG_ERR_ARG;

@@ -89,3 +89,14 @@ void pg_vm_free(pg_vm *vm);
 const char *pg_vm_opcode_name(int32_t op);
 int pg_vm_set_isa(int32_t isa);
 const char *pg_vm_isa_name(int32_t isa);
+
+/* ---- tables.c: the ids Python and C share (csrc/tables.h), for pygrad/ids.py: the name of entry i of a table
+   and its values (an id, and for dtypes the itemsize), or NULL past the end ---- */
+#define PG_TABLE_OPS 0
+#define PG_TABLE_DTYPES 1
+#define PG_TABLE_VM_KINDS 2
+#define PG_TABLE_VM_REDOPS 3
+#define PG_TABLE_CONSTS 4
+#define PG_TABLE_TPL_RULE_INPUTS 5
+#define PG_TABLE_TPL_ACC_INPUTS 6
+const char *pg_table_entry(int32_t table, int32_t i, int64_t *v0, int64_t *v1);

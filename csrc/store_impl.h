@@ -8,17 +8,13 @@
 #include <stdint.h>
 #include "pygrad.h"
 #include "lock.h"
+#include "tables.h"   /* PG_OP_* */
 
 #define PG_NIL UINT32_MAX       /* "no id" in chains and intrusive stacks */
 #define PG_INLINE_SRC 4         /* sources kept inside the node; more go to a side allocation */
 #define PG_PAGE_BITS 12         /* nodes live in pages of 4096: ids never move them */
 #define PG_PAGE_SIZE (1u << PG_PAGE_BITS)
 #define PG_MAX_NODES 0x7fffffffu /* ids are int32 */
-
-/* ops the walks treat specially (values of pygrad.ops.Ops) */
-#define PG_OP_DETACH 37
-#define PG_OP_FUNCTION 42
-#define PG_OP_CALL 43
 
 /* a hash table slot: the key's hash beside the id, so probes touch no node until the hashes agree */
 typedef struct pg_slot { uint32_t hash, id; } pg_slot;

@@ -5,20 +5,24 @@
 #include <stdint.h>
 #include <stddef.h>
 #include "opcodes.h"
+#include "tables.h"
 #include "vm_half.h"
 
 #define VM_MAXDIM 16
 #define VM_MAXTILE 65536
-#define VM_MAGIC 0x50475650  /* "PGVP" */
-#define VM_VERSION 1
+#define VM_MAGIC PG_VM_MAGIC
+#define VM_VERSION PG_VM_VERSION
 
-/* logical dtype ids: pygrad/dtype.py's DType.id */
-enum { VT_BOOL, VT_I8, VT_I16, VT_I32, VT_I64, VT_U8, VT_U16, VT_U32, VT_U64, VT_F16, VT_BF16, VT_F32, VT_F64, VT_N };
-
-/* kernel kinds of a program */
-enum { VK_LOOP = 1, VK_GEMM = 2 };
-/* reduce ops of a loop kernel */
-enum { VR_NONE, VR_ADD, VR_MAX, VR_MUL, VR_DOT };  /* VR_DOT: a sum of the last instruction's product */
+/* logical dtype ids (VT_*), kernel kinds of a program (VK_*) and reduce ops of a loop kernel (VR_*): tables.h */
+#define VM_VT_ENTRY(name, id, vt, size) VT_##vt = id,
+#define VM_VK_ENTRY(name, id) VK_##name = id,
+#define VM_VR_ENTRY(name, id) VR_##name = id,
+enum { PG_DTYPES(VM_VT_ENTRY) VT_N };
+enum { PG_VM_KINDS(VM_VK_ENTRY) VK_END };
+enum { PG_VM_REDOPS(VM_VR_ENTRY) VR_END };
+#undef VM_VT_ENTRY
+#undef VM_VK_ENTRY
+#undef VM_VR_ENTRY
 
 /* one instruction: dst = op(a, b, c) over a tile, in logical type lt (float16/bfloat16 computed in float32 and
    rounded). mode bits: 1 a is scalar, 2 b is scalar, 4 c is scalar, 8 dst is scalar. sct: compute type of a. */

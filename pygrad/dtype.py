@@ -1,4 +1,5 @@
-"""Scalar types. A DType's `id` is shared with the C core and the VM."""
+"""Scalar types. A DType's `id` and itemsize are shared with the C core and the VM: csrc/tables.h, checked at import
+by pygrad/ids.py."""
 from __future__ import annotations
 from dataclasses import dataclass
 import numpy as np

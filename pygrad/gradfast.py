@@ -16,6 +16,7 @@ from .templates import placeholder as _placeholder, program as _program
 
 if CORE.name != "c": raise ImportError("gradfast needs the C core")
 from ._core import ffi, lib  # noqa: E402
+from .ids import order  # noqa: E402
 
 # ops whose rule result depends only on the signature: everything but calls, tuples and multi-source ops
 FAST_OPS = frozenset(Ops) - {Ops.GETTUPLE, Ops.FUNCTION, Ops.CALL, Ops.TUPLE, Ops.AFTER, Ops.MULTI, Ops.SINK}
@@ -47,7 +48,8 @@ def _rule_template(key, t0: UOp, ctx: UOp) -> None:
   except RuntimeError:
     _g.check_rule_result(t0, _g.pm_gradient.rewrite(t0, ctx=ctx))  # the error names the real node
     raise
-  inputs = [ret, *srcs, cph]
+  parts = {"NODE": [ret], "SRCS": srcs, "GRAD": [cph]}
+  inputs = [u for p in order("tpl_rule_inputs") for u in parts[p]]  # grad.c's order
   _add(key, _program(inputs, list(lgrads)))
 
 
@@ -55,7 +57,8 @@ def _acc_template(key, k: UOp, prev: UOp | None, v: UOp) -> None:
   pp = _placeholder(0, prev) if prev is not None else None
   vp, kp = _placeholder(1, v), _placeholder(2, k)
   out = _g.accumulate(pp, vp, kp)
-  inputs = ([pp] if pp is not None else []) + [vp, kp]
+  parts = {"PREV": [pp] if pp is not None else [], "NEW": [vp], "NODE": [kp]}
+  inputs = [u for p in order("tpl_acc_inputs") for u in parts[p]]  # grad.c's order
   _add(key, _program(inputs, [out]))
 
 

@@ -1,4 +1,5 @@
-"""The op enum and op groups. The integer values are shared with the C core (csrc/pygrad.h)."""
+"""The op enum and op groups. The integer values are shared with the C core: csrc/tables.h, checked at import by
+pygrad/ids.py."""
 from __future__ import annotations
 import enum
 

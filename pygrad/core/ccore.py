@@ -6,6 +6,9 @@ from collections.abc import Sequence
 from typing import Iterator
 from .pycore import ArgGone
 from .._core import ffi, lib
+from ..ids import tables
+
+tables()  # the C table of op and dtype ids must match Ops and dtypes (ImportError if not)
 
 _ERRORS = {lib.PG_ERR_NOMEM: "out of memory", lib.PG_ERR_BADID: "not a live node id",
            lib.PG_ERR_ARG_GONE: "arg id gone", lib.PG_ERR_ARG: "bad argument (unregistered arg id or size)"}

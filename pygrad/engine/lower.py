@@ -9,9 +9,12 @@ from ..ops import Ops
 from ..dtype import dtypes
 from .planner import Loop, compute_dtype
 from .vmlib import OPCODES
+from ..ids import value
 
-VK_LOOP, VK_GEMM = 1, 2
-VR = {None: 0, Ops.ADD: 1, Ops.MAX: 2, Ops.MUL: 3}
+VK_LOOP, VK_GEMM = value("vm_kinds", "LOOP"), value("vm_kinds", "GEMM")
+VR = {None: value("vm_redops", "NONE"), Ops.ADD: value("vm_redops", "ADD"), Ops.MAX: value("vm_redops", "MAX"),
+      Ops.MUL: value("vm_redops", "MUL")}
+VR_DOT = value("vm_redops", "DOT")
 TILE, TILE_REDUCE = 4096, 8192  # elements per tile: registers of a fused group stay in L1/L2
 _CMP = (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ)
 _OPC = {op: OPCODES[op.name] for op in Ops if op.name in OPCODES}
@@ -198,7 +201,7 @@ def lower_loop(loop: Loop) -> tuple[list[int], bool]:
   top = kn[loop.stores[0][0]]
   if (loop.redop is Ops.ADD and loop.rdtype in (dtypes.float32, dtypes.float64) and top[0] == "alu" and
       top[1] is Ops.MUL and loop.stores[0][0] == len(kn) - 1 and not any(scalar[s] for s in top[3])):
-    redop = 4  # VR_DOT: a row's sum of products, without the product tile
+    redop = VR_DOT  # a row's sum of products, without the product tile
   words = [VK_LOOP, nd, T, redop, loop.rdtype.id if loop.rdtype is not None else 0, post, redmask, *shape,
            len(regs)]
   for ct, sc in regs: words += [ct, sc]

@@ -9,11 +9,12 @@ from ..uop import UOp
 from ..dtype import dtypes
 from . import vmlib
 from .vmlib import ffi, lib
+from ..ids import value
 from .flatten import flatten
 from .planner import Planner, Loop, CallStep, Buf, compute_dtype
 from .lower import lower_loop
 
-_MAGIC, _VERSION = 0x50475650, 1
+_MAGIC, _VERSION = value("consts", "VM_MAGIC"), value("consts", "VM_VERSION")
 _ALIGN = 64
 
 

@@ -1,6 +1,7 @@
 """The compiled interpreter (csrc/vm.c in pygrad._core): its cffi handles, the opcode map read from C's opcode table,
 and thin wrappers that raise on error codes. The VM needs only the compiled module, not the C node store."""
 from __future__ import annotations
+from ..ids import tables
 
 try:
   from .._core import ffi, lib
@@ -8,6 +9,7 @@ except ImportError as e:  # no compiled core at all
   raise ImportError(f"pygrad's compiled module is not built ({e}); install with `pip install -e .`") from e
 if not hasattr(lib, "pg_vm_prepare"):
   raise ImportError("pygrad._core was built without the interpreter (csrc/vm.c); rebuild it")
+tables()  # the C table of op and dtype ids must match Ops and dtypes (ImportError if not)
 
 
 def _opcodes() -> dict[str, int]:
