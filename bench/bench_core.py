@@ -89,6 +89,89 @@ def chain_worker(n: int) -> dict:
   return {"nodes": made, "bytes_per_node": grown / made, "chain_build_s": t_build}
 
 
+def _per_call(fn, items, reps: int = 5) -> float:
+  """Median seconds per item of `fn(item)` over fresh items each repetition (results kept alive meanwhile)."""
+  ts = []
+  for r in range(reps):
+    xs = items(r)
+    gc.collect()
+    gc.disable()
+    t = time.perf_counter()
+    out = [fn(x) for x in xs]
+    ts.append((time.perf_counter() - t) / len(xs))
+    gc.enable()
+    del out, xs
+  return statistics.median(ts)
+
+
+def calls_worker(n: int) -> dict:
+  """Per-call cost of single-node methods (each call makes a new node from fresh operands, results kept), and of
+  the stages one call goes through, each timed alone the way the method runs it: the empty loop, the core's make
+  (the cffi call and the store), a handle (object and fields) with its registration (one handle per live node),
+  arg interning, shape inference (the generic validity check) and a Python scalar made a constant."""
+  import pygrad
+  from pygrad import UOp, Ops, dtypes
+  from pygrad import uop as U
+  from pygrad.core import CORE
+  from pygrad.intern import ARGS
+  from pygrad.shapes import INFER
+  n = min(n, 100_000)
+  b = UOp.placeholder((4, 3), name="b")
+  c1 = UOp.placeholder((1, 3), name="c")
+
+  def fresh(shape):
+    return lambda r: [UOp.placeholder(shape) for _ in range(n)]
+  r: dict = {}
+  r["loop"] = _per_call(lambda x: x, fresh((4, 3)))
+  r["a + b"] = _per_call(lambda x: x + b, fresh((4, 3)))
+  r["a.sin()"] = _per_call(lambda x: x.sin(), fresh((4, 3)))
+  r["a * 2.0"] = _per_call(lambda x: x * 2.0, fresh((4, 3)))
+  r["a.reshape(s)"] = _per_call(lambda x: x.reshape((3, 4)), fresh((4, 3)))
+  r["a.permute(o)"] = _per_call(lambda x: x.permute((1, 0)), fresh((4, 3)))
+  r["a.expand(s)"] = _per_call(lambda x: x.expand((4, 3)), fresh((1, 3)))
+  # stages: the raw core make of an ADD over two live nodes (new node each time), freed afterwards
+  ops = [UOp.placeholder((4, 3)) for _ in range(n)]
+  meta, dt, make = b._m if hasattr(b, "_m") else 0, dtypes.float32.id, CORE.make
+  made: list = []
+  t = time.perf_counter()
+  for x in ops: made.append(make(Ops.ADD, dt, (x._id, b._id), 0, 0, meta))
+  r["stage: core make (cffi call + store)"] = (time.perf_counter() - t) / n
+  # a handle for a node Python has none of yet (object, fields, registry), via the same function walks use
+  t = time.perf_counter()
+  hs = [U.handle(i) for i in made]
+  r["stage: handle + registry (U.handle)"] = (time.perf_counter() - t) / n
+  for i in made: CORE.decref(i)
+  del hs, made, ops
+  shapes = [(i % 97 + 1, 3) for i in range(n)]
+  ARGS.get((1, 2))
+  r["stage: arg interning (hit)"] = _per_call(lambda s: ARGS.get((3, 4)), lambda _: shapes)
+  src2 = (b, b)
+  r["stage: shape inference (generic, ADD)"] = _per_call(lambda s: INFER[Ops.ADD](Ops.ADD, None, src2, None),
+                                                         lambda _: shapes)
+  r["stage: shape inference (generic, RESHAPE)"] = _per_call(
+    lambda s: INFER[Ops.RESHAPE](Ops.RESHAPE, None, (b,), (3, 4)), lambda _: shapes)
+  r["stage: Python scalar -> CONST node (hit)"] = _per_call(lambda s: b._operand(2.0), lambda _: shapes)
+  del c1
+  return {k: v * 1e9 for k, v in r.items()}
+
+
+CALL_TARGETS = {"a + b": 600, "a.sin()": 600, "a * 2.0": 800, "a.reshape(s)": 800, "a.permute(o)": 800,
+                "a.expand(s)": 800}
+
+
+def calls_table(runs, med) -> str:
+  """The per-call table: C core, pure core, their ratio, and the issue's targets for the methods."""
+  keys = list(runs[("c", "calls")][0])
+  rows = []
+  for k in keys:
+    c, p = med("c", "calls", k), med("python", "calls", k)
+    tgt = CALL_TARGETS.get(k)
+    rows.append((k, f"{c:.0f}", f"{p:.0f}", f"{p / c:.2f}x", f"<= {tgt} (C)" if tgt else "",
+                 ("PASS" if c <= tgt else "MISS") if tgt else ""))
+  head = "| call | C core (ns) | pure core (ns) | pure / C | target | verdict |\n|---|---|---|---|---|---|"
+  return head + "\n" + "\n".join("| " + " | ".join(r) + " |" for r in rows)
+
+
 def _pygrad_dir() -> str:
   """The folder holding the pygrad this interpreter would import (an installed one, PYTHONPATH's, else this tree's)."""
   import importlib.util
@@ -111,20 +194,22 @@ def main(argv=None) -> int:
   ap.add_argument("--nodes", type=int, default=1_000_000)
   ap.add_argument("--repeat", type=int, default=3)
   ap.add_argument("--out", default=os.path.join(HERE, "results"))
-  ap.add_argument("--worker", choices=("dag", "chain"), help=argparse.SUPPRESS)
+  ap.add_argument("--calls", action="store_true", help="only the per-call breakdown of single-node methods")
+  ap.add_argument("--worker", choices=("dag", "chain", "calls"), help=argparse.SUPPRESS)
   a = ap.parse_args(argv)
   if a.worker:
     import pygrad
     want = os.environ.get("PYGRAD_CORE")
     if want and pygrad.core_name() != want: raise SystemExit(f"asked for the {want} core, got {pygrad.core_name()}")
-    r = dag_worker(a.nodes) if a.worker == "dag" else chain_worker(a.nodes)
+    r = {"dag": dag_worker, "chain": chain_worker, "calls": calls_worker}[a.worker](a.nodes)
     print("RESULT " + json.dumps(r), flush=True)
     return 0
 
-  runs: dict[tuple[str, str], list[dict]] = {(c, k): [] for c in CORES for k in ("dag", "chain")}
+  kinds = ("calls",) if a.calls else ("calls", "dag", "chain")
+  runs: dict[tuple[str, str], list[dict]] = {(c, k): [] for c in CORES for k in kinds}
   t0 = time.perf_counter()
   for rep in range(a.repeat):
-    for kind in ("dag", "chain"):
+    for kind in kinds:
       for core in (CORES if rep % 2 == 0 else CORES[::-1]):
         print(f"[{time.perf_counter() - t0:5.0f}s] run {rep + 1}/{a.repeat}: {kind} of {a.nodes:,} nodes, "
               f"{core} core ...", end=" ", flush=True)
@@ -133,6 +218,11 @@ def main(argv=None) -> int:
         print(", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()), flush=True)
 
   def med(core, kind, key): return statistics.median(r[key] for r in runs[(core, kind)])
+  calls = calls_table(runs, med)
+  if a.calls:
+    print()
+    print(calls)
+    return 0
   m = {c: {"nodes": med(c, "dag", "nodes"), "build": med(c, "dag", "build_s") / med(c, "dag", "nodes"),
            "chain_build": med(c, "chain", "chain_build_s") / med(c, "chain", "nodes"),
            "topo": med(c, "dag", "topo_s"), "walk": med(c, "dag", "deepwalk_s"), "free": med(c, "dag", "free_s"),
@@ -170,7 +260,10 @@ def main(argv=None) -> int:
         f"Date: {time.strftime('%Y-%m-%d %H:%M')}; medians of {a.repeat} runs per core, alternating, each in a "
         f"fresh process.\n\nDAG: {a.nodes:,} steps of sin / add / exp2 / mul on a (4,) input, each binary op taking "
         f"one of the last 16 nodes as its second source. Chain: {a.nodes:,} alternating exp2/sin nodes, only the "
-        f"last one referenced from Python.\n\n{tab}\n")
+        f"last one referenced from Python.\n\n{tab}\n\n"
+        f"Single-node methods, ns per call (each call makes a new node from fresh operands; medians of "
+        f"{a.repeat} runs; `loop` is the empty loop, included in every figure), and the stages one call goes "
+        f"through, each timed alone:\n\n{calls}\n")
   os.makedirs(a.out, exist_ok=True)
   with open(os.path.join(a.out, "core.md"), "w") as f: f.write(md)
   print()

@@ -26,6 +26,8 @@ int32_t pg_store_make2(pg_store *st, int32_t op, int32_t dtype, int32_t s0, int3
                        int32_t meta);
 int32_t pg_store_make3(pg_store *st, int32_t op, int32_t dtype, int32_t s0, int32_t s1, int32_t s2, int32_t arg,
                        int32_t tag, int32_t meta);
+int32_t pg_store_make2k(pg_store *st, int32_t op, int32_t dtype, int32_t s, int32_t kdtype, int32_t karg,
+                        int32_t kmeta, int32_t reversed, int32_t meta);
 int pg_store_incref(pg_store *st, int32_t id);
 int pg_store_decref(pg_store *st, int32_t id);
 int pg_store_info(pg_store *st, int32_t id, pg_info *out);

@@ -288,6 +288,26 @@ int32_t pg_store_make3(pg_store *st, int32_t op, int32_t dtype, int32_t s0, int3
   return pg_store_make(st, op, dtype, s, 3, arg, tag, meta);
 }
 
+/* op over node s and a scalar CONST (kdtype, karg, kmeta) found or made in the same call: op(s, k), or op(k, s)
+   when reversed. This is `x * 2.0` of the math methods in one call: the constant needs no handle, and its temporary
+   reference is dropped before returning (the new node holds it), as the Python path's handle would drop it. */
+int32_t pg_store_make2k(pg_store *st, int32_t op, int32_t dtype, int32_t s, int32_t kdtype, int32_t karg,
+                        int32_t kmeta, int32_t reversed, int32_t meta) {
+  int32_t k, r, src[2];
+  pg_lock_take(&st->lock);
+  k = pg_store_make_locked(st, PG_OP_CONST, kdtype, NULL, 0, karg, 0, kmeta);
+  if (k < 0) {
+    pg_lock_drop(&st->lock);
+    return k;
+  }
+  src[0] = reversed ? k : s;
+  src[1] = reversed ? s : k;
+  r = pg_store_make_locked(st, op, dtype, src, 2, 0, 0, meta);
+  pg_store_decref_locked(st, k);  /* cannot fail: k is live */
+  pg_lock_drop(&st->lock);
+  return r;
+}
+
 /* one more reference on a live node */
 int pg_store_incref(pg_store *st, int32_t id) {
   pg_node *n;

@@ -28,7 +28,7 @@ _tc = ffi.gc(lib.pg_tcache_new(_st), lib.pg_tcache_delete)  # (it holds arg ids,
 def enabled() -> bool:
   """Templates are on unless PYGRAD_GRAD_TEMPLATES=0 (the direct path, for comparisons) or a metadata block is open
   (nodes made there get its metadata, which C instantiation would not attach)."""
-  return os.environ.get("PYGRAD_GRAD_TEMPLATES", "1") != "0" and _uop._md_current is None
+  return os.environ.get("PYGRAD_GRAD_TEMPLATES", "1") != "0" and _uop.current_metadata() is None
 
 
 def _add(key, prog) -> None:

@@ -45,6 +45,12 @@ class Interner:
     if aid is None: aid = self._new(k, x)
     return aid
 
+  def get_key(self, k, x) -> int:
+    """get(x) for x not None whose argkey(x) the caller has already computed as k."""
+    aid = self.ids.get(k)
+    if aid is None: aid = self._new(k, x)
+    return aid
+
   def _new(self, k, x) -> int:
     with self.lock:
       aid = self.ids.get(k)  # another thread may have made it meanwhile

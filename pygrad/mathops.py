@@ -2,17 +2,30 @@
 tanh, sigmoid, relu, abs, minimum, mean, softmax, matmul, ...) decompose into primitives. Methods broadcast their
 operands numpy-style (RESHAPE + EXPAND) and turn Python scalars into () constants of the other operand's dtype."""
 from __future__ import annotations
-import math
+import functools, math
 from .ops import Ops
 from .dtype import DType, dtypes, promote
 
-UOp = _alu1 = _alu2 = _const = _movement = None  # bound by uop.py once the class exists (they need each other)
+UOp = _alu1 = _alu2 = _alu2k = _const = _movement = _node = None  # bound by uop.py once the class exists
 _LN2, _INV_LN2 = math.log(2), 1 / math.log(2)
 
 
-def _bind(cls, alu1, alu2, const, movement) -> None:
-  global UOp, _alu1, _alu2, _const, _movement
-  UOp, _alu1, _alu2, _const, _movement = cls, alu1, alu2, const, movement
+def _bind(cls, alu1, alu2, alu2k, const, movement, node) -> None:
+  global UOp, _alu1, _alu2, _alu2k, _const, _movement, _node
+  UOp, _alu1, _alu2, _alu2k, _const, _movement, _node = cls, alu1, alu2, alu2k, const, movement, node
+
+
+def _index(what: str, v) -> int:
+  """v as an int (a Python or numpy integer), or TypeError naming what it was for: never a silent truncation."""
+  if type(v) is int: return v
+  if isinstance(v, bool) or not hasattr(v, "__index__"):
+    raise TypeError(f"{what}: expected an int, got {type(v).__name__} {v!r}")
+  return v.__index__()
+
+
+def _uop_arg(what: str, x):
+  if type(x) is not UOp: raise TypeError(f"{what}: expected a UOp, got {type(x).__name__} {x!r:.60}")
+  return x
 
 
 def _axes(ndim: int, axis) -> tuple[int, ...]:
@@ -37,6 +50,7 @@ def _bshape(a: tuple, b: tuple) -> tuple:
 
 class MathMixin:
   __slots__ = ()
+  __array_ufunc__ = None  # numpy operands defer to these methods (`array @ x` is then our TypeError, not numpy's)
 
   # ---- operand preparation ----
   def _operand(self, x, dtype: DType | None = None):
@@ -78,19 +92,24 @@ class MathMixin:
 
   def _bin(self, op: Ops, other, reverse: bool = False) -> UOp:
     a, b = self._pair(other, reverse)
-    return _alu2(op, a, b)
+    r = _alu2(op, a, b)
+    return _node(op, (a, b), None) if r is None else r  # the generic path raises the precise error
 
   # ---- arithmetic ----
+  # the common single-node cases (node operands of one dtype and compatible shapes, or a Python scalar of the
+  # node's kind) go straight to one core call; alu2/alu2k return None for anything else, which _bin handles
   def __add__(self, x):
-    if type(x) is UOp and x.dtype is self.dtype and (x.shape == self.shape or not x.shape or not self.shape):
-      return _alu2(Ops.ADD, self, x)
-    return self._bin(Ops.ADD, x)
-  def __radd__(self, x): return self._bin(Ops.ADD, x, True)
+    r = _alu2(Ops.ADD, self, x) if type(x) is UOp else _alu2k(Ops.ADD, self, x, 0)
+    return self._bin(Ops.ADD, x) if r is None else r
+  def __radd__(self, x):
+    r = _alu2k(Ops.ADD, self, x, 1)
+    return self._bin(Ops.ADD, x, True) if r is None else r
   def __mul__(self, x):
-    if type(x) is UOp and x.dtype is self.dtype and (x.shape == self.shape or not x.shape or not self.shape):
-      return _alu2(Ops.MUL, self, x)
-    return self._bin(Ops.MUL, x)
-  def __rmul__(self, x): return self._bin(Ops.MUL, x, True)
+    r = _alu2(Ops.MUL, self, x) if type(x) is UOp else _alu2k(Ops.MUL, self, x, 0)
+    return self._bin(Ops.MUL, x) if r is None else r
+  def __rmul__(self, x):
+    r = _alu2k(Ops.MUL, self, x, 1)
+    return self._bin(Ops.MUL, x, True) if r is None else r
   def __sub__(self, x):
     a, b = self._pair(x)
     return a + b.neg()
@@ -119,6 +138,9 @@ class MathMixin:
   def __mod__(self, x):
     a, b = self._pair(x)
     return UOp(Ops.MOD, None, (a, b)) if dtypes.is_int(a.dtype) else a - b * (a / b).floor()
+  def __rmod__(self, x):
+    a, b = self._pair(x, True)
+    return UOp(Ops.MOD, None, (a, b)) if dtypes.is_int(a.dtype) else a - b * (a / b).floor()
   def __pow__(self, x): return self._bin(Ops.POW, x)
   def __rpow__(self, x): return self._bin(Ops.POW, x, True)
   def pow(self, x) -> UOp: return self._bin(Ops.POW, x)
@@ -129,7 +151,9 @@ class MathMixin:
   def __xor__(self, x): return self._bin(Ops.XOR, x)
   def __rxor__(self, x): return self._bin(Ops.XOR, x, True)
   def __lshift__(self, x): return self._bin(Ops.SHL, x)
+  def __rlshift__(self, x): return self._bin(Ops.SHL, x, True)
   def __rshift__(self, x): return self._bin(Ops.SHR, x)
+  def __rrshift__(self, x): return self._bin(Ops.SHR, x, True)
   def __lt__(self, x): return self._bin(Ops.CMPLT, x)
   def __gt__(self, x): return self._bin(Ops.CMPLT, x, True)
   def __le__(self, x): return self._bin(Ops.CMPLT, x, True).ne(True)
@@ -154,10 +178,7 @@ class MathMixin:
       shape = _bshape(c.shape, shape)
     if c.shape not in ((), shape): c = c.broadcast_to(shape)
     if x.shape not in ((), shape): x, y = x.broadcast_to(shape), y.broadcast_to(shape)
-    devs = {d for d in (c.device, x.device, y.device) if d is not None}
-    if c.dtype is dtypes.bool and y.shape in ((), shape) and len(devs) <= 1 and x.dtype.kind != "v":
-      return _movement(Ops.WHERE, (c, x, y), None, shape, x.dtype, devs.pop() if devs else None)
-    return UOp(Ops.WHERE, None, (c, x, y))  # the generic path raises the precise error
+    return _node(Ops.WHERE, (c, x, y), None)
   def cast(self, dtype: DType) -> UOp: return self if self.dtype is dtype else UOp(Ops.CAST, dtype, (self,))
   def bitcast(self, dtype: DType) -> UOp: return UOp(Ops.BITCAST, dtype, (self,))
 
@@ -189,35 +210,35 @@ class MathMixin:
       if shape.count(-1) > 1 or known == 0 or self.numel % known:
         raise ValueError(f"RESHAPE: cannot infer -1 in {shape} from {self.shape}")
       shape = tuple(self.numel // known if s == -1 else s for s in shape)
-    if shape == self.shape: return self
-    if math.prod(shape) == self.numel and all(type(s) is int and s >= 0 for s in shape) and self.dtype.kind != "v":
-      return _movement(Ops.RESHAPE, self, shape, shape)
-    return UOp(Ops.RESHAPE, None, (self,), shape)  # the generic path raises the precise error
+    return self if shape == self.shape else _movement(Ops.RESHAPE, self, shape)
   def expand(self, *shape) -> UOp:
     shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
     shape = tuple(o if n == -1 else n for o, n in zip(self.shape, shape)) if len(shape) == len(self.shape) else shape
-    if shape == self.shape: return self
-    if len(shape) == len(self.shape) and all(type(n) is int and (o == n or o == 1) and n >= 0
-                                             for o, n in zip(self.shape, shape)) and self.dtype.kind != "v":
-      return _movement(Ops.EXPAND, self, shape, shape)
-    return UOp(Ops.EXPAND, None, (self,), shape)
+    return self if shape == self.shape else _movement(Ops.EXPAND, self, shape)
   def permute(self, *order) -> UOp:
     order = tuple(order[0]) if len(order) == 1 and isinstance(order[0], (tuple, list)) else tuple(order)
-    order = tuple(o % max(self.ndim, 1) for o in order)
-    if order == tuple(range(self.ndim)): return self
-    if sorted(order) == list(range(self.ndim)) and self.dtype.kind != "v":
-      return _movement(Ops.PERMUTE, self, order, tuple(self.shape[i] for i in order))
-    return UOp(Ops.PERMUTE, None, (self,), order)
+    n = len(self.shape)
+    order = tuple([o + n if -n <= o < 0 else o for o in map(functools.partial(_index, "permute"), order)])
+    return self if order == tuple(range(n)) else _movement(Ops.PERMUTE, self, order)
   def flip(self, *axes) -> UOp:
     axes = tuple(axes[0]) if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else tuple(axes)
     ax = set(_axes(self.ndim, axes))
     return UOp(Ops.FLIP, None, (self,), tuple(i in ax for i in range(self.ndim)))
   def pad(self, padding) -> UOp:
-    arg = tuple((0, 0) if p is None else (int(p[0]), int(p[1])) for p in padding)
-    return self if all(p == (0, 0) for p in arg) else UOp(Ops.PAD, None, (self,), arg)
+    """Pad each axis by (before, after) elements (None: no padding); one pair per axis."""
+    padding = tuple(padding)
+    if len(padding) != self.ndim:
+      raise ValueError(f"pad: {len(padding)} (before, after) pairs given for {self.ndim} dims {self.shape}")
+    arg = tuple((0, 0) if p is None else (_index("pad", p[0]), _index("pad", p[1])) for p in padding)
+    return self if all(p == (0, 0) for p in arg) else _movement(Ops.PAD, self, arg)
   def shrink(self, bounds) -> UOp:
-    arg = tuple((0, s) if b is None else (int(b[0]), int(b[1])) for b, s in zip(bounds, self.shape))
-    return self if all(b == (0, s) for b, s in zip(arg, self.shape)) else UOp(Ops.SHRINK, None, (self,), arg)
+    """Keep [start, end) of each axis (None: all of it); one pair per axis."""
+    bounds = tuple(bounds)
+    if len(bounds) != self.ndim:
+      raise ValueError(f"shrink: {len(bounds)} (start, end) bounds given for {self.ndim} dims {self.shape}")
+    arg = tuple((0, s) if b is None else (_index("shrink", b[0]), _index("shrink", b[1]))
+                for b, s in zip(bounds, self.shape))
+    return self if all(b == (0, s) for b, s in zip(arg, self.shape)) else _movement(Ops.SHRINK, self, arg)
   def transpose(self, dim0: int = 1, dim1: int = 0) -> UOp:
     order = list(range(self.ndim))
     order[dim0], order[dim1] = order[dim1], order[dim0]
@@ -228,13 +249,7 @@ class MathMixin:
   # ---- reductions ----
   def r(self, op: Ops, axes) -> UOp:
     """REDUCE_AXIS over `axes` (kept as size 1)."""
-    axes = tuple(axes)
-    n = len(self.shape)
-    if op in (Ops.ADD, Ops.MAX, Ops.MUL) and all(type(a) is int and 0 <= a < n for a in axes) and \
-       len(set(axes)) == len(axes) and self.dtype.kind != "v":
-      shape = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
-      return _movement(Ops.REDUCE_AXIS, self, (op, axes), shape)
-    return UOp(Ops.REDUCE_AXIS, None, (self,), (op, axes))
+    return _movement(Ops.REDUCE_AXIS, self, (op, tuple(axes)))
   def _reduce(self, op: Ops, axis, keepdim: bool) -> UOp:
     axes = _axes(self.ndim, axis)
     ret = self.r(op, axes) if axes else self
@@ -261,7 +276,7 @@ class MathMixin:
   # ---- matmul ----
   def matmul(self, w) -> UOp:
     """self @ w as reshape/expand/mul/sum over the contracted axis."""
-    x = self
+    x, w = self, _uop_arg("matmul", w)
     if x.ndim == 0 or w.ndim == 0: raise ValueError(f"matmul: operands must be at least 1-D, got {x.shape} @ {w.shape}")
     x1, w1 = x.ndim == 1, w.ndim == 1
     if x1: x = x.reshape((1, x.shape[0]))
@@ -277,7 +292,7 @@ class MathMixin:
     if w1: out = out.reshape(out.shape[:-1])
     return out
   def __matmul__(self, w): return self.matmul(w)
-  def __rmatmul__(self, x): return x.matmul(self)
+  def __rmatmul__(self, x): return _uop_arg("matmul", x).matmul(self)
 
   # ---- identities and devices ----
   def contiguous(self) -> UOp: return UOp(Ops.CONTIGUOUS, None, (self,))
@@ -292,7 +307,9 @@ class MathMixin:
     devices = tuple(devices)
     if not devices: raise ValueError("shard: needs at least one device")
     if axis is None: return UOp(Ops.MULTI, None, tuple(self.copy_to_device(d) for d in devices), None)
-    axis = axis % self.ndim
+    axis = _index("shard", axis)
+    if not -self.ndim <= axis < self.ndim: raise ValueError(f"shard: axis {axis} out of range for {self.ndim} dims")
+    axis %= self.ndim
     size = self.shape[axis]
     if size % len(devices): raise ValueError(f"shard: axis {axis} of size {size} does not split over {len(devices)} devices")
     step = size // len(devices)

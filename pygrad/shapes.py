@@ -64,6 +64,7 @@ def _leaf(op, dtype, src, arg):
     raise TypeError(f"{op.name}: arg must be (id, shape, device, ...), got {arg!r}")
   shape = _static_ints(op, arg[1], "shape")
   if any(d < 0 for d in shape): raise ValueError(f"{op.name}: negative dimension in shape {shape}")
+  _fits(op, src, shape)
   dev = arg[2]
   if not (type(dev) is str or (op is Ops.PARAM and (dev is None or (type(dev) is tuple and
                                                                     all(type(d) is str for d in dev))))):
@@ -120,49 +121,111 @@ def _where(op, dtype, src, arg):
   return _want_dtype(op, src, dtype, a.dtype), _broadcast(op, src), _device(op, src)
 
 
-def _reduce(op, dtype, src, arg):
-  _nsrc(op, src, 1)
+def reduce_shape(op, src, arg):
+  """REDUCE_AXIS's validity function (see the movement ones below): the reduced shape, or the error."""
   x = src[0]
   if type(arg) is not tuple or len(arg) != 2 or arg[0] not in (Ops.ADD, Ops.MAX, Ops.MUL):
     raise TypeError(f"REDUCE_AXIS: arg must be (Ops.ADD|Ops.MAX|Ops.MUL, axes), got {arg!r}")
   axes = _static_ints(op, arg[1], "axes")
   if any(not 0 <= a < len(x.shape) for a in axes) or len(set(axes)) != len(axes):
     _fail(op, src, f"axes {axes} out of range or repeated for {len(x.shape)} dims")
+  return tuple([1 if i in axes else s for i, s in enumerate(x.shape)])
+
+
+def _reduce(op, dtype, src, arg):
+  _nsrc(op, src, 1)
+  shape = reduce_shape(op, src, arg)
+  x = src[0]
   if x.dtype is VOID: _fail(op, src, "operand has no value", TypeError)
-  shape = tuple(1 if i in axes else s for i, s in enumerate(x.shape))
   return _want_dtype(op, src, dtype, x.dtype), shape, x.device
 
 
-def _movement(op, dtype, src, arg):
-  _nsrc(op, src, 1)
+INT64_MAX = 2 ** 63 - 1
+
+
+def _fits(op, src, shape) -> tuple:
+  """shape, if every size and the element count fit in int64 (the VM's and numpy's index type)."""
+  n = 1
+  for d in shape: n *= d
+  if n > INT64_MAX or (shape and max(shape) > INT64_MAX):
+    _fail(op, src, f"size {max(n, max(shape))} of shape {shape} does not fit in int64")
+  return shape
+
+
+def _ints(op, arg, what, n=None):
+  if type(arg) is not tuple or (n is not None and len(arg) != n):
+    raise TypeError(f"{op.name}: arg must be a tuple of {'' if n is None else f'{n} '}ints ({what}), got {arg!r}")
+  for a in arg:
+    if type(a) is not int: raise TypeError(f"{op.name}: arg must be a tuple of ints ({what}), got {arg!r}")
+  return arg
+
+
+def _pairs(op, arg, n):
+  if type(arg) is not tuple or len(arg) != n:
+    raise TypeError(f"{op.name}: arg must be a tuple of {n} (int, int) pairs, got {arg!r}")
+  for p in arg:
+    if not (type(p) is tuple and len(p) == 2 and type(p[0]) is int and type(p[1]) is int):
+      raise TypeError(f"{op.name}: arg must be a tuple of {n} (int, int) pairs, got {arg!r}")
+  return arg
+
+
+# One validity function per movement op: the node's shape, or the error. Inference (INFER) and the math methods'
+# fast paths both call these, so an error never depends on the path that met it.
+def _value_src(op, src):
+  if len(src) != 1: _nsrc(op, src, 1)
   x = src[0]
   if x.dtype is VOID: _fail(op, src, "operand has no value", TypeError)
-  shp, n = x.shape, len(x.shape)
-  if op is Ops.RESHAPE:
-    new = _static_ints(op, arg, "new shape")
-    if any(s < 0 for s in new) or math.prod(new) != math.prod(shp): _fail(op, src, f"cannot reshape to {new}")
-  elif op is Ops.EXPAND:
-    new = _static_ints(op, arg, "new shape")
-    if len(new) != n or any(o != s and o != 1 for o, s in zip(shp, new)) or any(s < 0 for s in new):
-      _fail(op, src, f"cannot expand to {new}: only size-1 axes grow, and the rank stays")
-  elif op is Ops.PERMUTE:
-    order = _static_ints(op, arg, "order")
-    if sorted(order) != list(range(n)): _fail(op, src, f"{order} is not a permutation of {n} axes")
-    new = tuple(shp[i] for i in order)
-  elif op is Ops.FLIP:
-    if type(arg) is not tuple or len(arg) != n or not all(type(a) is bool for a in arg):
-      raise TypeError(f"FLIP: arg must be a tuple of {n} bools, got {arg!r}")
-    new = shp
-  else:
-    if type(arg) is not tuple or len(arg) != n or not all(type(p) is tuple and len(p) == 2 and
-                                                          type(p[0]) is int and type(p[1]) is int for p in arg):
-      raise TypeError(f"{op.name}: arg must be a tuple of {n} (int, int) pairs, got {arg!r}")
-    if op is Ops.PAD:
-      if any(b < 0 or a < 0 for b, a in arg): _fail(op, src, f"negative padding {arg}")
-      new = tuple(s + b + a for s, (b, a) in zip(shp, arg))
-    else:
-      if any(not 0 <= b <= e <= s for s, (b, e) in zip(shp, arg)): _fail(op, src, f"shrink {arg} out of bounds")
-      new = tuple(e - b for b, e in arg)
+  return x
+
+
+def reshape_shape(op, src, arg):
+  new, shp = _ints(op, arg, "new shape"), src[0].shape
+  if (new and min(new) < 0) or math.prod(new) != math.prod(shp): _fail(op, src, f"cannot reshape to {new}")
+  return _fits(op, src, new)
+
+
+def expand_shape(op, src, arg):
+  new, shp = _ints(op, arg, "new shape"), src[0].shape
+  if len(new) != len(shp) or any(o != s and o != 1 for o, s in zip(shp, new)) or (new and min(new) < 0):
+    _fail(op, src, f"cannot expand to {new}: only size-1 axes grow, and the rank stays")
+  return _fits(op, src, new)
+
+
+def permute_shape(op, src, arg):
+  shp = src[0].shape
+  order = _ints(op, arg, "order")
+  if sorted(order) != list(range(len(shp))): _fail(op, src, f"{order} is not a permutation of {len(shp)} axes")
+  return tuple([shp[i] for i in order])
+
+
+def flip_shape(op, src, arg):
+  shp = src[0].shape
+  if type(arg) is not tuple or len(arg) != len(shp) or not all(type(a) is bool for a in arg):
+    raise TypeError(f"FLIP: arg must be a tuple of {len(shp)} bools, got {arg!r}")
+  return shp
+
+
+def pad_shape(op, src, arg):
+  shp = src[0].shape
+  _pairs(op, arg, len(shp))
+  if any(b < 0 or a < 0 for b, a in arg): _fail(op, src, f"negative padding {arg}")
+  return _fits(op, src, tuple([s + b + a for s, (b, a) in zip(shp, arg)]))
+
+
+def shrink_shape(op, src, arg):
+  shp = src[0].shape
+  _pairs(op, arg, len(shp))
+  if any(not 0 <= b <= e <= s for s, (b, e) in zip(shp, arg)): _fail(op, src, f"shrink {arg} out of bounds")
+  return tuple([e - b for b, e in arg])
+
+
+SHAPE = {Ops.RESHAPE: reshape_shape, Ops.EXPAND: expand_shape, Ops.PERMUTE: permute_shape, Ops.FLIP: flip_shape,
+         Ops.PAD: pad_shape, Ops.SHRINK: shrink_shape, Ops.REDUCE_AXIS: reduce_shape}
+
+
+def _movement(op, dtype, src, arg):
+  x = _value_src(op, src)
+  new = SHAPE[op](op, src, arg)
   return _want_dtype(op, src, dtype, x.dtype), new, x.device
 
 
@@ -191,7 +254,7 @@ def _multi(op, dtype, src, arg):
     if any(len(s.shape) != len(shp) or any(a != b for i, (a, b) in enumerate(zip(s.shape, shp)) if i != arg)
            for s in src):
       _fail(op, src, f"shards must agree on every axis but {arg}")
-    shape = tuple(sum(s.shape[arg] for s in src) if i == arg else d for i, d in enumerate(shp))
+    shape = _fits(op, src, tuple(sum(s.shape[arg] for s in src) if i == arg else d for i, d in enumerate(shp)))
   return _want_dtype(op, src, dtype, src[0].dtype), shape, tuple(s.device for s in src)
 
 

@@ -9,7 +9,8 @@ graph becomes a program; from then on a call with that signature is one C call p
 body would make a handle for every intermediate node. The gradient templates (gradfast.py) use the same programs.
 
 Calls take the direct path inside a `metadata` block (every node made there gets the metadata), when
-PYGRAD_BUILD_TEMPLATES=0, for operands that are not nodes or Python scalars, and once LIMIT signatures are cached.
+PYGRAD_BUILD_TEMPLATES=0, and for operands that are not nodes or Python scalars. At most LIMIT signatures are
+cached; a full cache evicts (see _evict), so one-shot signatures never keep later ones out.
 """
 from __future__ import annotations
 import functools, os
@@ -23,7 +24,7 @@ if CORE.name != "c": raise ImportError("templates need the C core")
 from ._core import ffi, lib  # noqa: E402
 
 _st = CORE._st
-LIMIT = 4096       # signatures with a program, at most: later new signatures take the direct path
+LIMIT = 4096       # signatures cached at most (met once or with a program); then the cache evicts
 _SEEN = object()   # a signature met once: the second meeting records it
 _DIRECT = object()  # a signature whose body failed on placeholders: the direct path raises the real error
 _entries: dict = {}
@@ -84,10 +85,21 @@ def _record(key, fn, self, args, kw, ins):
   return e
 
 
+def _evict() -> None:
+  """Make room in a full cache. Signatures met only once go first: a Python scalar's value is part of a signature,
+  so calls with many distinct constants fill the cache with them, and a cache that stopped taking signatures
+  would leave every later new shape on the slow path. If programs fill more than half of it, it starts over (their
+  signatures are recorded again on their next two calls)."""
+  for k in list(_entries):
+    if _entries.get(k) is _SEEN: _entries.pop(k, None)
+  if len(_entries) > LIMIT // 2: _entries.clear()
+
+
 def templated(kind: str, fn):
   """fn (a math method) through templates: see the module docstring."""
   def method(self, *args, **kw):
-    if not _state["on"] or _uop._md_current is not None or self.dtype.kind == "v": return fn(self, *args, **kw)
+    if not _state["on"] or (_uop._md_open and _uop._md_get() is not None) or self._dtype.kind == "v":
+      return fn(self, *args, **kw)
     key, ins = [kind, self.dtype.id, self._m], [self]
     for a in args:
       t = type(a)
@@ -108,7 +120,8 @@ def templated(kind: str, fn):
     key = tuple(key)
     e = _entries.get(key)
     if e is None:
-      if len(_entries) < LIMIT: _entries[key] = _SEEN
+      if len(_entries) >= LIMIT: _evict()
+      _entries[key] = _SEEN
       return fn(self, *args, **kw)
     if e is _SEEN: e = _record(key, fn, self, args, kw, ins)
     if e is _DIRECT: return fn(self, *args, **kw)

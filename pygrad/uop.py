@@ -2,21 +2,25 @@
 no Python object until Python asks for it), unique per node while alive (so `is` is node identity), and each owns
 one core reference, dropped when the handle dies."""
 from __future__ import annotations
-import itertools, weakref, contextlib, threading, traceback
+import itertools, weakref, contextlib, contextvars, threading, traceback
 from dataclasses import dataclass
+from operator import attrgetter
+from collections.abc import Mapping
 from typing import Any, Callable, Iterator
 from .ops import Ops
 from .dtype import DType, dtypes, BY_ID
 from .core import CORE, ArgGone
-from .intern import ARGS, META
-from .shapes import INFER
+from .intern import ARGS, META, argkey
+from .shapes import INFER, SHAPE as _SHAPE
 from .mathops import MathMixin
 
 _handles: dict[int, weakref.ref] = {}
 _core_make, _core_decref, _core_incref, _core_info = CORE.make, CORE.decref, CORE.incref, CORE.info
-_make1, _make2 = CORE.make1, CORE.make2
+_make1, _make2, _make2k = CORE.make1, CORE.make2, CORE.make2k
+_ERR_GONE = -3  # a core make's code for an arg id drained meanwhile (csrc/pygrad.h PG_ERR_ARG_GONE)
 _args_get, _args_objs, _meta_get, _meta_vals, _meta_ids = ARGS.get, ARGS.objs, META.get, META.vals, META.ids
-_new_handle, _wref = object.__new__, weakref.ref
+_args_key = ARGS.get_key
+_new_handle, _claim = object.__new__, _handles.setdefault
 _OPS = tuple(Ops)
 _uids = itertools.count()
 
@@ -39,22 +43,38 @@ class Metadata:
   backward: bool = False
 
 
-_md_current: tuple[Metadata, ...] | None = None
+# The metadata of the open `metadata` block is kept per thread and per async context (a ContextVar). Reading a
+# ContextVar costs ~40 ns on every node made, so the build path first reads _md_open, the number of blocks open in
+# the whole process: while it is 0 no context can have metadata and nothing more is looked at.
+_md_var: contextvars.ContextVar[tuple[Metadata, ...] | None] = contextvars.ContextVar("pygrad_metadata", default=None)
+_md_get = _md_var.get
+_md_open = 0
+_md_lock = threading.Lock()
 _md_count = 0  # how many times metadata was attached: 0 lets the gradient skip metadata work entirely
+
+
+def current_metadata() -> tuple[Metadata, ...] | None:
+  """The metadata of the innermost `metadata` block open in this thread / async context, or None."""
+  return _md_get() if _md_open else None
 
 
 @contextlib.contextmanager
 def metadata(name: str, caller: str | None = None):
-  """Attach Metadata(name, caller) to every node made inside the block that has none yet."""
-  global _md_current
+  """Attach Metadata(name, caller) to every node made inside the block (in this thread or async context) that has
+  none yet."""
+  global _md_open
   if caller is None:
     fr = traceback.extract_stack(limit=3)[0]
     caller = f"{fr.filename}:{fr.lineno}"
-  prev, _md_current = _md_current, (Metadata(name, caller),)
+  with _md_lock:
+    _md_open += 1
+  tok = _md_var.set((Metadata(name, caller),))
   try:
     yield
   finally:
-    _md_current = prev
+    _md_var.reset(tok)
+    with _md_lock:
+      _md_open -= 1
 
 
 def _make(op: Ops, dtype: DType, src: tuple, arg, tag, shape, device) -> UOp:
@@ -81,14 +101,16 @@ def _wrap(nid: int, op: Ops, dtype: DType, arg, tag, shape, device, meta: int) -
     o = r()
     if o is not None:
       _core_decref(nid)
-      if _md_current is not None: _attach_metadata(o, _md_current, only_if_none=True)
+      if _md_open: _attach_current(o)
       return o
   o = _new_handle(UOp)
-  o._id, o.op, o.dtype, o.arg, o.tag, o.shape, o.device, o._src, o._m = nid, op, dtype, arg, tag, shape, device, None, meta
-  h = _register(o, nid)
-  if h is not o: _core_decref(nid)
-  if _md_current is not None: _attach_metadata(h, _md_current, only_if_none=True)
-  return h
+  o._id, o._op, o._dtype, o._arg, o._tag, o._shape, o._device, o._src, o._m = \
+    nid, op, dtype, arg, tag, shape, device, None, meta
+  w = _Ref(o, _on_dead)
+  w.nid = nid
+  if _claim(nid, w) is not w: o = _register(o, w, nid)
+  if _md_open: _attach_current(o)
+  return o
 
 
 class _Ref(weakref.ref):
@@ -97,70 +119,133 @@ class _Ref(weakref.ref):
   __slots__ = ("nid",)  # made as _Ref(handle, _on_dead), then nid set: no Python-level constructor on the hot path
 
 
+# The registry, _handles: node id -> _Ref of its handle. A new handle claims a free entry with dict.setdefault,
+# which is atomic under the GIL, so the common case takes no lock. An entry is only ever replaced (a dead _Ref whose
+# callback has not run yet) or removed (by that callback) under _hlock, so those two cannot interleave.
+_hlock = threading.RLock()  # reentrant: a collection inside _register may run a callback on the same thread
+
+
 def _on_dead(ref: _Ref) -> None:
+  nid = ref.nid
+  if nid < 0: return  # a handle that lost the race to publish: it owns no core reference
   try:
-    nid = ref.nid
-    with _hlock:  # reentrant: a collection inside _register may run this callback on the same thread
+    with _hlock:
       if _handles.get(nid) is ref: del _handles[nid]
     _core_decref(nid)
   except Exception:  # interpreter shutdown: the core may already be gone
     pass
 
 
-_hlock = threading.RLock()
-_registered = 0
-
-
-def _register(o: UOp, nid: int) -> UOp:
-  """Publish a new handle for nid, taking over the caller's core reference -- unless another thread published one
-  meanwhile: then that one is returned and the caller drops its reference. A dying handle removes its own entry;
-  entries left dead by a race are swept now and then."""
-  global _registered
+def _register(o: UOp, w: _Ref, nid: int) -> UOp:
+  """The slow path of publishing handle o (with its _Ref w) for nid, taking over the caller's core reference: the
+  entry was taken. If it names a live handle (another thread published one meanwhile), that one is returned and
+  the caller's reference dropped; if it names a dead one whose callback is still to run, it is replaced."""
   with _hlock:
-    r = _handles.get(nid)
-    if r is not None:
+    while True:
+      r = _claim(nid, w)
+      if r is w: return o
       other = r()
-      if other is not None: return other
-    w = _handles[nid] = _Ref(o, _on_dead)
-    w.nid = nid
-    _registered += 1
-    if not _registered & 0xFFFF and len(_handles) > 2 * CORE.live() + 1024:
-      for k in [k for k, w in _handles.items() if w() is None]: del _handles[k]
-  return o
+      if other is not None:
+        w.nid = -1
+        _core_decref(nid)
+        return other
+      if _handles.get(nid) is r: _handles[nid] = w
+      else: continue  # its callback removed it meanwhile: claim again
+      return o
 
 
 def alu1(op: Ops, x: UOp) -> UOp:
   """A unary ALU node (the hot path of the math methods: checks by table, no generic inference)."""
-  if (op, x.dtype) not in _UNARY_OK: return UOp(op, None, (x,))  # the generic path raises the precise error
-  nid = _make1(op, x.dtype.id, x._id, 0, 0, x._m)
+  d = x._dtype
+  if (op, d) not in _UNARY_OK: return UOp(op, None, (x,))  # the generic path raises the precise error
+  m = x._m
+  nid = _make1(op, d.id, x._id, 0, 0, m)
   if nid < 0: return UOp(op, None, (x,))
-  return _wrap(nid, op, x.dtype, None, None, x.shape, x.device, x._m)
+  return _wrap(nid, op, d, None, None, x._shape, x._device, m)
 
 
-def alu2(op: Ops, a: UOp, b: UOp) -> UOp:
-  """A binary ALU node over operands of equal dtype, shapes equal or one (): the hot path of the math methods."""
-  out = _BINARY_OUT.get((op, a.dtype))
-  sa, sb = a.shape, b.shape
-  da, db = a.device, b.device
-  if out is None or a.dtype is not b.dtype or not (sa == sb or not sb or not sa) or \
-     (da != db and da is not None and db is not None):
-    return UOp(op, None, (a, b))
-  if sa and (da is not None or db is None): meta, shape, dev = a._m, sa, da
-  elif sb and (db is not None or da is None): meta, shape, dev = b._m, sb, db
-  else:
-    shape, dev = sa or sb, da if da is not None else db
-    meta = _meta_ids.get((shape, dev))
-    if meta is None: meta = _meta_get(shape, dev)
+def alu2(op: Ops, a: UOp, b: UOp) -> UOp | None:
+  """A binary ALU node over node operands of equal dtype and equal shapes (or one of shape ()) on one device: the
+  hot path of the math methods, checked by table. None for anything else (the caller promotes and broadcasts)."""
+  d = a._dtype
+  if b._dtype is not d: return None
+  out = _BINARY_OUT.get((op, d))
+  if out is None: return None
+  sa, sb = a._shape, b._shape
+  da, db = a._device, b._device
+  if da == db:
+    if sa == sb or not sb: meta, shape = a._m, sa
+    elif not sa: meta, shape = b._m, sb
+    else: return None
+  elif da is None or db is None:
+    if sa != sb and sa and sb: return None
+    shape, da = sa or sb, da if da is not None else db
+    meta = _meta_ids.get((shape, da))
+    if meta is None: meta = _meta_get(shape, da)
+  else: return None
   nid = _make2(op, out.id, a._id, b._id, 0, 0, meta)
   if nid < 0: return UOp(op, None, (a, b))
-  return _wrap(nid, op, out, None, None, shape, dev, meta)
+  return _wrap(nid, op, out, None, None, shape, da, meta)
 
 
-def movement(op: Ops, x, arg, shape: tuple, dtype: DType | None = None, device=None) -> UOp:
-  """A node whose arg, shape (and dtype/device, for several sources) the calling method has already checked: the
-  math methods' hot path for movement, reduce and where nodes. x is the source, or a tuple of sources."""
-  if type(x) is tuple: return _make(op, dtype, x, arg, None, shape, device)
-  return _make(op, x.dtype, (x,), arg, None, shape, x.device)
+def alu2k(op: Ops, a: UOp, value, reverse: int) -> UOp | None:
+  """op(a, value), or op(value, a) if reverse, for a Python scalar of a's dtype kind (a float for float dtypes, an
+  int in range for int dtypes, a bool for bool): the constant and the node in one core call, with no handle for
+  the constant. None for anything else, and inside a metadata block (the constant gets the metadata there)."""
+  t, d = type(value), a._dtype
+  k = d.kind
+  if k == "f":
+    if t is not float:
+      if t is not int: return None
+      value = float(value)
+  elif t is not int or k == "b" or not _INT_RANGE[d][0] <= value <= _INT_RANGE[d][1]:
+    if not (t is bool and k == "b"): return None
+  out = _BINARY_OUT.get((op, d))
+  if out is None or _md_open: return None
+  m = a._m
+  while True:
+    aid = _args_get(value)
+    nid = _make2k(op, out.id, a._id, d.id, aid, _META0, reverse, m)
+    if nid != _ERR_GONE: break
+    ARGS.forget(aid)
+  if nid < 0: return None
+  return _wrap(nid, op, out, None, None, a._shape, a._device, m)
+
+
+_moved: dict = {}  # (op, source meta, argkey of arg) -> (shape, meta): the validity functions' results, bounded
+
+
+def movement(op: Ops, x: UOp, arg) -> UOp:
+  """A movement or reduce node of x, its shape from the op's validity function (shapes.SHAPE): the math methods'
+  hot path, with the errors of the generic path. Valid results are remembered by the arg's type-strict key, so a
+  repeated reshape/permute/expand/reduce costs a dict lookup instead of the checks."""
+  d = x._dtype
+  if d is dtypes.void: return UOp(op, None, (x,), arg)  # the generic path raises the precise error
+  try: ak = argkey(arg)
+  except TypeError: return UOp(op, None, (x,), arg)
+  ck = (op, x._m, ak)
+  hit = _moved.get(ck)
+  if hit is None:
+    shape = _SHAPE[op](op, (x,), arg)
+    dev = x._device
+    meta = _meta_ids.get((shape, dev))
+    if meta is None: meta = _meta_get(shape, dev)
+    if len(_moved) >= 8192: _moved.clear()
+    _moved[ck] = hit = (shape, meta)
+  shape, meta = hit
+  while True:
+    aid = _args_key(ak, arg)
+    nid = _make1(op, d.id, x._id, aid, 0, meta)
+    if nid != _ERR_GONE: break
+    ARGS.forget(aid)
+  if nid < 0: return UOp(op, None, (x,), arg)
+  return _wrap(nid, op, d, arg, None, shape, x._device, meta)
+
+
+def node(op: Ops, src: tuple, arg) -> UOp:
+  """UOp(op, None, src, arg) for sources the caller knows are UOps: inference (the validity check) and the node."""
+  d, shape, device = INFER[op](op, None, src, arg)
+  return _make(op, d, src, arg, None, shape, device)
 
 
 def const(value, dtype: DType) -> UOp:
@@ -181,12 +266,18 @@ def handle(nid: int) -> UOp:
   op, dt, _, aid, tid, mid, _ = _core_info(nid)
   _core_incref(nid)
   o = _new_handle(UOp)
-  shape, device = _meta_vals[mid]
-  o._id, o.op, o.dtype, o.arg, o.tag, o.shape, o.device, o._src, o._m = \
-    nid, _OPS[op], BY_ID[dt], _args_objs[aid], _args_objs[tid] if tid else None, shape, device, None, mid
-  h = _register(o, nid)
-  if h is not o: _core_decref(nid)
-  return h
+  o._shape, o._device = _meta_vals[mid]
+  o._id, o._op, o._dtype, o._arg, o._tag, o._src, o._m = \
+    nid, _OPS[op], BY_ID[dt], _args_objs[aid], _args_objs[tid] if tid else None, None, mid
+  w = _Ref(o, _on_dead)
+  w.nid = nid
+  return o if _claim(nid, w) is w else _register(o, w, nid)
+
+
+def _attach_current(u: UOp) -> None:
+  """Give u the metadata of this thread's / context's open block, unless it has metadata already."""
+  md = _md_get()
+  if md is not None: _attach_metadata(u, md, only_if_none=True)
 
 
 def _attach_metadata(u: UOp, md: tuple, only_if_none: bool = False) -> None:
@@ -235,7 +326,7 @@ class Walk:
 
 class UOp(MathMixin):
   """A node: `UOp(op, dtype=None, src=(), arg=None, tag=None)` returns *the* node with those fields."""
-  __slots__ = ("_id", "op", "dtype", "arg", "tag", "shape", "device", "_src", "_m", "__weakref__")
+  __slots__ = ("_id", "_op", "_dtype", "_arg", "_tag", "_shape", "_device", "_src", "_m", "__weakref__")
 
   def __new__(cls, op: Ops, dtype: DType | None = None, src: tuple = (), arg: Any = None, tag: Any = None) -> UOp:
     if type(op) is not Ops:
@@ -252,7 +343,14 @@ class UOp(MathMixin):
   def __bool__(self): raise TypeError("a UOp has no truth value: use .where, or compare nodes with `is`")
   def __repr__(self) -> str: return _repr(self)
 
-  # ---- fields ----
+  # ---- fields: read-only (a handle that disagreed with its node would give silently wrong results) ----
+  op = property(attrgetter("_op"), doc="The op (an Ops member).")
+  dtype = property(attrgetter("_dtype"), doc="The dtype (a DType).")
+  arg = property(attrgetter("_arg"), doc="The arg (an immutable Python value).")
+  tag = property(attrgetter("_tag"), doc="The tag (an immutable Python value, usually None).")
+  shape = property(attrgetter("_shape"), doc="The shape, a tuple of ints, computed once at creation.")
+  device = property(attrgetter("_device"), doc="The device: a str, a tuple of str for MULTI, None for structure.")
+
   @property
   def src(self) -> tuple[UOp, ...]:
     s = self._src
@@ -298,6 +396,11 @@ class UOp(MathMixin):
 
   def substitute(self, mapping: dict[UOp, UOp]) -> UOp:
     """This graph with every node in `mapping` replaced (and every user of a replaced node rebuilt)."""
+    if not isinstance(mapping, Mapping):
+      raise TypeError(f"substitute: mapping must be a dict of UOp -> UOp, got {type(mapping).__name__}")
+    for k, v in mapping.items():
+      if type(k) is not UOp or type(v) is not UOp:
+        raise TypeError(f"substitute: mapping must be UOp -> UOp, got {type(k).__name__} -> {type(v).__name__}")
     if not mapping: return self
     stop = [k._id for k in mapping]
     rep: dict[int, UOp] = {k._id: v for k, v in mapping.items()}
@@ -365,6 +468,8 @@ class UOp(MathMixin):
   def custom_kernel(*buffers: UOp, fxn: Callable, grad_fxn: Callable | None = None) -> list[UOp]:
     """A CALL running `fxn(*arrays)` on writable arrays of the buffers; returns one AFTER node per buffer."""
     if not callable(fxn): raise TypeError("custom_kernel: fxn must be callable")
+    for i, b in enumerate(buffers):
+      if type(b) is not UOp: raise TypeError(f"custom_kernel: buffer {i} must be a UOp, got {type(b).__name__} {b!r:.60}")
     kernel = UOp.sink(*[b.param_like(i) for i, b in enumerate(buffers)])
     k = UOp(Ops.CALL, None, (kernel, *buffers), CallInfo(grad_fxn, getattr(fxn, "__name__", None), fxn=fxn))
     return [UOp(Ops.AFTER, None, (b, k)) for b in buffers]
@@ -392,7 +497,7 @@ def _coerce(value, dtype: DType):
   if dtypes.is_float(dtype): return float(value)
   if dtypes.is_bool(dtype): return bool(value)
   if dtypes.is_int(dtype):
-    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+    if isinstance(value, float) and not value.is_integer():  # NaN, inf and fractions: never truncated silently
       raise ValueError(f"CONST: {value} has no {dtype.name} value")
     v = int(value)
     lo, hi = _INT_RANGE[dtype]
@@ -442,8 +547,10 @@ def _tables():
 
 _UNARY_OK, _BINARY_OUT = _tables()
 from . import mathops as _mathops  # noqa: E402
-_mathops._bind(UOp, alu1, alu2, const, movement)
+_META0 = META.get((), None)
+_mathops._bind(UOp, alu1, alu2, alu2k, const, movement, node)
 if CORE.name == "c":  # multi-node methods instantiate cached programs in one C call (pygrad/templates.py)
   from . import templates as _templates  # noqa: E402
   _templates.install(UOp)
-__all__ = ["UOp", "Walk", "CallInfo", "Metadata", "metadata", "handle", "rebuild", "alu1", "alu2", "const", "live_nodes", "core_name"]
+__all__ = ["UOp", "Walk", "CallInfo", "Metadata", "metadata", "current_metadata", "handle", "rebuild", "alu1", "alu2",
+           "alu2k", "movement", "node", "const", "live_nodes", "core_name"]

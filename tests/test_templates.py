@@ -169,13 +169,26 @@ def test_threads_build_the_same_nodes(T):
   assert not errs and len(out) == 800 and all(o is want for o in out)
 
 
-def test_cache_limit_falls_back_to_the_direct_path(T, monkeypatch):
-  monkeypatch.setattr(T, "LIMIT", 0)
+def test_cache_limit_evicts_and_stays_correct(T, monkeypatch):
+  monkeypatch.setattr(T, "LIMIT", 4)
   x = UOp.placeholder((2, 9))
-  n = len(T._entries)
-  for k in range(3):
+  for k in range(12):
     for _ in range(3): assert (x - float(k) - 0.25) is direct(T, lambda: x - float(k) - 0.25)
-  assert len(T._entries) == n
+    assert len(T._entries) <= 4
+
+
+def test_many_constants_do_not_poison_the_cache(T, monkeypatch):
+  """Thousands of one-shot constants (`x * c` for many c, through a templated method) fill the cache with
+  signatures met once; a later new shape must still get its program (regression: it took the direct path for the
+  rest of the process)."""
+  monkeypatch.setattr(T, "_entries", {})
+  x = UOp.placeholder((3,), dtypes.int32)
+  for c in range(T.LIMIT + 500): x - c * 0.5  # an int node and a float constant: cast, const, neg, add
+  assert len(T._entries) <= T.LIMIT
+  y = UOp.placeholder((7, 2))
+  for _ in range(3): (y - 1.5).sin()
+  entry = T._entries.get(("__sub__", y.dtype.id, y._m, (float, 1.5)))
+  assert entry is not None and entry is not T._SEEN and entry is not T._DIRECT, "the new signature got no program"
 
 
 def test_random_method_chains(T):

@@ -543,3 +543,185 @@ def test_threads_build_and_drop():
   assert not errors, errors
   del shared
   assert live_after_gc() == base
+
+
+def test_handle_identity_under_racing_threads():
+  """Many threads making and dropping handles of the same few nodes: one handle per live node at every moment, and
+  every node freed at the end (the registry's lock-free claim and its slow path under races)."""
+  base = live_after_gc()
+  x = ph(3, name="racing")
+  errors: list = []
+
+  def work():
+    try:
+      for i in range(3000):
+        a, b = x + 1.0, x + 1.0
+        assert a is b and a.src[0] is x
+        if i % 7 == 0: gc.collect(0)
+        del a, b
+        c = (x * 2.0).sin()
+        assert c is (x * 2.0).sin()
+    except BaseException as e:  # reported in the main thread
+      errors.append(e)
+
+  ts = [threading.Thread(target=work) for _ in range(4)]
+  for t in ts: t.start()
+  for t in ts: t.join()
+  assert not errors, errors
+  del x
+  assert live_after_gc() == base
+
+
+# ---- handles are read-only ----
+def test_fields_are_read_only():
+  x = ph(2, 3)
+  for field, value in (("shape", (3, 2)), ("dtype", I32), ("op", Ops.CONST), ("arg", None), ("tag", 1),
+                       ("device", "CPU:1"), ("src", ())):
+    with pytest.raises(AttributeError): setattr(x, field, value)
+    with pytest.raises(AttributeError): delattr(x, field)
+  with pytest.raises(AttributeError): x.anything = 1
+  assert x.shape == (2, 3) and x.dtype is F32 and x.op is Ops.BUFFER and x.device == "CPU"
+  xv = np.arange(6, dtype=np.float32).reshape(2, 3)
+  np.testing.assert_allclose(ev(x.sum(axis=1), {x: xv}), xv.sum(1))
+
+
+# ---- misuse is a clear error ----
+def test_misuse_raises_naming_what_was_wrong():
+  x, i = ph(2, 3), ph(3, dtype=I32)
+  with pytest.raises(TypeError, match="matmul: expected a UOp, got int 5"): x @ 5
+  with pytest.raises(TypeError, match="matmul: expected a UOp, got ndarray"): x @ np.ones((3, 2), np.float32)
+  with pytest.raises(TypeError, match="matmul: expected a UOp, got ndarray"): np.ones((3, 2), np.float32) @ x
+  with pytest.raises(TypeError, match="matmul: expected a UOp, got int"): 5 @ x
+  with pytest.raises(TypeError, match="buffer 1 must be a UOp, got int"): UOp.custom_kernel(x, 5, fxn=lambda a, b: None)
+  y = x.sin()
+  with pytest.raises(TypeError, match="UOp -> UOp, got int -> UOp"): y.substitute({5: x})
+  with pytest.raises(TypeError, match="dict of UOp -> UOp, got list"): y.substitute([x])
+  with pytest.raises(TypeError, match="UOp -> UOp, got UOp -> float"): y.substitute({x: 1.0})
+
+
+def test_misuse_is_not_silently_coerced():
+  x, i = ph(2, 3), ph(3, dtype=I32)
+  with pytest.raises(TypeError, match="pad: expected an int, got float 1.5"): x.pad(((1.5, 1), (0, 0)))
+  with pytest.raises(ValueError, match="pad: 1 .* pairs given for 2 dims"): x.pad(((1, 1),))
+  with pytest.raises(ValueError, match="shrink: 3 .* bounds given for 2 dims"): x.shrink(((0, 1), (0, 2), (0, 1)))
+  with pytest.raises(TypeError, match="shrink: expected an int"): x.shrink(((0, 1.0), None))
+  with pytest.raises(ValueError, match="shard: axis 5 out of range for 2 dims"): x.shard(("CPU:0", "CPU:1"), axis=5)
+  with pytest.raises(ValueError, match="PERMUTE"): x.permute((0, 5))
+  with pytest.raises(ValueError, match="1.5 has no int32 value"): i.const_like(1.5)
+  with pytest.raises(ValueError, match="has no int32 value"): UOp.const(2.5, I32)
+  assert i.const_like(2.0).src[0].src[0].arg == 2 and type(UOp.const(3.0, I32).arg) is int
+  assert x.pad(((1, 1), None)).shape == (4, 3) and x.pad([(np.int64(1), 0), (0, 0)]).shape == (3, 3)
+  assert x.shard(("CPU:0", "CPU:1"), axis=-2).shape == (2, 3)
+
+
+def test_reflected_integer_operators():
+  i = ph(3, dtype=I32)
+  iv = np.array([1, 2, 5], np.int32)
+  for got, want in ((3 % i, 3 % iv), (1 << i, 1 << iv), (64 >> i, 64 >> iv), (7 // i, 7 // iv)):
+    np.testing.assert_array_equal(ev(got, {i: iv}), want)
+  assert (3 % i).op is Ops.MOD and (3 % i).src[0] is UOp.const(3) and (3 % i).src[1] is i
+
+
+@pytest.mark.parametrize("make", [
+  lambda: ph(2 ** 62, 4),
+  lambda: ph(2 ** 64),
+  lambda: ph(1, 3).expand((2 ** 62, 3)),
+  lambda: ph(3).pad(((0, 2 ** 63),)),
+  lambda: ph(3).reshape((1, 3)).expand((2 ** 63, 3)),
+  lambda: UOp(Ops.EXPAND, None, (ph(1, 1),), (2 ** 40, 2 ** 40)),
+  lambda: UOp(Ops.PARAM, F32, (), (0, (2 ** 70,), "CPU")),
+], ids=["buffer elements", "buffer size", "expand", "pad", "expand after reshape", "generic expand", "param"])
+def test_sizes_beyond_int64_rejected_at_construction(make):
+  with pytest.raises(ValueError, match=r"(BUFFER|EXPAND|PAD|PARAM): .*size \d+ .*does not fit in int64"): make()
+
+
+def test_shape_errors_do_not_depend_on_the_path():
+  """The math methods' fast paths and the generic constructor share one validity function per op: same
+  exception type and message."""
+  x, v = ph(2, 3), UOp.sink()
+  cases = [(Ops.RESHAPE, x, (4, 2), lambda: x.reshape(4, 2)), (Ops.EXPAND, x, (2, 3, 1), lambda: x.expand(2, 3, 1)),
+           (Ops.EXPAND, x, (4, 3), lambda: x.expand(4, 3)), (Ops.PERMUTE, x, (1, 1), lambda: x.permute(1, 1)),
+           (Ops.PAD, x, ((0, -1), (0, 0)), lambda: x.pad(((0, -1), (0, 0)))),
+           (Ops.SHRINK, x, ((0, 3), (0, 3)), lambda: x.shrink(((0, 3), (0, 3)))),
+           (Ops.REDUCE_AXIS, x, (Ops.ADD, (2,)), lambda: x.r(Ops.ADD, (2,))),
+           (Ops.RESHAPE, x, (6.0,), lambda: x.reshape((6.0,))), (Ops.RESHAPE, v, (1,), lambda: v.reshape(1))]
+  for op, src, arg, method in cases:
+    with pytest.raises((TypeError, ValueError)) as generic: UOp(op, None, (src,), arg)
+    with pytest.raises((TypeError, ValueError)) as fast: method()
+    assert type(fast.value) is type(generic.value) and str(fast.value) == str(generic.value), (op, arg)
+
+
+# ---- metadata: per thread and per async context ----
+def _names(u): return [m.name for m in u.metadata]
+
+
+def test_metadata_blocks_are_per_thread():
+  x = ph(4)
+  inside, outside = threading.Event(), threading.Event()
+  made: dict = {}
+
+  def a():
+    with pygrad.metadata("A"):
+      made["a1"] = x.sin()
+      inside.set()
+      outside.wait(10)
+      made["a2"] = x.exp2()
+
+  def b():
+    inside.wait(10)
+    made["b"] = x.log2()  # while A's block is open in the other thread
+    with pygrad.metadata("B"):
+      made["b2"] = x.sqrt()
+    outside.set()
+
+  ts = [threading.Thread(target=a), threading.Thread(target=b)]
+  for t in ts: t.start()
+  for t in ts: t.join()
+  assert _names(made["a1"]) == ["A"] and _names(made["a2"]) == ["A"]
+  assert _names(made["b"]) == [] and _names(made["b2"]) == ["B"]
+  assert pygrad.uop.current_metadata() is None and pygrad.uop._md_open == 0
+  assert _names(x.reciprocal()) == []
+
+
+def test_overlapping_blocks_in_two_threads_leave_nothing_behind():
+  x = ph(4)
+  a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+
+  def a():
+    with pygrad.metadata("A"):
+      a_in.set()
+      b_in.wait(10)
+    a_out.set()
+
+  def b():
+    a_in.wait(10)
+    with pygrad.metadata("B"):
+      b_in.set()
+      a_out.wait(10)  # A's block ends while B's is open: B's stays B's
+      assert _names(x.trunc()) == ["B"]
+
+  ts = [threading.Thread(target=a), threading.Thread(target=b)]
+  for t in ts: t.start()
+  for t in ts: t.join()
+  y = (x * 3.0).sin()
+  assert _names(y) == [] and pygrad.uop.current_metadata() is None
+
+
+def test_metadata_per_asyncio_task():
+  import asyncio
+  x = ph(5)
+
+  async def task(name, gate, other):
+    with pygrad.metadata(name):
+      gate.set()
+      await other.wait()  # the other task opens its block meanwhile
+      return (x * float(len(name))).sin()
+
+  async def main():
+    g1, g2 = asyncio.Event(), asyncio.Event()
+    return await asyncio.gather(task("one", g1, g2), task("three", g2, g1))
+
+  one, three = asyncio.run(main())
+  assert _names(one) == ["one"] and _names(three) == ["three"]
+  assert _names(one.src[0]) == ["one"]
+  assert pygrad.uop.current_metadata() is None

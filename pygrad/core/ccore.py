@@ -147,6 +147,7 @@ class CCore:
     # repeats the call through make, which raises the matching exception)
     self.make1 = functools.partial(make1, st)
     self.make2 = functools.partial(make2, st)
+    self.make2k = functools.partial(lib.pg_store_make2k, st)
 
   def info(self, nid: int) -> tuple[int, int, int, int, int, int, int]:
     """(op, dtype, nsrc, arg, tag, meta, pdata) of a node."""

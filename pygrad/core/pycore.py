@@ -1,10 +1,13 @@
 """The pure-Python core: the same node store and walks as csrc/, in Python. It is the reference for the C core:
 same ids-in, ids-out interface, same identity rules, same walk orders."""
 from __future__ import annotations
+import threading
 from ..ops import Ops
 
 _CALLS = (int(Ops.FUNCTION), int(Ops.CALL))
 _DETACH = int(Ops.DETACH)
+_CONST = int(Ops.CONST)
+_ERR_ARG_GONE = -3  # csrc/pygrad.h's PG_ERR_ARG_GONE
 
 
 class ArgGone(Exception):
@@ -28,31 +31,35 @@ class PyCore:
     self._argrc: list[int] = [0]
     self._dead: list[int] = []
     self._live = 0
+    # every change of the store under one reentrant lock: counts are read-modify-write, and a handle's finalizer
+    # may decref on this very thread in the middle of a make (a collection triggered by an allocation)
+    self._lock = threading.RLock()
 
   # ---- store ----
   def make(self, op: int, dtype: int, src: tuple[int, ...], arg: int, tag: int, meta: int) -> int:
     """The node with these fields, with one new reference for the caller."""
-    key = (op, dtype, src, arg, tag)
-    nid = self._table.get(key)
-    if nid is not None:
-      self._rc[nid] += 1
+    with self._lock:
+      key = (op, dtype, src, arg, tag)
+      nid = self._table.get(key)
+      if nid is not None:
+        self._rc[nid] += 1
+        return nid
+      argrc = self._argrc
+      if (arg and argrc[arg] < 0) or (tag and argrc[tag] < 0): raise ArgGone()
+      if arg: argrc[arg] += 1
+      if tag: argrc[tag] += 1
+      rc = self._rc
+      for s in src: rc[s] += 1
+      info = (op, dtype, len(src), arg, tag, meta)
+      if self._free:
+        nid = self._free.pop()
+        self._key[nid], rc[nid], self._src[nid], self._info[nid], self._pdata[nid] = key, 1, src, info, 0
+      else:
+        nid = len(rc)
+        self._key.append(key); rc.append(1); self._src.append(src); self._info.append(info); self._pdata.append(0)  # noqa: E702
+      self._table[key] = nid
+      self._live += 1
       return nid
-    argrc = self._argrc
-    if (arg and argrc[arg] < 0) or (tag and argrc[tag] < 0): raise ArgGone()
-    if arg: argrc[arg] += 1
-    if tag: argrc[tag] += 1
-    rc = self._rc
-    for s in src: rc[s] += 1
-    info = (op, dtype, len(src), arg, tag, meta)
-    if self._free:
-      nid = self._free.pop()
-      self._key[nid], rc[nid], self._src[nid], self._info[nid], self._pdata[nid] = key, 1, src, info, 0
-    else:
-      nid = len(rc)
-      self._key.append(key); rc.append(1); self._src.append(src); self._info.append(info); self._pdata.append(0)  # noqa: E702
-    self._table[key] = nid
-    self._live += 1
-    return nid
 
   def make1(self, op: int, dtype: int, s0: int, arg: int, tag: int, meta: int) -> int:
     """make with one source (the fixed-arity hot path; same result as make)."""
@@ -62,27 +69,39 @@ class PyCore:
     """make with two sources."""
     return self.make(op, dtype, (s0, s1), arg, tag, meta)
 
-  def incref(self, nid: int) -> None: self._rc[nid] += 1
+  def make2k(self, op: int, dtype: int, s: int, kdtype: int, karg: int, kmeta: int, reverse: int, meta: int) -> int:
+    """op over node s and the CONST (kdtype, karg, kmeta), made or found first: op(s, k), or op(k, s) if reverse;
+    a negative code (ArgGone's) if karg is gone. The constant's own new reference is dropped again."""
+    with self._lock:
+      try: k = self.make(_CONST, kdtype, (), karg, 0, kmeta)
+      except ArgGone: return _ERR_ARG_GONE
+      r = self.make(op, dtype, (k, s) if reverse else (s, k), 0, 0, meta)
+      self.decref(k)
+      return r
+
+  def incref(self, nid: int) -> None:
+    with self._lock: self._rc[nid] += 1
 
   def decref(self, nid: int) -> None:
-    rc = self._rc
-    rc[nid] -= 1
-    if rc[nid]: return
-    stack = [nid]  # freeing is iterative: a 1,000,000-deep chain frees without recursion
-    while stack:
-      n = stack.pop()
-      del self._table[self._key[n]]
-      info = self._info[n]
-      for aid in (info[3], info[4], self._pdata[n]):
-        if aid:
-          self._argrc[aid] -= 1
-          if self._argrc[aid] == 0: self._dead.append(aid)
-      for s in self._src[n]:
-        rc[s] -= 1
-        if rc[s] == 0: stack.append(s)
-      self._key[n], self._src[n], self._info[n], self._pdata[n] = None, (), None, 0
-      self._free.append(n)
-      self._live -= 1
+    with self._lock:
+      rc = self._rc
+      rc[nid] -= 1
+      if rc[nid]: return
+      stack = [nid]  # freeing is iterative: a 1,000,000-deep chain frees without recursion
+      while stack:
+        n = stack.pop()
+        del self._table[self._key[n]]
+        info = self._info[n]
+        for aid in (info[3], info[4], self._pdata[n]):
+          if aid:
+            self._argrc[aid] -= 1
+            if self._argrc[aid] == 0: self._dead.append(aid)
+        for s in self._src[n]:
+          rc[s] -= 1
+          if rc[s] == 0: stack.append(s)
+        self._key[n], self._src[n], self._info[n], self._pdata[n] = None, (), None, 0
+        self._free.append(n)
+        self._live -= 1
 
   def info(self, nid: int) -> tuple[int, int, int, int, int, int, int]:
     """(op, dtype, nsrc, arg, tag, meta, pdata) of a node."""
@@ -91,29 +110,32 @@ class PyCore:
   def src(self, nid: int) -> tuple[int, ...]: return self._src[nid]
 
   def set_pdata(self, nid: int, pid: int) -> None:
-    old = self._pdata[nid]
-    if pid: self._argrc[pid] += 1
-    self._pdata[nid] = pid
-    if old:
-      self._argrc[old] -= 1
-      if self._argrc[old] == 0: self._dead.append(old)
+    with self._lock:
+      old = self._pdata[nid]
+      if pid: self._argrc[pid] += 1
+      self._pdata[nid] = pid
+      if old:
+        self._argrc[old] -= 1
+        if self._argrc[old] == 0: self._dead.append(old)
 
   def live(self) -> int: return self._live
 
   def arg_register(self, aid: int) -> None:
-    argrc = self._argrc
-    while len(argrc) <= aid: argrc.append(0)
-    argrc[aid] = 0
+    with self._lock:
+      argrc = self._argrc
+      while len(argrc) <= aid: argrc.append(0)
+      argrc[aid] = 0
 
   def arg_drain(self) -> list[int]:
     """Ids whose last user was freed; they are marked gone (a later `make` naming one raises ArgGone)."""
-    out = []
-    for aid in self._dead:
-      if self._argrc[aid] == 0:
-        self._argrc[aid] = -1
-        out.append(aid)
-    self._dead.clear()
-    return out
+    with self._lock:
+      out = []
+      for aid in self._dead:
+        if self._argrc[aid] == 0:
+          self._argrc[aid] = -1
+          out.append(aid)
+      self._dead.clear()
+      return out
 
   # ---- walks ----
   def toposort(self, roots: list[int], enter_calls: bool = True, stop: list[int] | tuple = ()) -> list[int]:
