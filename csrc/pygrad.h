@@ -102,3 +102,17 @@ const char *pg_vm_isa_name(int32_t isa);
 #define PG_TABLE_TPL_RULE_INPUTS 5
 #define PG_TABLE_TPL_ACC_INPUTS 6
 const char *pg_table_entry(int32_t table, int32_t i, int64_t *v0, int64_t *v1);
+
+/* ---- serial.c: graphs as node tables (pygrad/serialize.py): export columns, and the bulk builder ---- */
+#define PG_BUILD_DONE 0
+#define PG_BUILD_ASK 1
+typedef struct pg_build pg_build;
+int pg_serial_export(pg_store *st, const int32_t *ids, int64_t n, int32_t *op, int32_t *dtype, int32_t *arg,
+                     int32_t *tag, int32_t *pdata, int32_t *nsrc, pg_ids **src, int64_t *where);
+pg_build *pg_serial_build_new(pg_store *st, int64_t n, const int32_t *op, const int32_t *dtype, const int64_t *start,
+                                const int32_t *src, const int32_t *arg, const int32_t *tag, const int32_t *pdata,
+                                const uint8_t *flags, int32_t nops, int32_t ndtypes, int *err, int64_t *where);
+int pg_serial_build_run(pg_build *b, int64_t *pos);
+int pg_serial_build_set(pg_build *b, int32_t id);
+int32_t pg_serial_build_id(const pg_build *b, int64_t i);
+void pg_serial_build_delete(pg_build *b);

@@ -21,6 +21,9 @@ def __getattr__(name):
   if name in ("evaluate", "compile"):
     from . import engine
     return getattr(engine, name)
+  if name in ("build", "dumps", "loads", "save", "load"):
+    from . import serialize
+    return getattr(serialize, name)
   if name in ("gradient", "engine", "simplify", "rewrite", "upat"):
     import importlib
     return importlib.import_module(f".{name}", __name__)
@@ -28,4 +31,4 @@ def __getattr__(name):
 
 
 __all__ = ["Ops", "GroupOp", "DType", "dtypes", "UOp", "Walk", "CallInfo", "Metadata", "metadata", "live_nodes",
-           "core_name", "UPat", "PatternMatcher", "graph_rewrite", "compute_gradient", "evaluate", "compile"]
+           "core_name", "UPat", "PatternMatcher", "graph_rewrite", "compute_gradient", "evaluate", "compile", "build", "dumps", "loads", "save", "load"]

@@ -318,6 +318,9 @@ class Walk:
     if self._set is None: self._set = set(self._ids)
     return u._id in self._set
   def __repr__(self): return f"<Walk of {len(self)} nodes>"
+  def __reduce__(self):
+    from .serialize import reduce_walk
+    return reduce_walk(self)
   @property
   def ids(self):
     """The node ids in order (a sequence of ints)."""
@@ -339,7 +342,11 @@ class UOp(MathMixin):
     d, shape, device = INFER[op](op, dtype, src, arg)
     return _make(op, d, src, arg, tag, shape, device)
 
-  def __reduce__(self): raise TypeError("UOp handles are not picklable")
+  def __reduce__(self):  # the graph in pygrad's binary format (pygrad/serialize.py), not a Python object per node
+    from .serialize import reduce_uop
+    return reduce_uop(self)
+  def __copy__(self): return self  # nodes are immutable and hash-consed: a copy is the same node
+  def __deepcopy__(self, memo): return self
   def __bool__(self): raise TypeError("a UOp has no truth value: use .where, or compare nodes with `is`")
   def __repr__(self) -> str: return _repr(self)
 

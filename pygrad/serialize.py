@@ -1,0 +1,529 @@
+"""Graphs as data: the node table, the bulk builder `build`, and the binary format of `dumps`/`loads`/`save`/`load`
+(also what `pickle` of a UOp or a Walk writes).
+
+A graph is a node table in topological order: per node an op, a dtype, its sources as positions of earlier rows,
+and references into an arg table of plain values. On the C core, export is one C call (csrc/serial.c) and so is
+building: the builder makes every node whose signature (op, dtype, arg, sources' dtypes and shapes) it has seen,
+and asks Python (the ordinary `UOp(...)` constructor, with its validation) only for the first node of each
+signature and for FUNCTION/CALL/GETTUPLE/AFTER. Nodes are hash-consed, so a loaded graph is the live one if it
+exists. Nothing here recurses on graph depth or on the nesting of args.
+
+Callables (a CALL's `fxn`, `grad_fxn`) are written as (module, qualified name) and resolved on load from modules
+already imported; `loads(..., allow_import=True)` may import the named modules, and nothing else ever runs code.
+A callable that cannot be found by its name (a lambda, a local function) is refused when saving: pickle carries
+those (pickle writes them with its own machinery, which users know runs code on load)."""
+from __future__ import annotations
+import importlib, os, struct, sys, zlib
+import numpy as np
+from .ops import Ops
+from .dtype import DType, BY_ID
+from .core import CORE, ArgGone
+from .intern import ARGS
+from .uop import UOp, Walk, CallInfo, Metadata, handle
+
+MAGIC = b"PYGRAD\x00G"
+VERSION = 1
+_HEAD = struct.Struct("<8sIIQQQQQBB6x")  # magic, version, flags, nargs, argbytes, n, nsrc, nroots, srcw, argw
+_F_SINGLE = 1                           # flags: one UOp was saved (loads returns it, not a list)
+_NOPS, _NDT = len(Ops), len(BY_ID)
+_ASK = frozenset({Ops.GETTUPLE, Ops.FUNCTION, Ops.CALL, Ops.AFTER})  # inference reads more than the signature
+_FLAGS = np.array([2 if o in _ASK else 1 for o in Ops], np.uint8)
+_MAX_BIGINT = 1 << 16                   # bytes of one integer arg
+_MAX_NEST = 100                         # tuples in tuples: interning compares args recursively, so bound it
+_I64 = (-(1 << 63), (1 << 63) - 1)
+
+# ---- the arg table: tagged values, decoded with an explicit stack ----
+(T_NONE, T_FALSE, T_TRUE, T_INT, T_BIGINT, T_FLOAT, T_STR, T_TUPLE, T_OPS, T_DTYPE, T_META, T_CALLINFO, T_FUNC,
+ T_EXTERN, T_BYTES) = range(15)
+_U32, _I64S, _F64 = struct.Struct("<I"), struct.Struct("<q"), struct.Struct("<d")
+
+
+def _func_ref(f, externals):
+  """How a callable is written: an index into pickle's externals, or (module, qualified name)."""
+  if externals is not None:
+    externals.append(f)
+    return (T_EXTERN, len(externals) - 1)
+  mod, qual = getattr(f, "__module__", None), getattr(f, "__qualname__", None)
+  if type(mod) is str and type(qual) is str and "<" not in qual:
+    try:
+      if _resolve(mod, qual, False) is f: return (T_FUNC, mod, qual)
+    except ValueError:
+      pass
+  raise ValueError(f"cannot save {f!r} by name: it is not reachable as {mod}.{qual}; define it at module level, "
+                   f"or use pickle, which carries any picklable callable")
+
+
+def _encode_args(objs: list, externals) -> bytes:
+  out = bytearray()
+  todo = list(reversed(objs))
+  while todo:
+    x = todo.pop()
+    t = type(x)
+    if x is None: out.append(T_NONE)
+    elif t is bool: out.append(T_TRUE if x else T_FALSE)
+    elif t is int:
+      if _I64[0] <= x <= _I64[1]: out.append(T_INT); out += _I64S.pack(x)  # noqa: E702
+      else:
+        b = x.to_bytes((x.bit_length() + 8) // 8, "little", signed=True)
+        out.append(T_BIGINT); out += _U32.pack(len(b)); out += b  # noqa: E702
+    elif t is float: out.append(T_FLOAT); out += _F64.pack(x)  # noqa: E702
+    elif t is str:
+      b = x.encode("utf-8", "surrogatepass")
+      out.append(T_STR); out += _U32.pack(len(b)); out += b  # noqa: E702
+    elif t is bytes: out.append(T_BYTES); out += _U32.pack(len(x)); out += x  # noqa: E702
+    elif t is tuple:
+      out.append(T_TUPLE); out += _U32.pack(len(x))  # noqa: E702
+      todo.extend(reversed(x))
+    elif t is Ops: out.append(T_OPS); out.append(int(x))  # noqa: E702
+    elif isinstance(x, DType): out.append(T_DTYPE); out.append(x.id)  # noqa: E702
+    elif t is Metadata:
+      out.append(T_META)
+      todo.extend(reversed((x.name, x.caller, x.backward)))
+    elif t is CallInfo:
+      out.append(T_CALLINFO)
+      todo.extend(reversed((x.grad_fxn, x.name, x.precompile, x.precompile_backward, x.fxn)))
+    elif callable(x):
+      ref = _func_ref(x, externals)
+      out.append(ref[0])
+      if ref[0] == T_EXTERN: out += _U32.pack(ref[1])
+      else: todo.extend(reversed(ref[1:]))
+    else: raise ValueError(f"cannot save an arg of type {t.__name__}: {x!r}")
+  return bytes(out)
+
+
+def _resolve(mod: str, qual: str, allow_import: bool):
+  """The object named qual in module mod: from sys.modules, or imported if allowed. Nothing else runs."""
+  m = sys.modules.get(mod)
+  if m is None:
+    if not allow_import:
+      raise ValueError(f"callable {mod}.{qual}: module {mod!r} is not imported (import it first, or pass "
+                       f"allow_import=True to let loading import it)")
+    try: m = importlib.import_module(mod)
+    except Exception as e: raise ValueError(f"callable {mod}.{qual}: cannot import {mod!r}: {e}") from None
+  o = m
+  for part in qual.split("."):
+    if not part.isidentifier(): raise ValueError(f"callable {mod}.{qual}: bad name")
+    try: o = getattr(o, part)
+    except AttributeError: raise ValueError(f"callable {mod}.{qual}: {mod!r} has no {qual!r}") from None
+  if not callable(o): raise ValueError(f"callable {mod}.{qual}: not callable")
+  return o
+
+
+class _Reader:
+  """Bounds-checked reads from a buffer: every failure is a ValueError naming what was cut short."""
+  __slots__ = ("b", "p", "end")
+
+  def __init__(self, b, p: int, end: int): self.b, self.p, self.end = b, p, end
+
+  def take(self, k: int, what: str):
+    if k < 0 or self.p + k > self.end: raise ValueError(f"pygrad.loads: truncated data ({what})")
+    p = self.p
+    self.p = p + k
+    return self.b[p:p + k]
+
+  def u8(self, what: str) -> int: return self.take(1, what)[0]
+  def u32(self, what: str) -> int: return _U32.unpack(self.take(4, what))[0]
+
+
+def _decode_args(r: _Reader, nargs: int, externals, allow_import: bool) -> list:
+  """nargs values; each tuple/Metadata/CallInfo is a frame on an explicit stack, so nesting costs no recursion."""
+  objs: list = []
+  stack: list = []  # [kind, items still wanted, items]
+
+  def done(v):
+    while stack:
+      fr = stack[-1]
+      fr[2].append(v)
+      if len(fr[2]) < fr[1]: return None
+      stack.pop()
+      v = _finish(fr[0], fr[2], externals, allow_import)
+    objs.append(v)
+    return None
+
+  while len(objs) < nargs:
+    t = r.u8("arg tag")
+    if t == T_NONE: done(None)
+    elif t == T_FALSE: done(False)
+    elif t == T_TRUE: done(True)
+    elif t == T_INT: done(_I64S.unpack(r.take(8, "int arg"))[0])
+    elif t == T_BIGINT:
+      k = r.u32("int size")
+      if k > _MAX_BIGINT: raise ValueError(f"pygrad.loads: an integer arg of {k} bytes is too large")
+      done(int.from_bytes(r.take(k, "int arg"), "little", signed=True))
+    elif t == T_FLOAT: done(_F64.unpack(r.take(8, "float arg"))[0])
+    elif t in (T_STR, T_BYTES):
+      b = bytes(r.take(r.u32("size"), "string arg"))
+      if t == T_BYTES: done(b)
+      else:
+        try: done(b.decode("utf-8", "surrogatepass"))
+        except UnicodeDecodeError: raise ValueError("pygrad.loads: a string arg is not UTF-8") from None
+    elif t == T_TUPLE:
+      k = r.u32("tuple size")
+      if k > r.end - r.p: raise ValueError(f"pygrad.loads: a tuple of {k} items is longer than the data")
+      if k == 0: done(())
+      else: stack.append([T_TUPLE, k, []])
+      if len(stack) > _MAX_NEST: raise ValueError(f"pygrad.loads: args nested deeper than {_MAX_NEST}")
+    elif t == T_OPS:
+      o = r.u8("op")
+      if o >= _NOPS: raise ValueError(f"pygrad.loads: unknown op {o} in an arg")
+      done(Ops(o))
+    elif t == T_DTYPE:
+      d = r.u8("dtype")
+      if d >= _NDT: raise ValueError(f"pygrad.loads: unknown dtype {d} in an arg")
+      done(BY_ID[d])
+    elif t in (T_META, T_CALLINFO, T_FUNC): stack.append([t, {T_META: 3, T_CALLINFO: 5, T_FUNC: 2}[t], []])
+    elif t == T_EXTERN:
+      i = r.u32("external")
+      if externals is None or i >= len(externals): raise ValueError(f"pygrad.loads: external callable {i} missing")
+      done(externals[i])
+    else: raise ValueError(f"pygrad.loads: unknown arg tag {t}")
+  if stack: raise ValueError("pygrad.loads: truncated data (an arg is incomplete)")
+  return objs
+
+
+def _finish(kind: int, items: list, externals, allow_import: bool):
+  if kind == T_TUPLE: return tuple(items)
+  if kind == T_META:
+    name, caller, bw = items
+    if type(name) is not str or type(caller) is not str or type(bw) is not bool:
+      raise ValueError(f"pygrad.loads: bad Metadata fields {items!r}")
+    return Metadata(name, caller, bw)
+  if kind == T_FUNC:
+    mod, qual = items
+    if type(mod) is not str or type(qual) is not str: raise ValueError(f"pygrad.loads: bad callable name {items!r}")
+    return _resolve(mod, qual, allow_import)
+  gf, name, pc, pcb, fxn = items
+  if not (gf is None or callable(gf)) or not (fxn is None or callable(fxn)) or not (name is None or type(name) is str) \
+     or type(pc) is not bool or type(pcb) is not bool:
+    raise ValueError(f"pygrad.loads: bad CallInfo fields {items!r}")
+  return CallInfo(gf, name, pc, pcb, fxn)
+
+
+# ---- the node table of live nodes ----
+def _as_roots(roots) -> tuple[list[UOp], bool]:
+  if isinstance(roots, UOp): return [roots], True
+  roots = list(roots)
+  for r in roots:
+    if not isinstance(r, UOp): raise TypeError(f"pygrad.dumps: roots must be UOps, got {type(r).__name__}")
+  return roots, False
+
+
+def export(roots: list[UOp]):
+  """(ids, op, dtype, arg, tag, pdata, nsrc, src) of every node under roots in toposort order: int32 columns, the
+  sources as table positions, args as interned ids."""
+  ids = CORE.toposort([r._id for r in roots], True)
+  n = len(ids)
+  if CORE.name == "c":
+    from .core.ccore import ffi, lib
+    ida = np.asarray(ids, np.int32)
+    cols = [np.empty(n, np.int32) for _ in range(6)]
+    out, where = ffi.new("pg_ids **"), ffi.new("int64_t *")
+    r = lib.pg_serial_export(CORE._st, ffi.from_buffer("int32_t[]", ida), n,
+                             *[ffi.from_buffer("int32_t[]", c) for c in cols], out, where)
+    if r: raise RuntimeError(f"pygrad: export failed ({r}) at row {where[0]}")
+    p = ffi.gc(out[0], lib.pg_ids_free)
+    src = np.frombuffer(ffi.buffer(p.ids, p.n * 4), np.int32).copy() if p.n else np.zeros(0, np.int32)
+    return (ida, *cols, src)
+  pos = {nid: i for i, nid in enumerate(ids)}
+  info = [CORE.info(nid) for nid in ids]
+  srcs = [CORE.src(nid) for nid in ids]
+  cols = [np.array([x[k] for x in info], np.int32).reshape(n) for k in (0, 1, 3, 4, 6)]
+  nsrc = np.array([len(s) for s in srcs], np.int32).reshape(n)
+  src = np.array([pos[s] for ss in srcs for s in ss], np.int32)
+  return (np.array(list(ids), np.int32).reshape(n), *cols, nsrc, src)
+
+
+# ---- building ----
+def _starts(nsrc: np.ndarray) -> np.ndarray:
+  st = np.zeros(len(nsrc) + 1, np.int64)
+  np.cumsum(nsrc, out=st[1:])
+  return st
+
+
+def _intern_all(objs: list) -> np.ndarray:
+  """Interned ids of objs, with 0 (None) in front: row k + 1 is objs[k]."""
+  return np.array([0] + [ARGS.get(o) for o in objs], np.int32)
+
+
+def _build(op, dt, start, src, argref, tagref, pdref, objs: list, roots) -> list[UOp]:
+  """The nodes of a checked table whose arg columns are 1-based references into objs (0: none)."""
+  n = len(op)
+  for _ in range(64):  # an interned id may be drained between interning and the builder's hold: intern again
+    ids = _intern_all(objs)
+    try:
+      if CORE.name == "c": return _build_c(op, dt, start, src, ids[argref], ids[tagref],
+                                           None if pdref is None else ids[pdref], objs, argref, tagref, roots)
+      return _build_py(op, dt, start, src, argref, tagref, pdref, objs, ids, roots)
+    except ArgGone:
+      with ARGS.lock: pass  # a concurrent drain finishes forgetting what it marked gone
+  raise RuntimeError(f"pygrad.build: args kept being released while building {n} nodes")
+
+
+def _ask(i: int, op, dt, start, src, argref, tagref, objs, made) -> UOp:
+  """Node i made by the UOp constructor (its validation names any problem)."""
+  o = Ops(int(op[i]))
+  d = BY_ID[int(dt[i])]
+  s = tuple(made(int(j)) for j in src[start[i]:start[i + 1]])
+  a, t = int(argref[i]), int(tagref[i])
+  try:
+    u = UOp(o, d, s, objs[a - 1] if a else None, objs[t - 1] if t else None)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"node {i}: {e}") from None
+  if u.dtype is not d: raise ValueError(f"node {i}: {o.name} has dtype {u.dtype.name}, the table says {d.name}")
+  return u
+
+
+def _build_c(op, dt, start, src, arg, tag, pdata, objs, argref, tagref, roots) -> list[UOp]:
+  from .core.ccore import ffi, lib
+  i32 = lambda a: ffi.from_buffer("int32_t[]", a)  # noqa: E731
+  err, where, pos = ffi.new("int *"), ffi.new("int64_t *"), ffi.new("int64_t *")
+  b = lib.pg_serial_build_new(CORE._st, len(op), i32(op), i32(dt), ffi.from_buffer("int64_t[]", start), i32(src),
+                              i32(arg), i32(tag), ffi.NULL if pdata is None else i32(pdata),
+                              ffi.from_buffer("uint8_t[]", _FLAGS), _NOPS, _NDT, err, where)
+  if b == ffi.NULL:
+    if err[0] == lib.PG_ERR_ARG_GONE: raise ArgGone()
+    if err[0] == lib.PG_ERR_NOMEM: raise MemoryError(f"pygrad.build: out of memory for {len(op)} nodes")
+    raise ValueError(f"pygrad.build: bad node table at row {where[0]}")
+  b = ffi.gc(b, lib.pg_serial_build_delete)
+  made = lambda j: handle(lib.pg_serial_build_id(b, j))  # noqa: E731
+  while True:
+    r = lib.pg_serial_build_run(b, pos)
+    if r == lib.PG_BUILD_DONE: break
+    if r != lib.PG_BUILD_ASK:
+      if r == lib.PG_ERR_ARG_GONE: raise ArgGone()
+      raise MemoryError(f"pygrad.build: out of memory at row {pos[0]}") if r == lib.PG_ERR_NOMEM else \
+        RuntimeError(f"pygrad.build: core error {r} at row {pos[0]}")
+    u = _ask(pos[0], op, dt, start, src, argref, tagref, objs, made)
+    r = lib.pg_serial_build_set(b, u._id)
+    if r: raise MemoryError("pygrad.build: out of memory") if r == lib.PG_ERR_NOMEM else \
+      RuntimeError(f"pygrad.build: core error {r} at row {pos[0]}")
+  out = [made(int(i)) for i in roots]
+  ffi.release(b)  # the table's references go now; the roots' handles keep what they reach
+  return out
+
+
+def _build_py(op, dt, start, src, argref, tagref, pdref, objs, ids, roots) -> list[UOp]:
+  made: list[UOp] = []
+  for i in range(len(op)):
+    u = _ask(i, op, dt, start, src, argref, tagref, objs, made.__getitem__)
+    p = int(pdref[i]) if pdref is not None else 0
+    if p and not CORE.info(u._id)[6]: CORE.set_pdata(u._id, int(ids[p]))
+    made.append(u)
+  return [made[int(i)] for i in roots]
+
+
+def _int_col(a, n: int, name: str, lo: int, hi: int) -> np.ndarray:
+  a = np.asarray(a)
+  if a.shape != (n,) or a.dtype.kind not in "iu":
+    raise ValueError(f"pygrad.build: {name} must be an integer array of shape ({n},), got {a.dtype} {a.shape}")
+  if n and (a.min() < lo or a.max() >= hi): raise ValueError(f"pygrad.build: {name} out of range [{lo}, {hi})")
+  return np.ascontiguousarray(a, np.int32)
+
+
+def build(ops, dtypes, srcs, args=None, arg_index=None, tags=None, roots=None) -> list[UOp]:
+  """Make a whole graph from a node table -- one C call on the C core -- and return its roots as UOps.
+
+  ops: int array (n,) of Ops values. dtypes: int array (n,) of DType ids (`DType.id`; structural nodes use
+  dtypes.void). srcs: each node's sources as positions of *earlier* rows, either a 2-D int array (n, k) padded
+  with -1, or a pair (starts (n + 1,), flat) with node i's sources flat[starts[i]:starts[i + 1]]. args: either a
+  sequence of n args (None: no arg), or, with arg_index (an int array (n,), -1 for none), the distinct args that
+  arg_index points into. tags: None, or a sequence of n tags. roots: row positions to return (default: every row
+  no other row uses, in table order). Every node is validated as `UOp(...)` would; a bad table raises ValueError."""
+  n = len(ops)
+  op = _int_col(ops, n, "ops", 0, _NOPS)
+  dt = _int_col(dtypes, n, "dtypes", 0, _NDT)
+  if isinstance(srcs, tuple) and len(srcs) == 2:
+    start = np.ascontiguousarray(srcs[0], np.int64)
+    src = np.asarray(srcs[1])
+    if start.shape != (n + 1,) or (n and (start[0] != 0 or (np.diff(start) < 0).any())) or src.ndim != 1 \
+       or start[-1] != len(src):
+      raise ValueError("pygrad.build: srcs (starts, flat) must have n + 1 increasing starts from 0 to len(flat)")
+  else:
+    s2 = np.asarray(srcs)
+    if s2.ndim != 2 or len(s2) != n or s2.dtype.kind not in "iu":
+      raise ValueError(f"pygrad.build: srcs must be an int array (n, k) padded with -1, got {s2.dtype} {s2.shape}")
+    if (s2 < -1).any():
+      raise ValueError(f"pygrad.build: node {int(np.nonzero((s2 < -1).any(1))[0][0])} names a source that is not an "
+                       "earlier row")
+    keep = s2 >= 0
+    if (keep[:, 1:] & ~keep[:, :-1]).any(): raise ValueError("pygrad.build: -1 padding must follow the sources")
+    start = _starts(keep.sum(1))
+    src = s2[keep]
+  if len(src) and src.dtype.kind not in "iu": raise ValueError("pygrad.build: source positions must be integers")
+  rows = np.repeat(np.arange(n), np.diff(start))
+  if len(src) and ((src < 0).any() or (src >= rows).any()):
+    bad = int(rows[(src < 0) | (src >= rows)][0])
+    raise ValueError(f"pygrad.build: node {bad} names a source that is not an earlier row")
+  src = np.ascontiguousarray(src, np.int32)
+  if arg_index is None:
+    objs = [] if args is None else list(args)
+    if args is not None and len(objs) != n: raise ValueError(f"pygrad.build: args must hold {n} values")
+    argref = np.arange(1, n + 1, dtype=np.int32) if args is not None else np.zeros(n, np.int32)
+    argref[[i for i, a in enumerate(objs) if a is None]] = 0
+  else:
+    objs = list(args or ())
+    argref = _int_col(arg_index, n, "arg_index", -1, len(objs)) + 1
+  if tags is not None:
+    tags = list(tags)
+    if len(tags) != n: raise ValueError(f"pygrad.build: tags must hold {n} values")
+    tagref = np.array([0 if t is None else len(objs) + 1 + i for i, t in enumerate(tags)], np.int32)
+    objs = objs + tags
+  else: tagref = np.zeros(n, np.int32)
+  if roots is None:
+    used = np.zeros(n, bool)
+    used[src] = True
+    rts = np.nonzero(~used)[0]
+  else:
+    rts = np.asarray(roots, np.int64).reshape(-1)
+    if len(rts) and (rts.min() < 0 or rts.max() >= n): raise ValueError("pygrad.build: a root is not a row")
+  return _build(op, dt, start, src, argref, tagref, None, objs, rts)
+
+
+# ---- the binary format ----
+def _width(maxval: int) -> int:
+  return 1 if maxval < 1 << 8 else 2 if maxval < 1 << 16 else 4
+
+
+_UTYPE = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
+
+
+def _rows_of(table: np.ndarray, ids) -> np.ndarray:
+  """The rows of node ids in a table of distinct ids (a scan for a few, a sort for many)."""
+  want = np.asarray(ids, np.int64)
+  if len(want) <= 16: return np.array([np.flatnonzero(table == i)[0] for i in want], np.int64)
+  order = np.argsort(table)
+  return order[np.searchsorted(table, want, sorter=order)]
+
+
+def dumps(roots, _externals=None) -> bytes:
+  """The graph under roots (a UOp or a sequence of UOps) as bytes: see the module docstring for the format."""
+  rl, single = _as_roots(roots)
+  ids, op, dt, arg, tag, pdata, nsrc, src = export(rl)
+  n = len(ids)
+  used = np.stack([arg, tag, pdata], 1).ravel()
+  used = used[used != 0]
+  uniq, first = np.unique(used, return_index=True)
+  order = np.argsort(first, kind="stable")  # args in order of first use: the bytes do not depend on interning ids
+  rank = np.empty(len(uniq), np.int64)
+  rank[order] = np.arange(1, len(uniq) + 1)
+  objs = [ARGS.objs[int(a)] for a in uniq[order]]
+  ref = lambda col: np.where(col == 0, 0, rank[np.searchsorted(uniq, col)] if len(uniq) else 0)  # noqa: E731
+  argb = _encode_args(objs, _externals)
+  argw = _width(len(uniq))
+  rows = np.repeat(np.arange(n, dtype=np.int64), nsrc)
+  delta = rows - src
+  srcw = _width(int(delta.max()) if len(delta) else 0)
+  big = nsrc >= 255
+  side = np.nonzero((tag != 0) | (pdata != 0))[0]
+  head = _HEAD.pack(MAGIC, VERSION, _F_SINGLE if single else 0, len(objs), len(argb), n, len(src), len(rl), srcw, argw)
+  parts = [head, argb, op.astype(np.uint8).tobytes(), dt.astype(np.uint8).tobytes(),
+           np.minimum(nsrc, 255).astype(np.uint8).tobytes(), nsrc[big].astype("<u4").tobytes(),
+           ref(arg).astype(_UTYPE[argw]).tobytes(), delta.astype(_UTYPE[srcw]).tobytes(),
+           _rows_of(ids, [r._id for r in rl]).astype("<u4").tobytes(), _U32.pack(len(side)),
+           np.stack([side, ref(tag[side]), ref(pdata[side])], 1).astype("<u4").tobytes()]
+  body = b"".join(parts)
+  return body + _U32.pack(zlib.crc32(body))
+
+
+def _col(r: _Reader, k: int, dtype, what: str) -> np.ndarray:
+  dtype = np.dtype(dtype)
+  if k > (r.end - r.p) // max(dtype.itemsize, 1): raise ValueError(f"pygrad.loads: truncated data ({what})")
+  return np.frombuffer(r.take(k * dtype.itemsize, what), dtype)
+
+
+def loads(data, allow_import: bool = False, _externals=None):
+  """The graph `dumps` wrote: a UOp if one was saved, else a list of UOps. Bad bytes raise ValueError.
+  allow_import: let loading import the modules that saved callables name (otherwise they must be imported)."""
+  mv = memoryview(data).cast("B")
+  if len(mv) < _HEAD.size + 4: raise ValueError(f"pygrad.loads: {len(mv)} bytes is too short for a pygrad graph")
+  magic, ver, flags, nargs, argbytes, n, m, nroots, srcw, argw = _HEAD.unpack_from(mv, 0)
+  if magic != MAGIC: raise ValueError("pygrad.loads: not a pygrad graph (bad magic)")
+  if ver != VERSION: raise ValueError(f"pygrad.loads: format version {ver}, this pygrad reads version {VERSION}")
+  end = len(mv) - 4
+  if zlib.crc32(mv[:end]) != _U32.unpack_from(mv, end)[0]: raise ValueError("pygrad.loads: checksum mismatch")
+  if flags & ~_F_SINGLE or srcw not in _UTYPE or argw not in _UTYPE:
+    raise ValueError(f"pygrad.loads: bad header (flags {flags}, widths {srcw}/{argw})")
+  room = end - _HEAD.size
+  if argbytes > room or nargs > argbytes or n > room // 3 or m > room or nroots > room // 4 or n >= 1 << 31:
+    raise ValueError(f"pygrad.loads: counts larger than the data (args {nargs}, nodes {n}, sources {m}, roots "
+                     f"{nroots})")
+  if (flags & _F_SINGLE) and nroots != 1: raise ValueError("pygrad.loads: a single-root graph with {nroots} roots")
+  r = _Reader(mv, _HEAD.size, _HEAD.size + argbytes)
+  objs = _decode_args(r, nargs, _externals, allow_import)
+  if r.p != r.end: raise ValueError("pygrad.loads: arg table size does not match its contents")
+  r.end = end
+  op = _col(r, n, np.uint8, "ops").astype(np.int32)
+  dt = _col(r, n, np.uint8, "dtypes").astype(np.int32)
+  ns = _col(r, n, np.uint8, "source counts").astype(np.int64)
+  big = ns == 255
+  ns[big] = _col(r, int(big.sum()), "<u4", "source counts")
+  argref = _col(r, n, _UTYPE[argw], "args").astype(np.int32)
+  if ns.sum() != m: raise ValueError(f"pygrad.loads: source counts add up to {int(ns.sum())}, the header says {m}")
+  delta = _col(r, m, _UTYPE[srcw], "sources").astype(np.int64)
+  rts = _col(r, nroots, "<u4", "roots").astype(np.int64)
+  nside = r.u32("side table size")
+  side = _col(r, 3 * nside, "<u4", "side table").reshape(nside, 3).astype(np.int64)
+  if r.p != end: raise ValueError(f"pygrad.loads: {end - r.p} bytes after the graph")
+  if (op >= _NOPS).any(): raise ValueError(f"pygrad.loads: unknown op {int(op[op >= _NOPS][0])}")
+  if (dt >= _NDT).any(): raise ValueError(f"pygrad.loads: unknown dtype {int(dt[dt >= _NDT][0])}")
+  if (argref > nargs).any(): raise ValueError("pygrad.loads: an arg reference is outside the arg table")
+  start = _starts(ns)
+  src = np.repeat(np.arange(n, dtype=np.int64), ns) - delta
+  if m and (src < 0).any(): raise ValueError("pygrad.loads: a source reference points before the first node")
+  if (delta == 0).any(): raise ValueError("pygrad.loads: a node is its own source (a cycle)")
+  if len(rts) and rts.max() >= n: raise ValueError("pygrad.loads: a root is outside the node table")
+  tagref, pdref = np.zeros(n, np.int32), np.zeros(n, np.int32)
+  if nside:
+    rows, tg, pd = side[:, 0], side[:, 1], side[:, 2]
+    if rows.max() >= n or tg.max() > nargs or pd.max() > nargs:
+      raise ValueError("pygrad.loads: a side entry is outside the node or arg table")
+    tagref[rows], pdref[rows] = tg, pd
+    for p in np.unique(pd[pd != 0]):
+      v = objs[int(p) - 1]
+      if type(v) is not tuple or not all(type(x) is Metadata for x in v):
+        raise ValueError(f"pygrad.loads: node metadata must be a tuple of Metadata, got {v!r}")
+  out = _build(op, dt, start, np.ascontiguousarray(src, np.int32), argref, tagref, pdref, objs, rts)
+  return out[0] if flags & _F_SINGLE else out
+
+
+def save(path, roots) -> None:
+  """Write dumps(roots) to path (written to a temporary name first, so a crash never leaves half a file)."""
+  data = dumps(roots)
+  tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
+  with open(tmp, "wb") as f: f.write(data)
+  os.replace(tmp, path)
+
+
+def load(path, allow_import: bool = False):
+  """The graph saved at path (see loads)."""
+  with open(path, "rb") as f: return loads(f.read(), allow_import)
+
+
+# ---- pickle ----
+def _pickled(roots) -> tuple[bytes, tuple]:
+  ext: list = []
+  return dumps(roots, ext), tuple(ext)
+
+
+def reduce_uop(u: UOp):
+  return _unpickle, _pickled(u)
+
+
+def reduce_walk(w: Walk):
+  """A walk pickles as its root's graph and the rows (in that graph's table) of the nodes it lists."""
+  blob, ext = _pickled(w._roots)
+  table = np.asarray(CORE.toposort([w._roots._id], True), np.int64)
+  return _unpickle_walk, (blob, ext, _rows_of(table, np.asarray(w.ids, np.int64)).astype("<u4").tobytes())
+
+
+def _unpickle(blob: bytes, ext: tuple):
+  return loads(blob, _externals=list(ext))
+
+
+def _unpickle_walk(blob: bytes, ext: tuple, rows: bytes) -> Walk:
+  root = loads(blob, _externals=list(ext))
+  table = np.asarray(CORE.toposort([root._id], True), np.int32)
+  return Walk(table[np.frombuffer(rows, "<u4").astype(np.int64)].tolist(), root)
+
+
+__all__ = ["build", "dumps", "loads", "save", "load", "export", "MAGIC", "VERSION"]

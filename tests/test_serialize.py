@@ -1,0 +1,265 @@
+"""Saving and loading graphs (pygrad.dumps/loads/save/load), pickle and copy of UOps and Walks, and the bulk builder
+pygrad.build: round trips node for node, across cores, and bad input as ValueError."""
+from __future__ import annotations
+import copy, math, os, pickle, struct, subprocess, sys, zlib
+import numpy as np
+import pytest
+import pygrad
+from pygrad import UOp, Ops, dtypes
+from pygrad.serialize import _HEAD, MAGIC
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def kernel_fxn(*arrays):  # a CALL kernel saved by name (module level, importable)
+  arrays[0][...] = arrays[0] * 2
+
+
+def kernel_grad(grad, call):
+  return [grad * 2.0]
+
+
+def sample():
+  """A gradient graph with metadata, a FUNCTION, a CALL, special floats, ints beyond int64 and a variable."""
+  x = UOp.placeholder((4, 4), dtypes.float32, name="x")
+  w = UOp.placeholder((4, 4), dtypes.float32, name="w")
+  with pygrad.metadata("fwd"):
+    h = ((x @ w).relu() + x.const_like(-0.0)).sin()
+    p = x.param_like(0)
+    f = (p * p + p.const_like(math.inf)).call(h, name="sq").gettuple(0)
+    loss = (f + x.const_like(float("nan"))).sum()
+  gx, gw = loss.gradient(x, w)
+  k = UOp.custom_kernel(UOp.placeholder((3,), dtypes.float32), fxn=kernel_fxn, grad_fxn=kernel_grad)[0]
+  big = UOp(Ops.DEFINE_VAR, dtypes.int64, (), ("n", -(1 << 70), 1 << 70))
+  return [loss, gx, gw, k, big]
+
+
+def test_round_trip_is_identity():
+  g = sample()
+  data = pygrad.dumps(g)
+  assert data[:8] == MAGIC
+  back = pygrad.loads(data)
+  assert all(a is b for a, b in zip(back, g)) and len(back) == len(g)
+  assert pygrad.loads(pygrad.dumps(g[1])) is g[1]  # one UOp in, one UOp out
+
+
+def test_metadata_and_args_survive_a_fresh_process(tmp_path):
+  g = sample()
+  path = tmp_path / "g.pgr"
+  pygrad.save(path, g)
+  script = ("import sys, pygrad, test_serialize as t\n"
+            f"g = pygrad.load({str(path)!r})\n"
+            "assert pygrad.dumps(g) == open(sys.argv[1], 'rb').read()\n"
+            "assert any(m.name == 'fwd' and not m.backward for u in g[0].toposort() for m in u.metadata)\n"
+            "assert any(m.name == 'fwd' and m.backward for u in g[1].toposort() for m in u.metadata)\n"
+            "k = g[3].src[1]\n"
+            "assert k.arg.fxn is t.kernel_fxn and k.arg.grad_fxn is t.kernel_grad\n"
+            "print(pygrad.core_name(), len(g[1].toposort()))\n")
+  for core in ("c", "python"):
+    if core == "c" and pygrad.core_name() != "c": continue
+    env = {**os.environ, "PYGRAD_CORE": core, "PYTHONPATH": os.pathsep.join([os.path.dirname(HERE), HERE])}
+    r = subprocess.run([sys.executable, "-c", script, str(path)], env=env, cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[0] == core
+
+
+def test_both_cores_write_the_same_bytes(tmp_path):
+  """Saved on this core, loaded on the pure core and saved again: the same bytes (so the same nodes), and back."""
+  g = sample()
+  data = pygrad.dumps(g)
+  (tmp_path / "a").write_bytes(data)
+  script = ("import sys, pygrad, test_serialize\n"
+            "d = open(sys.argv[1], 'rb').read()\n"
+            "g = pygrad.loads(d)\n"
+            "open(sys.argv[2], 'wb').write(pygrad.dumps(g))\n")
+  env = {**os.environ, "PYGRAD_CORE": "python", "PYTHONPATH": os.pathsep.join([os.path.dirname(HERE), HERE])}
+  r = subprocess.run([sys.executable, "-c", script, str(tmp_path / "a"), str(tmp_path / "b")], env=env, cwd=tmp_path,
+                     capture_output=True, text=True, timeout=120)
+  assert r.returncode == 0, r.stderr
+  again = (tmp_path / "b").read_bytes()
+  assert again == data
+  assert all(a is b for a, b in zip(pygrad.loads(again), g))
+
+
+def test_pickle_and_copy():
+  g = sample()
+  for u in g:
+    assert pickle.loads(pickle.dumps(u)) is u
+    assert copy.copy(u) is u and copy.deepcopy(u) is u
+  holder = {"graph": g, "pair": (g[0], [g[1]])}
+  back = pickle.loads(pickle.dumps(holder))
+  assert back["graph"][2] is g[2] and back["pair"][1][0] is g[1]
+  assert copy.deepcopy(holder)["pair"][0] is g[0]
+
+
+def test_walk_pickles():
+  g = sample()
+  for w in (g[1].toposort(), g[1].toposort(enter_calls=False), g[1].toposort(gate=lambda u: u.op is not Ops.SIN)):
+    back = pickle.loads(pickle.dumps(w))
+    assert len(back) == len(w) and all(a is b for a, b in zip(back, w))
+
+
+def test_lambda_kernel_is_refused_by_dumps_but_pickles():
+  b = UOp.placeholder((2,), dtypes.float32)
+  k = UOp.custom_kernel(b, fxn=lambda a: None)[0]
+  with pytest.raises(ValueError, match="by name"):
+    pygrad.dumps(k)
+  with pytest.raises(Exception):  # pickle cannot carry a lambda either: it says so itself
+    pickle.dumps(k)
+  k2 = UOp.custom_kernel(b, fxn=print)[0]  # a builtin is reachable by name
+  assert pickle.loads(pickle.dumps(k2)) is k2 and pygrad.loads(pygrad.dumps(k2)) is k2
+
+
+def test_callables_resolve_only_from_imported_modules(tmp_path, monkeypatch):
+  mod = tmp_path / "pg_kernels_mod.py"
+  mod.write_text("RAN = []\nRAN.append(1)\ndef fxn(a):\n  a[...] = 1\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  import pg_kernels_mod
+  k = UOp.custom_kernel(UOp.placeholder((2,), dtypes.float32), fxn=pg_kernels_mod.fxn)[0]
+  data = pygrad.dumps(k)
+  del k
+  monkeypatch.delitem(sys.modules, "pg_kernels_mod")
+  with pytest.raises(ValueError, match="pg_kernels_mod.*not imported"):
+    pygrad.loads(data)
+  k = pygrad.loads(data, allow_import=True)
+  assert k.src[1].arg.fxn is sys.modules["pg_kernels_mod"].fxn
+
+
+def test_deep_chain_and_nested_args_do_not_recurse():
+  x = UOp.placeholder((2,), dtypes.float32)
+  y = x
+  for _ in range(20000): y = y.sin()
+  assert pygrad.loads(pygrad.dumps(y)) is y
+  arg = 0
+  for _ in range(60): arg = (arg,)
+  z = UOp(Ops.DEFINE_VAR, dtypes.int32, (), ("deep", 0, arg))
+  assert pygrad.loads(pygrad.dumps(z)) is z
+  args = bytes([7]) + struct.pack("<I", 1)
+  args = args * 100000 + bytes([0])
+  hostile = _HEAD.pack(MAGIC, 1, 0, 1, len(args), 0, 0, 0, 1, 1) + args + struct.pack("<I", 0)
+  with pytest.raises(ValueError, match="nested deeper"):
+    pygrad.loads(_reseal(hostile))
+
+
+def test_bytes_per_node():
+  x = UOp.placeholder((8, 8), dtypes.float32)
+  y = x
+  for i in range(3000): y = (y * x).sin() if i % 2 else y + x
+  n = len(y.toposort())
+  assert len(pygrad.dumps(y)) / n <= 16
+
+
+# ---- build ----
+def test_build_from_a_table_is_the_graph():
+  x = UOp.placeholder((3, 4), dtypes.float32, name="x")
+  want = ((x * x).sin() + x).sum(axis=1).reshape((3,))
+  ops = [Ops.BUFFER, Ops.MUL, Ops.SIN, Ops.ADD, Ops.REDUCE_AXIS, Ops.RESHAPE]
+  dts = [dtypes.float32.id] * 6
+  srcs = np.array([[-1, -1], [0, 0], [1, -1], [2, 0], [3, -1], [4, -1]])
+  args = [x.arg, None, None, None, (Ops.ADD, (1,)), (3,)]
+  (got,) = pygrad.build(np.array(ops), np.array(dts), srcs, args)
+  assert got is want
+  starts, flat = np.array([0, 0, 2, 3, 5, 6, 7]), np.array([0, 0, 1, 2, 0, 3, 4])
+  idx = np.array([0, -1, -1, -1, 1, 2])
+  r = pygrad.build(np.array(ops), np.array(dts), (starts, flat), [x.arg, (Ops.ADD, (1,)), (3,)], idx, roots=[5, 2])
+  assert r[0] is want and r[1] is (x * x).sin()
+
+
+def test_build_many_nodes_shares_signatures():
+  n = 5000
+  ops = np.full(n, int(Ops.SIN)); ops[0] = int(Ops.BUFFER); ops[1::2] = int(Ops.ADD)  # noqa: E702
+  srcs = np.full((n, 2), -1); srcs[1:, 0] = np.arange(n - 1); srcs[1::2, 1] = 0  # noqa: E702
+  x = UOp.placeholder((5,), dtypes.float16)
+  (r,) = pygrad.build(ops, np.full(n, dtypes.float16.id), srcs, [x.arg], np.array([0] + [-1] * (n - 1)))
+  y = x
+  for i in range(1, n): y = y + x if i % 2 else y.sin()
+  assert r is y and r.shape == (5,) and r.dtype is dtypes.float16
+
+
+@pytest.mark.parametrize("ops,dts,srcs,args,match", [
+  ([Ops.BUFFER, Ops.SIN], [11, 11], [[-1], [1]], [(0, (2,), "CPU", None), None], "not an earlier row"),
+  ([Ops.BUFFER, Ops.SIN], [11, 11], [[-1], [-2]], [(0, (2,), "CPU", None), None], "not an earlier row"),
+  ([Ops.BUFFER, 99], [11, 11], [[-1], [0]], [(0, (2,), "CPU", None), None], "ops out of range"),
+  ([Ops.BUFFER, Ops.SIN], [11, 14], [[-1], [0]], [(0, (2,), "CPU", None), None], "dtypes out of range"),
+  ([Ops.BUFFER, Ops.RESHAPE], [11, 11], [[-1], [0]], [(0, (2,), "CPU", None), "ab"], "node 1: RESHAPE"),
+  ([Ops.BUFFER, Ops.SIN], [11, 3], [[-1], [0]], [(0, (2,), "CPU", None), None], "node 1: SIN"),
+  ([Ops.CONST], [11], [[-1]], [1], "node 0: CONST"),
+  ([Ops.BUFFER, Ops.SINK], [11, 11], [[-1], [0]], [(0, (2,), "CPU", None), None], "node 1: SINK has dtype void"),
+])
+def test_build_rejects_bad_tables(ops, dts, srcs, args, match):
+  with pytest.raises(ValueError, match=match):
+    pygrad.build(np.array([int(o) for o in ops]), np.array(dts), np.array(srcs), args)
+
+
+def test_build_leaves_no_nodes_behind():
+  before = pygrad.live_nodes()
+  r = pygrad.build(np.array([int(Ops.CONST), int(Ops.SIN), int(Ops.SIN)]), np.full(3, dtypes.float32.id),
+                   np.array([[-1], [0], [1]]), [2.5, None, None], roots=[1])
+  assert r[0] is UOp.const(2.5).sin()
+  assert pygrad.live_nodes() == before + 2
+  del r
+  assert pygrad.live_nodes() == before
+
+
+# ---- bad bytes ----
+def _reseal(body: bytes) -> bytes:
+  return body + struct.pack("<I", zlib.crc32(body))
+
+
+def _header(data: bytes, **kw) -> bytes:
+  names = ["magic", "version", "flags", "nargs", "argbytes", "n", "nsrc", "nroots", "srcw", "argw"]
+  vals = dict(zip(names, _HEAD.unpack_from(data, 0)))
+  vals.update(kw)
+  return _reseal(_HEAD.pack(*[vals[k] for k in names]) + data[_HEAD.size:-4])
+
+
+def _small():
+  x = UOp.placeholder((2,), dtypes.float32, name="x")
+  return ((x * x).sin() + x.const_like(1.5)).sum()
+
+
+def test_bad_bytes_raise_value_error():
+  data = pygrad.dumps(_small())
+  cases = {
+    "too short": data[:10], "bad magic": b"X" + data[1:], "version": _header(data, version=7),
+    "checksum": data[:-1] + bytes([data[-1] ^ 1]), "counts larger": _header(data, n=1 << 40),
+    "source counts add up": _header(data, nsrc=3), "bad header": _header(data, srcw=3),
+  }
+  for what, bad in cases.items():
+    with pytest.raises(ValueError, match=what):
+      pygrad.loads(bad)
+  for k in range(len(data)):  # every truncation
+    with pytest.raises(ValueError):
+      pygrad.loads(data[:k])
+
+
+def _tamper(data: bytes, pos: int, value: int) -> bytes:
+  body = bytearray(data[:-4])
+  body[pos] = value
+  return _reseal(bytes(body))
+
+
+def test_lying_tables_raise_value_error():
+  u = _small()
+  data = pygrad.dumps(u)
+  vals = _HEAD.unpack_from(data, 0)
+  argbytes, n = vals[4], vals[5]
+  ops_at = _HEAD.size + argbytes
+  with pytest.raises(ValueError, match="unknown op"):
+    pygrad.loads(_tamper(data, ops_at, 200))
+  with pytest.raises(ValueError, match="unknown dtype"):
+    pygrad.loads(_tamper(data, ops_at + n, 77))
+  src_at = ops_at + 3 * n + n * vals[9]
+  with pytest.raises(ValueError, match="points before|cycle"):
+    pygrad.loads(_tamper(data, src_at, 250))
+  with pytest.raises(ValueError, match="cycle"):
+    pygrad.loads(_tamper(data, src_at, 0))
+  with pytest.raises(ValueError, match="node"):  # a node's op swapped for another: its validation names it
+    pygrad.loads(_tamper(data, ops_at + n - 1, int(Ops.CONST)))
+  with pytest.raises(ValueError, match="unknown arg tag"):
+    pygrad.loads(_tamper(data, _HEAD.size, 99))
+  huge = _HEAD.pack(MAGIC, 1, 0, 1, 5, 0, 0, 0, 1, 1) + bytes([7]) + struct.pack("<I", 0xFFFFFFFF)
+  huge += struct.pack("<I", 0)
+  with pytest.raises(ValueError, match="longer than the data"):
+    pygrad.loads(_reseal(huge))
