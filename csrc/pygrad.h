@@ -91,6 +91,9 @@ void pg_vm_free(pg_vm *vm);
 const char *pg_vm_opcode_name(int32_t op);
 int pg_vm_set_isa(int32_t isa);
 const char *pg_vm_isa_name(int32_t isa);
+/* vm_pool.c: the threads a run may use (1 = the calling thread only); set returns the count in force */
+int32_t pg_vm_set_threads(int32_t n);
+int32_t pg_vm_get_threads(void);
 
 /* ---- tables.c: the ids Python and C share (csrc/tables.h), for pygrad/ids.py: the name of entry i of a table
    and its values (an id, and for dtypes the itemsize), or NULL past the end ---- */

@@ -502,10 +502,32 @@ static void red_outputs(const vm_kernel *k, char *base, int post) {
   }
 }
 
-static int run_loop(const vm_kernel *k, char *const *bufp, char *ws, const vm_isa *isa) {
+/* one loop kernel's run over a part of its index space: rows [r0, r1) (outer dims in odometer order) and the inner
+   columns [cs, ce) (a multiple of T to the end of a tile), with the register file in ws */
+typedef struct loop_job {
+  const vm_kernel *k;
+  char *const *bufp;
+  char *ws;
+  const vm_isa *isa;
+  int64_t wsstride, rows, inner, block, ntg;  /* rows per independent block; tile groups a block splits into */
+} loop_job;
+
+/* the outer index of row r: an odometer position over dims [0, nd) */
+static void row_index(int64_t r, const int64_t *shape, int nd, int64_t *idx) {
+  int d;
+  for (d = nd - 1; d >= 0; d--) {
+    idx[d] = shape[d] ? r % shape[d] : 0;
+    r = shape[d] ? r / shape[d] : 0;
+  }
+}
+
+static void loop_part(const loop_job *j, char *ws, int64_t r0, int64_t r1, int64_t cs, int64_t ce) {
+  const vm_kernel *k = j->k;
+  const vm_isa *isa = j->isa;
+  char *const *bufp = j->bufp;
   char **ptr = (char **)ws, **scratch, *p;
   int nd = k->ndim - 1;  /* outer dims; the last is the tile's inner dim */
-  int64_t inner = k->shape[nd], rows = 1, rpt, r, c0, idx[VM_MAXDIM] = {0};
+  int64_t inner = j->inner, rpt, r, c0, idx[VM_MAXDIM] = {0};
   int32_t i, dot = 0, rop = k->redop == VR_DOT ? VR_ADD : k->redop;
   scratch = ptr + k->nregs;
   p = (char *)(((uintptr_t)(scratch + k->nregs) + 63) & ~(uintptr_t)63);
@@ -514,20 +536,18 @@ static int run_loop(const vm_kernel *k, char *const *bufp, char *ws, const vm_is
     p += k->regs[i].scalar ? 64 : (k->T * 8 + 63) / 64 * 64;
     ptr[i] = scratch[i];
   }
-  for (i = 0; i < nd; i++) rows *= k->shape[i];
-  if (k->redop) red_outputs(k, bufp[k->stores[0].buf], 0);
-  if (rows == 0 || inner == 0) return 0;
-  for (i = 0; i < k->nloads; i++) {  /* invariant loads: filled once per kernel */
+  for (i = 0; i < k->nloads; i++) {  /* invariant loads: filled once per part */
     const vm_view *v = &k->loads[i];
     if (!v->invariant) continue;
     if (k->regs[v->reg].scalar) load_row(v->stype, bufp[v->buf] + v->off * v->esize, 0, 1, scratch[v->reg]);
     else load_row(v->stype, bufp[v->buf] + v->off * v->esize, 0, k->T, scratch[v->reg]);
   }
-  rpt = inner >= k->T ? 1 : k->T / inner;
-  for (r = 0; r < rows;) {
-    int64_t nr = rows - r < rpt ? rows - r : rpt;
-    for (c0 = 0; c0 < inner; c0 += k->T) {
-      int64_t nc = inner - c0 < k->T ? inner - c0 : k->T, n = nr * nc;
+  row_index(r0, k->shape, nd, idx);
+  rpt = inner >= k->T || cs > 0 || ce < inner ? 1 : k->T / inner;
+  for (r = r0; r < r1;) {
+    int64_t nr = r1 - r < rpt ? r1 - r : rpt;
+    for (c0 = cs; c0 < ce; c0 += k->T) {
+      int64_t nc = ce - c0 < k->T ? ce - c0 : k->T, n = nr * nc;
       for (i = 0; i < k->nloads; i++) {
         const vm_view *v = &k->loads[i];
         if (v->invariant) continue;
@@ -590,7 +610,124 @@ static int run_loop(const vm_kernel *k, char *const *bufp, char *ws, const vm_is
     for (i = 0; i < nr; i++) odo_next(idx, k->shape, nd);
     r += nr;
   }
+}
+
+/* units [lo, hi) of a loop job on worker w: a unit is one block of rows, or one tile group of a block */
+static void loop_task(void *ctx, int64_t lo, int64_t hi, int32_t w) {
+  const loop_job *j = (const loop_job *)ctx;
+  char *ws = j->ws + (int64_t)w * j->wsstride;
+  int64_t T = j->k->T;
+  if (j->ntg == 1) { loop_part(j, ws, lo * j->block, hi * j->block, 0, j->inner); return; }
+  while (lo < hi) {  /* consecutive tile groups of one block run as one part */
+    int64_t b = lo / j->ntg, g0 = lo % j->ntg, g1 = hi - b * j->ntg < j->ntg ? hi - b * j->ntg : j->ntg;
+    int64_t ce = g1 * T < j->inner ? g1 * T : j->inner;
+    loop_part(j, ws, b * j->block, (b + 1) * j->block, g0 * T, ce);
+    lo = b * j->ntg + g1;
+  }
+}
+
+/* below this many element-operations a kernel runs on the calling thread: waking a worker costs more */
+#define PAR_MIN_WORK ((int64_t)1 << 15)
+
+/* whether rows that differ in outer dim d may share an output element: d is reduced, or a store does not move
+   along it */
+static int dim_shared(const vm_kernel *k, int d) {
+  int32_t i;
+  if (k->redop && (k->redmask >> d & 1u)) return 1;
+  for (i = 0; i < k->nstores; i++) if (k->stores[i].st[d] == 0) return 1;
+  return 0;
+}
+
+static int run_loop(const vm_kernel *k, char *const *bufp, char *ws, int64_t wsstride, int32_t nthreads,
+                    const vm_isa *isa) {
+  int nd = k->ndim - 1, d;
+  int64_t work, units, chunk;
+  loop_job j;
+  j.k = k; j.bufp = bufp; j.ws = ws; j.isa = isa; j.wsstride = wsstride;
+  j.inner = k->shape[nd]; j.rows = 1; j.block = 1; j.ntg = 1;
+  for (d = 0; d < nd; d++) j.rows *= k->shape[d];
+  if (k->redop) red_outputs(k, bufp[k->stores[0].buf], 0);
+  if (j.rows == 0 || j.inner == 0) return 0;
+  work = j.rows * j.inner * (k->nins + k->nloads + k->nstores + 1);
+  if (nthreads < 2 || work < PAR_MIN_WORK) {
+    loop_part(&j, ws, 0, j.rows, 0, j.inner);
+  } else {
+    /* independent parts: rows grouped in blocks from the first outer dim whose rows may share an output on, and
+       the inner dim split by tiles unless rows reduce along it */
+    for (d = 0; d < nd; d++) if (k->shape[d] > 1 && dim_shared(k, d)) break;
+    for (; d < nd; d++) j.block *= k->shape[d];
+    if (j.inner > k->T && !(j.inner > 1 && dim_shared(k, nd))) j.ntg = (j.inner + k->T - 1) / k->T;
+    units = j.rows / j.block * j.ntg;
+    chunk = (units + 4 * (int64_t)nthreads - 1) / (4 * (int64_t)nthreads);
+    if (chunk * (work / units) < PAR_MIN_WORK / 2) chunk = (PAR_MIN_WORK / 2 + work / units) / (work / units + 1);
+    vm_pool_for(units, chunk, loop_task, &j, nthreads);
+  }
   if (k->redop && k->post) red_outputs(k, bufp[k->stores[0].buf], k->post);
+  return 0;
+}
+
+/* a contraction split by batch element and output tiles; each worker packs into its own part of ws */
+typedef struct gemm_job {
+  const vm_gemm *g;
+  const char *a, *b;
+  char *c, *ws;
+  const vm_isa *isa;
+  int64_t wsstride, es, rb, cb, nrb, ncb;  /* rows and columns per tile, tiles down and across */
+} gemm_job;
+
+static void gemm_task(void *ctx, int64_t lo, int64_t hi, int32_t w) {
+  const gemm_job *j = (const gemm_job *)ctx;
+  const vm_gemm *g = j->g;
+  int64_t u, per = j->nrb * j->ncb;
+  for (u = lo; u < hi; u++) {
+    int64_t t = u / per, tile = u % per, i0 = tile / j->ncb * j->rb, j0 = tile % j->ncb * j->cb;
+    int64_t i1 = i0 + j->rb < g->n ? i0 + j->rb : g->n, j1 = j0 + j->cb < g->m ? j0 + j->cb : g->m;
+    int64_t oa = 0, ob = 0, oc = 0, rest = t;
+    int d;
+    for (d = g->nbatch - 1; d >= 0; d--) {  /* batch element t's offsets */
+      int64_t x = rest % g->bsize[d];
+      rest /= g->bsize[d];
+      oa += x * g->bsa[d]; ob += x * g->bsb[d]; oc += x * g->bsc[d];
+    }
+    j->isa->gemm_part(g, j->a + oa * j->es, j->b + ob * j->es, j->c + oc * j->es, i0, i1, j0, j1,
+                      j->ws + (int64_t)w * j->wsstride);
+  }
+}
+
+/* below this many multiply-adds a contraction runs on one thread */
+#define PAR_MIN_GEMM ((int64_t)1 << 17)
+
+static int run_gemm(const vm_kernel *k, char *const *bufp, int32_t nthreads, const vm_isa *isa) {
+  const vm_gemm *g = &k->gemm;
+  int64_t total = 1, flops, units;
+  int d;
+  gemm_job j;
+  char *ws;
+  j.g = g; j.isa = isa; j.es = vm_esize(g->lt);
+  j.a = bufp[g->a] + g->offa * j.es; j.b = bufp[g->b] + g->offb * j.es; j.c = bufp[g->c] + g->offc * j.es;
+  for (d = 0; d < g->nbatch; d++) total *= g->bsize[d];
+  if (total == 0 || g->n == 0 || g->m == 0) return 0;
+  flops = total * g->n * g->m * (g->k > 0 ? g->k : 1);
+  j.rb = g->n; j.cb = g->m;
+  if (nthreads < 2 || flops < PAR_MIN_GEMM) nthreads = 1;
+  else if (total < 2 * (int64_t)nthreads) {
+    /* split the larger side of C: the other operand is packed again by every tile, so it should be the small one.
+       Tiles stay multiples of 16 (every micro-tile width divides it) */
+    int64_t parts = 2 * (int64_t)nthreads / total;
+    if (g->m >= g->n) j.cb = ((g->m + parts - 1) / parts + 15) / 16 * 16;
+    else j.rb = ((g->n + parts - 1) / parts + 15) / 16 * 16;
+  }
+  j.nrb = (g->n + j.rb - 1) / j.rb;
+  j.ncb = (g->m + j.cb - 1) / j.cb;
+  units = total * j.nrb * j.ncb;
+  if (nthreads > units) nthreads = (int32_t)units;
+  j.wsstride = ((int64_t)isa->gemm_ws(g) + 63) / 64 * 64;
+  ws = (char *)malloc((size_t)(j.wsstride * nthreads));
+  if (!ws) return PG_ERR_NOMEM;
+  j.ws = ws;
+  if (nthreads < 2) gemm_task(&j, 0, units, 0);
+  else vm_pool_for(units, 1, gemm_task, &j, nthreads);
+  free(ws);
   return 0;
 }
 
@@ -598,9 +735,11 @@ static int run_loop(const vm_kernel *k, char *const *bufp, char *ws, const vm_is
 int pg_vm_run(pg_vm *vm, void *const *slots, const int64_t *sizes, int32_t nslots) {
   char **bufp, *ws = NULL;
   const vm_isa *isa = vm_isa_current();
-  int32_t i;
+  int32_t i, nthreads = pg_vm_get_threads();
+  int64_t wsstride;
   int rc = 0;
   if (!vm || (nslots > 0 && (!slots || !sizes))) return PG_ERR_ARG;
+  wsstride = (vm->wsbytes + 63) / 64 * 64;
   if (nslots != vm->nslots) return PG_VM_ERR_SLOTS;
   for (i = 0; i < nslots; i++)
     if (sizes[i] < vm->slotmin[i] || (vm->slotmin[i] > 0 && !slots[i])) return PG_VM_ERR_SLOTS;
@@ -610,16 +749,11 @@ int pg_vm_run(pg_vm *vm, void *const *slots, const int64_t *sizes, int32_t nslot
     bufp[i] = (char *)slots[vm->bufs[i].slot] + vm->bufs[i].off;
     if ((uintptr_t)bufp[i] % (uintptr_t)vm->bufs[i].align) { free(bufp); return PG_VM_ERR_SLOTS; }  /* misaligned */
   }
-  if (vm->wsbytes > 0 && !(ws = (char *)malloc((size_t)vm->wsbytes))) { free(bufp); return PG_ERR_NOMEM; }
+  if (wsstride > 0 && !(ws = (char *)malloc((size_t)(wsstride * nthreads)))) { free(bufp); return PG_ERR_NOMEM; }
   for (i = 0; i < vm->nkern && rc == 0; i++) {
     const vm_kernel *k = &vm->kern[i];
-    if (k->kind == VK_LOOP) rc = run_loop(k, bufp, ws, isa);
-    else {
-      const vm_gemm *g = &k->gemm;
-      int64_t es = vm_esize(g->lt);
-      if (isa->gemm(g, bufp[g->a] + g->offa * es, bufp[g->b] + g->offb * es, bufp[g->c] + g->offc * es) < 0)
-        rc = PG_ERR_NOMEM;
-    }
+    if (k->kind == VK_LOOP) rc = run_loop(k, bufp, ws, wsstride, nthreads, isa);
+    else rc = run_gemm(k, bufp, nthreads, isa);
   }
   free(ws);
   free(bufp);

@@ -71,8 +71,16 @@ typedef struct vm_isa {
   void (*red_row)(int32_t redop, int32_t ct, const char *v, int64_t n, char *out);
   void (*red_vert)(int32_t redop, int32_t ct, const char *v, int64_t n, char *out, int64_t ostride);
   void (*red_dot)(int32_t ct, const char *a, const char *b, int64_t n, char *out);
-  int (*gemm)(const vm_gemm *g, const char *a, const char *b, char *c);
+  /* packing bytes one worker needs for g; C[i0:i1, j0:j1] of one batch element into c, packing into ws */
+  size_t (*gemm_ws)(const vm_gemm *g);
+  void (*gemm_part)(const vm_gemm *g, const char *a, const char *b, char *c, int64_t i0, int64_t i1, int64_t j0,
+                    int64_t j1, char *ws);
 } vm_isa;
+
+/* vm_pool.c: run fn(ctx, lo, hi, worker) over [0, n) in chunks of `chunk`, on at most maxw threads (worker is the
+   thread's index, < maxw, for its private workspace); returns when all chunks are done */
+typedef void (*vm_task)(void *ctx, int64_t lo, int64_t hi, int32_t worker);
+void vm_pool_for(int64_t n, int64_t chunk, vm_task fn, void *ctx, int32_t maxw);
 
 const vm_isa *vm_isa_current(void);
 int vm_ct(int32_t lt);

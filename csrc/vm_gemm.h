@@ -89,21 +89,34 @@ VM_TGT static void GFN(micro)(int64_t kc, const GT *ap, const GT *bp, GT *c, int
     }
 }
 
-/* one C[n][m] = A[n][k] B[k][m] with the packing buffers given */
-VM_TGT static void GFN(gemm2d)(const vm_gemm *g, const GT *a, const GT *b, GT *c, GT *apack, GT *bpack) {
-  int64_t jc, pc, ic, jr, ir, i, j;
+/* packing bytes one worker needs for contraction g: an A block of up to MC rows and a B block of up to NC columns,
+   both at depth up to KC */
+static size_t GFN(gemm_ws)(const vm_gemm *g) {
+  int64_t mc = g->n < G_MC ? g->n : G_MC, kc = g->k < G_KC ? g->k : G_KC, nc = g->m < G_NC ? g->m : G_NC;
+  return (size_t)(((mc + G_MR - 1) / G_MR * G_MR + (nc + G_NR - 1) / G_NR * G_NR) * kc + 32) * sizeof(GT) + 64;
+}
+
+/* C[i0:i1, j0:j1] = A[i0:i1, :] B[:, j0:j1] of one batch element, packing into ws (gemm_ws bytes). Every element
+   sums its products in the same order whatever tile it falls in, so any split of C gives the same bits. */
+VM_TGT static void GFN(gemm_part)(const vm_gemm *g, const char *a_, const char *b_, char *c_, int64_t i0, int64_t i1,
+                                  int64_t j0, int64_t j1, char *ws) {
+  const GT *a = (const GT *)a_, *b = (const GT *)b_;
+  GT *c = (GT *)c_, *apack, *bpack;
+  int64_t jc, pc, ic, jr, ir, i, j, mcmax = g->n < G_MC ? g->n : G_MC, kcmax = g->k < G_KC ? g->k : G_KC;
   if (g->k == 0) {
-    for (i = 0; i < g->n; i++)
-      for (j = 0; j < g->m; j++) c[i * g->scn + j * g->scm] = 0;
+    for (i = i0; i < i1; i++)
+      for (j = j0; j < j1; j++) c[i * g->scn + j * g->scm] = 0;
     return;
   }
-  for (jc = 0; jc < g->m; jc += G_NC) {
-    int64_t nc = g->m - jc < G_NC ? g->m - jc : G_NC;
+  apack = (GT *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
+  bpack = apack + ((mcmax + G_MR - 1) / G_MR * G_MR * kcmax + 16) / 16 * 16;
+  for (jc = j0; jc < j1; jc += G_NC) {
+    int64_t nc = j1 - jc < G_NC ? j1 - jc : G_NC;
     for (pc = 0; pc < g->k; pc += G_KC) {
       int64_t kc = g->k - pc < G_KC ? g->k - pc : G_KC;
       GFN(pack_b)(bpack, b + pc * g->sbk + jc * g->sbm, kc, nc, g->sbk, g->sbm);
-      for (ic = 0; ic < g->n; ic += G_MC) {
-        int64_t mc = g->n - ic < G_MC ? g->n - ic : G_MC;
+      for (ic = i0; ic < i1; ic += G_MC) {
+        int64_t mc = i1 - ic < G_MC ? i1 - ic : G_MC;
         GFN(pack_a)(apack, a + ic * g->san + pc * g->sak, mc, kc, g->san, g->sak);
         for (jr = 0; jr < nc; jr += G_NR)
           for (ir = 0; ir < mc; ir += G_MR)
@@ -112,34 +125,6 @@ VM_TGT static void GFN(gemm2d)(const vm_gemm *g, const GT *a, const GT *b, GT *c
       }
     }
   }
-}
-
-/* the whole contraction, looping the batch dims; -1 when the packing buffers cannot be allocated */
-VM_TGT static int GFN(gemm)(const vm_gemm *g, const char *a, const char *b, char *c) {
-  int64_t idx[VM_MAXDIM] = {0}, total = 1, t, oa = 0, ob = 0, oc = 0;
-  int32_t d;
-  int64_t mc = g->n < G_MC ? g->n : G_MC, kc = g->k < G_KC ? g->k : G_KC, nc = g->m < G_NC ? g->m : G_NC;
-  size_t asz = (size_t)((mc + G_MR - 1) / G_MR * G_MR * kc) + 64;
-  size_t bsz = (size_t)((nc + G_NR - 1) / G_NR * G_NR * kc) + 64;
-  GT *buf, *apack, *bpack;
-  for (d = 0; d < g->nbatch; d++) total *= g->bsize[d];
-  if (total == 0 || g->n == 0 || g->m == 0) return 0;
-  buf = (GT *)malloc((asz + bsz) * sizeof(GT) + 64);
-  if (!buf) return -1;
-  apack = (GT *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
-  bpack = apack + asz;
-  for (t = 0; t < total; t++) {
-    GFN(gemm2d)(g, (const GT *)a + oa, (const GT *)b + ob, (GT *)c + oc, apack, bpack);
-    for (d = g->nbatch - 1; d >= 0; d--) {  /* next batch index, odometer style */
-      idx[d]++;
-      oa += g->bsa[d]; ob += g->bsb[d]; oc += g->bsc[d];
-      if (idx[d] < g->bsize[d]) break;
-      oa -= g->bsa[d] * idx[d]; ob -= g->bsb[d] * idx[d]; oc -= g->bsc[d] * idx[d];
-      idx[d] = 0;
-    }
-  }
-  free(buf);
-  return 0;
 }
 
 #undef G_MR

@@ -128,7 +128,7 @@ VM_TGT static inline float VM_FN(sin_one)(float xf) {
   c = c * z + 1.0;
   res = (q & 1u) ? c : s;
   res = (q & 2u) ? -res : res;
-  return (float)res;
+  return xf == 0.0f ? xf : (float)res;  /* the reduction's +0 terms turn -0.0 into +0.0: sin(+-0) is +-0 */
 }
 
 /* in-place safe: the range check reads x before anything is written */
@@ -201,7 +201,7 @@ VM_TGT static void VM_FN(sin_f32)(float *d, const float *x, int64_t n) {
     c = __builtin_fmaf(z, c, 1.0f);
     res = (q & 1u) ? c : s;
     res = (q & 2u) ? -res : res;
-    d[i] = res;
+    d[i] = v == 0.0f ? v : res;  /* sin(-0.0) is -0.0: the reduction's +0 terms lose the sign */
   }
 }
 #else

@@ -54,10 +54,14 @@
 #include "vm_clone.h"
 #endif
 
-/* per-ISA contraction entry: dispatch on the element type */
+/* per-ISA contraction entries: dispatch on the element type */
 #define VM_GEMM_ENTRY(SFX) \
-  static int vm_gemm_##SFX(const vm_gemm *g, const char *a, const char *b, char *c) { \
-    return g->lt == VT_F64 ? vm_gemm_f64_##SFX(g, a, b, c) : vm_gemm_f32_##SFX(g, a, b, c); }
+  static size_t vm_gemm_ws_##SFX(const vm_gemm *g) { \
+    return g->lt == VT_F64 ? vm_gemm_ws_f64_##SFX(g) : vm_gemm_ws_f32_##SFX(g); } \
+  static void vm_gemm_part_##SFX(const vm_gemm *g, const char *a, const char *b, char *c, int64_t i0, int64_t i1, \
+                                 int64_t j0, int64_t j1, char *ws) { \
+    if (g->lt == VT_F64) vm_gemm_part_f64_##SFX(g, a, b, c, i0, i1, j0, j1, ws); \
+    else vm_gemm_part_f32_##SFX(g, a, b, c, i0, i1, j0, j1, ws); }
 VM_GEMM_ENTRY(base)
 #if VM_X86
 VM_GEMM_ENTRY(avx2)
@@ -65,10 +69,11 @@ VM_GEMM_ENTRY(avx512)
 #endif
 
 static const vm_isa vm_isas[] = {
-  {"portable", vm_alu_base, vm_red_row_base, vm_red_vert_base, vm_red_dot_base, vm_gemm_base},
+  {"portable", vm_alu_base, vm_red_row_base, vm_red_vert_base, vm_red_dot_base, vm_gemm_ws_base, vm_gemm_part_base},
 #if VM_X86
-  {"avx2", vm_alu_avx2, vm_red_row_avx2, vm_red_vert_avx2, vm_red_dot_avx2, vm_gemm_avx2},
-  {"avx512", vm_alu_avx512, vm_red_row_avx512, vm_red_vert_avx512, vm_red_dot_avx512, vm_gemm_avx512},
+  {"avx2", vm_alu_avx2, vm_red_row_avx2, vm_red_vert_avx2, vm_red_dot_avx2, vm_gemm_ws_avx2, vm_gemm_part_avx2},
+  {"avx512", vm_alu_avx512, vm_red_row_avx512, vm_red_vert_avx512, vm_red_dot_avx512, vm_gemm_ws_avx512,
+   vm_gemm_part_avx512},
 #endif
 };
 #define VM_NISA ((int)(sizeof vm_isas / sizeof vm_isas[0]))

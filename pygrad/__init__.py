@@ -24,6 +24,9 @@ def __getattr__(name):
   if name in ("build", "dumps", "loads", "save", "load"):
     from . import serialize
     return getattr(serialize, name)
+  if name in ("set_num_threads", "get_num_threads"):
+    from . import threads
+    return getattr(threads, name)
   if name in ("gradient", "engine", "simplify", "rewrite", "upat"):
     import importlib
     return importlib.import_module(f".{name}", __name__)
@@ -31,4 +34,5 @@ def __getattr__(name):
 
 
 __all__ = ["Ops", "GroupOp", "DType", "dtypes", "UOp", "Walk", "CallInfo", "Metadata", "metadata", "live_nodes",
-           "core_name", "UPat", "PatternMatcher", "graph_rewrite", "compute_gradient", "evaluate", "compile", "build", "dumps", "loads", "save", "load"]
+           "core_name", "UPat", "PatternMatcher", "graph_rewrite", "compute_gradient", "evaluate", "compile", "build",
+           "dumps", "loads", "save", "load", "set_num_threads", "get_num_threads"]

@@ -49,4 +49,18 @@ def set_isa(i: int) -> int:
   return rc
 
 
-__all__ = ["ffi", "lib", "OPCODES", "prepare", "isa_name", "set_isa"]
+def apply_threads(n: int) -> int:
+  """Give the C thread pool n threads (pygrad.set_num_threads calls this); returns the count in force."""
+  rc = lib.pg_vm_set_threads(n)
+  if rc < 0: raise ValueError(f"pygrad VM: bad thread count {n}")
+  return rc
+
+
+def _init_threads() -> None:
+  from ..threads import get_num_threads
+  apply_threads(get_num_threads())
+
+
+_init_threads()
+
+__all__ = ["ffi", "lib", "OPCODES", "prepare", "isa_name", "set_isa", "apply_threads"]
