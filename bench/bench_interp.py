@@ -1,6 +1,8 @@
 """The C interpreter against numpy eager, numexpr, jax.jit and torch eager (each when installed), single thread, on
-the workloads of the interpreter issue. Engines alternate inside every repetition; figures are medians.
-Run: python bench/bench_interp.py [--reps N]   (writes bench/results/interp.md)"""
+the workloads of the interpreter issue; then the interpreter on all threads against its own single thread: the
+fused expression on 10M float32 for three input distributions (vs numpy eager), and (x*y).sum(1) on 4096^2 against
+the machine's copy bandwidth measured in the same run. Engines alternate inside every repetition; figures are
+medians. Run: python bench/bench_interp.py [--reps N]   (writes bench/results/interp.md)"""
 from __future__ import annotations
 import os
 for _v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
@@ -12,6 +14,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import argparse, platform, statistics, time  # noqa: E402
 import numpy as np  # noqa: E402
 
+import pygrad  # noqa: E402
 from pygrad import UOp, dtypes  # noqa: E402
 from pygrad.engine.program import compile_program  # noqa: E402
 from pygrad.engine import vmlib  # noqa: E402
@@ -190,10 +193,70 @@ def workloads(peers):
   return out
 
 
+def _alternate(fs: dict, reps: int) -> dict:
+  """{name: median seconds} of the callables in fs, alternating inside every repetition. A value may be a pair
+  (setup, fn): setup runs before each timed call (the thread count of that engine)."""
+  fs = {k: v if isinstance(v, tuple) else (lambda: None, v) for k, v in fs.items()}
+  for setup, f in fs.values():
+    setup()
+    f()
+  times = {k: [] for k in fs}
+  for _ in range(reps):
+    for k, (setup, f) in fs.items():
+      setup()
+      t = time.perf_counter()
+      f()
+      times[k].append(time.perf_counter() - t)
+  return {k: statistics.median(v) for k, v in times.items()}
+
+
+def threaded(reps: int) -> str:
+  """The thread-pool section: markdown with its target verdicts."""
+  nall = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+  one, every = (lambda: pygrad.set_num_threads(1)), (lambda: pygrad.set_num_threads(nall))
+  rng = np.random.default_rng(1)
+  n = 10_000_000
+  a, b, c = (UOp.placeholder((n,), F32, k) for k in "abc")
+  p = compile_program([(a * b + c).sin() * a.exp2() + b.abs().sqrt() / (c * c + 1) - a.maximum(b)], [a, b, c])
+  lines = [f"\n## All threads ({nall}) against one\n",
+           f"`pygrad.set_num_threads(1)` vs `({nall})`, the same compiled program, alternating; numpy eager is "
+           "single-threaded.\n",
+           "| workload | inputs | pygrad 1 thread | pygrad all threads | numpy eager | all vs 1 thread | all vs numpy |"
+           " target |", "|---|---|---:|---:|---:|---:|---:|---|"]
+  dists = {"standard normal": lambda: rng.standard_normal(n), "uniform(0.5, 2)": lambda: rng.uniform(0.5, 2, n),
+           "uniform(-100, 100)": lambda: rng.uniform(-100, 100, n)}
+  for dname, draw in dists.items():
+    A, B, C = (draw().astype(np.float32) for _ in range(3))
+    med = _alternate({"1": (one, lambda: p(A, B, C)), "all": (every, lambda: p(A, B, C)),
+                      "numpy": lambda: np.sin(A * B + C) * np.exp2(A) + np.sqrt(np.abs(B)) / (C * C + 1)
+                      - np.maximum(A, B)}, reps)
+    s1, sn = med["1"] / med["all"], med["numpy"] / med["all"]
+    ok = "PASS" if s1 >= 1.8 and sn >= 4 else "MISS"
+    lines.append(f"| fused expression, 10M f32 | {dname} | {med['1'] * 1e3:.1f} ms | {med['all'] * 1e3:.1f} ms | "
+                 f"{med['numpy'] * 1e3:.1f} ms | {s1:.2f}x | {sn:.2f}x | {ok} (>= 1.8x own, >= 4x numpy) |")
+    del A, B, C
+  X = rng.standard_normal((4096, 4096)).astype(np.float32)
+  Y = rng.standard_normal((4096, 4096)).astype(np.float32)
+  D = np.empty_like(X)
+  x, y = UOp.placeholder(X.shape, F32, "x"), UOp.placeholder(Y.shape, F32, "y")
+  pr = compile_program([(x * y).sum(axis=1)], [x, y])
+  med = _alternate({"1": (one, lambda: pr(X, Y)), "all": (every, lambda: pr(X, Y)),
+                    "copy": lambda: np.copyto(D, X)}, reps)
+  bw = {k: 2 * X.nbytes / v / 1e9 for k, v in med.items()}  # bytes moved: two operands read; a copy reads+writes
+  ok = "PASS" if bw["all"] >= 0.9 * bw["copy"] else "MISS"
+  lines += ["", "| workload | pygrad 1 thread | pygrad all threads | copy bandwidth (np.copyto, read + write) | "
+            "all threads vs copy | target |", "|---|---:|---:|---:|---:|---|",
+            f"| (x*y).sum(1), 4096x4096 f32 (GB/s read) | {bw['1']:.1f} GB/s | {bw['all']:.1f} GB/s | "
+            f"{bw['copy']:.1f} GB/s | {bw['all'] / bw['copy']:.2f}x | {ok} (>= 0.9x) |"]
+  pygrad.set_num_threads(nall)
+  return "\n".join(lines) + "\n"
+
+
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--reps", type=int, default=15)
   args = ap.parse_args()
+  pygrad.set_num_threads(1)  # the comparison with single-threaded peers; threaded() below uses every core
   peers = _peers()
   rows = []
   for name, unit, work, fs, note in workloads(peers):
@@ -217,7 +280,8 @@ def main():
   for k, mod in peers.items():
     ver[k] = (mod[0] if isinstance(mod, tuple) else mod).__version__
   head = (f"# Interpreter benchmark\n\n`python bench/bench_interp.py --reps {args.reps}` on {platform.machine()} "
-          f"({os.cpu_count()} CPUs), one thread everywhere, VM ISA `{vmlib.isa_name()}`, medians of {args.reps} "
+          f"({os.cpu_count()} CPUs), one thread everywhere (the last section: all threads), VM ISA "
+          f"`{vmlib.isa_name()}`, medians of {args.reps} "
           f"alternating runs. Versions: {', '.join(f'{k} {v}' for k, v in ver.items())}.\n\n"
           "| workload | engine | figure | unit | speed vs numpy eager |\n|---|---|---:|---|---:|\n")
   lines = []
@@ -226,7 +290,7 @@ def main():
       if unit: lines.append(f"| | | | {unit} | |")
       continue
     lines.append(f"| {name} | {k} | {fig:.3f} | {unit} | {rel:.2f}x |")
-  text = head + "\n".join(lines) + "\n"
+  text = head + "\n".join(lines) + "\n" + threaded(args.reps)
   print(text)
   res = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
   os.makedirs(res, exist_ok=True)

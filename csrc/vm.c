@@ -697,12 +697,27 @@ static void gemm_task(void *ctx, int64_t lo, int64_t hi, int32_t w) {
 /* below this many multiply-adds a contraction runs on one thread */
 #define PAR_MIN_GEMM ((int64_t)1 << 17)
 
+/* C^T = B^T A^T: the same contraction with the operands' roles swapped and C written transposed */
+static void gemm_transpose(const vm_gemm *g, vm_gemm *t) {
+  int d;
+  *t = *g;
+  t->a = g->b; t->b = g->a; t->offa = g->offb; t->offb = g->offa;
+  t->n = g->m; t->m = g->n;
+  t->san = g->sbm; t->sak = g->sbk; t->sbk = g->sak; t->sbm = g->san; t->scn = g->scm; t->scm = g->scn;
+  for (d = 0; d < g->nbatch; d++) { t->bsa[d] = g->bsb[d]; t->bsb[d] = g->bsa[d]; }
+}
+
 static int run_gemm(const vm_kernel *k, char *const *bufp, int32_t nthreads, const vm_isa *isa) {
   const vm_gemm *g = &k->gemm;
+  vm_gemm swapped;
   int64_t total = 1, flops, units;
   int d;
   gemm_job j;
   char *ws;
+  if (g->m < 16 && g->n >= 2 * g->m) {  /* a narrow C: vectors along its long side (decided by shape alone) */
+    gemm_transpose(g, &swapped);
+    g = &swapped;
+  }
   j.g = g; j.isa = isa; j.es = vm_esize(g->lt);
   j.a = bufp[g->a] + g->offa * j.es; j.b = bufp[g->b] + g->offb * j.es; j.c = bufp[g->c] + g->offc * j.es;
   for (d = 0; d < g->nbatch; d++) total *= g->bsize[d];

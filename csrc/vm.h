@@ -83,6 +83,16 @@ typedef void (*vm_task)(void *ctx, int64_t lo, int64_t hi, int32_t worker);
 void vm_pool_for(int64_t n, int64_t chunk, vm_task fn, void *ctx, int32_t maxw);
 
 const vm_isa *vm_isa_current(void);
+/* vm_gemm.c: the contraction entries of each instruction set */
+size_t vm_gemm_ws_base(const vm_gemm *g);
+void vm_gemm_part_base(const vm_gemm *g, const char *a, const char *b, char *c, int64_t i0, int64_t i1, int64_t j0,
+                       int64_t j1, char *ws);
+size_t vm_gemm_ws_avx2(const vm_gemm *g);
+void vm_gemm_part_avx2(const vm_gemm *g, const char *a, const char *b, char *c, int64_t i0, int64_t i1, int64_t j0,
+                       int64_t j1, char *ws);
+size_t vm_gemm_ws_avx512(const vm_gemm *g);
+void vm_gemm_part_avx512(const vm_gemm *g, const char *a, const char *b, char *c, int64_t i0, int64_t i1,
+                         int64_t j0, int64_t j1, char *ws);
 int vm_ct(int32_t lt);
 int64_t vm_esize(int32_t t);
 

@@ -1,30 +1,8 @@
-/* One clone of the VM's tile kernels: vm_kern.h (elementwise and reductions) and vm_gemm.h (contraction) for
-   float32 and float64, compiled with the instruction set the includer chose. Included by vm_simd.c once per ISA,
+/* One clone of the VM's tile kernels: vm_kern.h (elementwise and reductions), compiled with the instruction set
+   the includer chose (the contraction kernels are cloned by vm_gemm.c). Included by vm_simd.c once per ISA,
    with VM_FN(name) (the clone's names), VM_TGT / VM_TGT_STREAM (target attributes) and VM_VBYTES (vector width)
    defined; it undefines them again. No include guard: each inclusion is another clone. */
 #include "vm_kern.h"
-
-#define GT float
-#define GFN(name) VM_FN(name##_f32)
-#define GV VM_FN(gv_f32)
-#if defined(__GNUC__)
-typedef float GV __attribute__((vector_size(VM_VBYTES)));
-#endif
-#include "vm_gemm.h"
-#undef GT
-#undef GFN
-#undef GV
-
-#define GT double
-#define GFN(name) VM_FN(name##_f64)
-#define GV VM_FN(gv_f64)
-#if defined(__GNUC__)
-typedef double GV __attribute__((vector_size(VM_VBYTES)));
-#endif
-#include "vm_gemm.h"
-#undef GT
-#undef GFN
-#undef GV
 
 #undef VM_FN
 #undef VM_TGT

@@ -28,12 +28,21 @@ VM_TGT static void GFN(pack_b)(GT *dst, const GT *b, int64_t kc, int64_t nc, int
   int64_t jr, p, j;
   for (jr = 0; jr < nc; jr += G_NR) {
     int64_t cols = nc - jr < G_NR ? nc - jr : G_NR;
-    for (p = 0; p < kc; p++) {
-      const GT *src = b + p * sk + jr * sm;
-      GT *o = dst + p * G_NR;
-      if (sm == 1) for (j = 0; j < cols; j++) o[j] = src[j];
-      else for (j = 0; j < cols; j++) o[j] = src[j * sm];
-      for (; j < G_NR; j++) o[j] = 0;
+    if (sm == 1 || sk != 1) {
+      for (p = 0; p < kc; p++) {
+        const GT *src = b + p * sk + jr * sm;
+        GT *o = dst + p * G_NR;
+        if (sm == 1) for (j = 0; j < cols; j++) o[j] = src[j];
+        else for (j = 0; j < cols; j++) o[j] = src[j * sm];
+        for (; j < G_NR; j++) o[j] = 0;
+      }
+    } else {  /* a transposed operand (w.T): read each column along its contiguous depth */
+      for (j = 0; j < cols; j++) {
+        const GT *src = b + (jr + j) * sm;
+        for (p = 0; p < kc; p++) dst[p * G_NR + j] = src[p];
+      }
+      for (; j < G_NR; j++)
+        for (p = 0; p < kc; p++) dst[p * G_NR + j] = 0;
     }
     dst += G_NR * kc;
   }
@@ -91,7 +100,7 @@ VM_TGT static void GFN(micro)(int64_t kc, const GT *ap, const GT *bp, GT *c, int
 
 /* packing bytes one worker needs for contraction g: an A block of up to MC rows and a B block of up to NC columns,
    both at depth up to KC */
-static size_t GFN(gemm_ws)(const vm_gemm *g) {
+VM_TGT static size_t GFN(gemm_ws)(const vm_gemm *g) {
   int64_t mc = g->n < G_MC ? g->n : G_MC, kc = g->k < G_KC ? g->k : G_KC, nc = g->m < G_NC ? g->m : G_NC;
   return (size_t)(((mc + G_MR - 1) / G_MR * G_MR + (nc + G_NR - 1) / G_NR * G_NR) * kc + 32) * sizeof(GT) + 64;
 }

@@ -54,20 +54,6 @@
 #include "vm_clone.h"
 #endif
 
-/* per-ISA contraction entries: dispatch on the element type */
-#define VM_GEMM_ENTRY(SFX) \
-  static size_t vm_gemm_ws_##SFX(const vm_gemm *g) { \
-    return g->lt == VT_F64 ? vm_gemm_ws_f64_##SFX(g) : vm_gemm_ws_f32_##SFX(g); } \
-  static void vm_gemm_part_##SFX(const vm_gemm *g, const char *a, const char *b, char *c, int64_t i0, int64_t i1, \
-                                 int64_t j0, int64_t j1, char *ws) { \
-    if (g->lt == VT_F64) vm_gemm_part_f64_##SFX(g, a, b, c, i0, i1, j0, j1, ws); \
-    else vm_gemm_part_f32_##SFX(g, a, b, c, i0, i1, j0, j1, ws); }
-VM_GEMM_ENTRY(base)
-#if VM_X86
-VM_GEMM_ENTRY(avx2)
-VM_GEMM_ENTRY(avx512)
-#endif
-
 static const vm_isa vm_isas[] = {
   {"portable", vm_alu_base, vm_red_row_base, vm_red_vert_base, vm_red_dot_base, vm_gemm_ws_base, vm_gemm_part_base},
 #if VM_X86

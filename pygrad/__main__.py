@@ -151,12 +151,16 @@ def demo(argv) -> int:
 def main(argv=None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   cmds = {"demo": "build, walk, differentiate, check and evaluate a model graph",
-          "bench": "the gradient benchmark suite against the pure core, tinygrad and JAX (--quick, --only W1)"}
+          "bench": "the gradient benchmark suite against the pure core, tinygrad and JAX (--quick, --only W1)",
+          "train": "train an MLP on scikit-learn's digits with one compiled SGD step (--steps, --plot FILE.png)"}
   if not argv or argv[0] in ("-h", "--help") or argv[0] not in cmds:
-    print("usage: python -m pygrad {demo,bench} [options]\n\n" +
+    print("usage: python -m pygrad {demo,bench,train} [options]\n\n" +
           "\n".join(f"  {k:6} {v}" for k, v in cmds.items()))
     return 0 if not argv or argv[0] in ("-h", "--help") else 2
   if argv[0] == "demo": return demo(argv[1:])
+  if argv[0] == "train":
+    from .train import main as train_main
+    return train_main(argv[1:])
   from .bench import main as bench_main
   return bench_main(argv[1:])
 

@@ -515,7 +515,8 @@ def main(argv=None, command: str | None = None) -> int:
   ap = argparse.ArgumentParser(prog="python -m pygrad bench", description=__doc__.split("\n\n")[0],
                                formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--quick", action="store_true", help="small sizes, one run each (a smoke test)")
-  ap.add_argument("--only", default=",".join(WORKLOADS), help="workloads, comma separated (W1,W2,W3)")
+  ap.add_argument("--only", default=",".join(WORKLOADS),
+                  help="workloads, comma separated (W1,W2,W3), or train (the training-step benchmark)")
   ap.add_argument("--repeat", type=int, default=None, help="runs per measurement (default 3, --quick 1)")
   ap.add_argument("--frameworks", default=",".join(FRAMEWORKS), help="comma separated: c, python, tinygrad, jax")
   ap.add_argument("--out", default=os.path.join("bench", "results"), help="folder for grad.md/.png/.json")
@@ -528,6 +529,10 @@ def main(argv=None, command: str | None = None) -> int:
     worker_main(a.worker)
     return 0
   wls = [w.strip().upper() for w in a.only.split(",") if w.strip()]
+  if wls == ["TRAIN"]:  # the training-step benchmark (pygrad/bench_train.py) has options of its own
+    from .bench_train import main as train_main
+    cmd = command or " ".join(["python -m pygrad bench", *(argv if argv is not None else sys.argv[1:])])
+    return train_main([*(["--reps", str(a.repeat)] if a.repeat else []), "--out", a.out], cmd)
   bad = [w for w in wls if w not in WORKLOADS]
   if bad: ap.error(f"unknown workload(s) {bad}: choose from {WORKLOADS}")
   try:

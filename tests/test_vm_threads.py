@@ -74,6 +74,9 @@ def _cases():
   x, w = UOp.placeholder((128, 256), F32, "x"), UOp.placeholder((256, 256), F32, "w")
   vx, vw = _rnd((128, 256), 5), _rnd((256, 256), 6)
   out.append(("matmul", [x @ w, x.T @ x, x @ w.T, (x @ w).relu().sum(0)], [x, w], [vx, vw]))
+  w10, g10 = UOp.placeholder((256, 10), F32, "w10"), UOp.placeholder((128, 10), F32, "g10")
+  out.append(("narrow matmul", [x @ w10, x.T @ g10, g10 @ w10.T], [x, w10, g10],
+              [vx, _rnd((256, 10), 9), _rnd((128, 10), 10)]))
   bx = UOp.placeholder((6, 96, 80), F32, "bx")
   out.append(("batched matmul", [bx @ bx.permute((0, 2, 1))], [bx], [_rnd((6, 96, 80), 7)]))
   d = UOp.placeholder((200, 300), F64, "d")
