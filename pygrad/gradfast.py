@@ -7,6 +7,7 @@ AFTER, metadata) are handed back to the same per-node step the direct path runs,
 the ones the direct path builds."""
 from __future__ import annotations
 import os
+from collections.abc import Mapping
 from .ops import Ops
 from .core import CORE
 from .uop import UOp, handle
@@ -62,61 +63,37 @@ def _acc_template(key, k: UOp, prev: UOp | None, v: UOp) -> None:
   _add(key, _program(inputs, [out]))
 
 
-class GradMap(dict):
-  """compute_gradient's result on the C core: a dict whose handles are made on first use. Point lookups ask the
-  C map; anything that needs every entry (iteration, len, items, ...) fills the dict once."""
+class GradMap(Mapping):
+  """compute_gradient's result on the C core: a read-only mapping node -> gradient over the run's C map, whose
+  handles are made on first use (every Mapping method: lookups, iteration, len, ==, keys/items/values)."""
+  __slots__ = ("_run",)
 
   def __init__(self, run):
-    super().__init__()
-    self._run, self._full = run, False
-
-  def _fill(self) -> None:
-    if self._full: return
-    n = lib.pg_grad_count(self._run)
-    ks, vs = ffi.new("int32_t[]", n), ffi.new("int32_t[]", n)
-    m = lib.pg_grad_items(self._run, ks, vs, n)
-    for i in range(m): dict.__setitem__(self, handle(ks[i]), handle(vs[i]))
-    self._full = True
+    self._run = run
 
   def __getitem__(self, u):
-    if self._full: return dict.__getitem__(self, u)
     gid = lib.pg_grad_get(self._run, u._id) if type(u) is UOp else -1
     if gid < 0: raise KeyError(u)
     return handle(gid)
 
   def __contains__(self, u) -> bool:
-    if self._full: return dict.__contains__(self, u)
     return type(u) is UOp and lib.pg_grad_get(self._run, u._id) >= 0
 
   def get(self, u, default=None):
-    return self[u] if u in self else default
+    gid = lib.pg_grad_get(self._run, u._id) if type(u) is UOp else -1
+    return handle(gid) if gid >= 0 else default
 
-  def __setitem__(self, u, v):
-    self._fill()
-    dict.__setitem__(self, u, v)
+  def __len__(self) -> int: return int(lib.pg_grad_count(self._run))
 
-  def __delitem__(self, u):
-    self._fill()
-    dict.__delitem__(self, u)
+  def _items(self) -> list[tuple[UOp, UOp]]:
+    n = lib.pg_grad_count(self._run)
+    ks, vs = ffi.new("int32_t[]", n), ffi.new("int32_t[]", n)
+    m = lib.pg_grad_items(self._run, ks, vs, n)
+    return [(handle(ks[i]), handle(vs[i])) for i in range(m)]
 
-  def __eq__(self, other):
-    self._fill()
-    return dict.__eq__(self, other)
+  def __iter__(self): return iter([k for k, _ in self._items()])
 
-  __hash__ = None  # type: ignore[assignment]
-
-
-def _filled(name):
-  def method(self, *a, **kw):
-    self._fill()
-    return getattr(dict, name)(self, *a, **kw)
-  method.__name__ = name
-  return method
-
-
-for _name in ("__iter__", "__len__", "__repr__", "keys", "values", "items", "copy", "pop", "popitem", "setdefault",
-              "update", "__or__", "__reversed__"):
-  setattr(GradMap, _name, _filled(_name))
+  def __repr__(self) -> str: return f"GradMap({dict(self._items())!r})"
 
 
 def compute_gradient_fast(root: UOp, root_grad: UOp, targets) -> GradMap:

@@ -30,14 +30,42 @@ def reduce_gradient(ctx: UOp, ret: UOp) -> tuple[UOp]:
     mask = x.eq(_to_input(ret, ret)).cast(ctx.dtype)
     count = mask.r(Ops.ADD, axes)
     return ((mask / _to_input(count, ret)) * _to_input(ctx, ret),)
-  # MUL: the product of the other entries, exact where inputs are zero (one zero: only it gets a gradient)
-  zero = x.eq(0)
-  nzeros = zero.cast(x.dtype).r(Ops.ADD, axes)
-  safe = zero.where(x.const_like(1), x)
-  pnz = _to_input(safe.r(Ops.MUL, axes), ret)
-  one_zero = _to_input(nzeros.eq(1), ret)
-  other = (zero & one_zero).where(pnz, x.const_like(0))
-  return (_to_input(ctx, ret) * _to_input(nzeros.eq(0), ret).where(pnz / safe, other),)
+  # MUL: the product of the other entries, as exclusive prefix times exclusive suffix products (no division): exact
+  # where inputs are zero and built of MUL/PAD/SHRINK/WHERE only, so it differentiates again exactly at zeros too.
+  # (The seeds divide ctx * ret by x, which is nan at zeros; a zero-count formulation is exact but piecewise
+  # constant around zeros, so its second order is wrong there.)
+  return (_to_input(ctx, ret) * _others_product(x, axes),)
+
+
+def _shift_in_ones(y: UOp, d: int) -> UOp:
+  """y moved d places up its last axis with ones shifted in: out[..., i] = y[..., i-d] for i >= d, else 1."""
+  *lead, n = y.shape
+  keep, nopad = tuple((0, s) for s in lead), ((0, 0),) * len(lead)
+  moved = y.shrink(keep + ((0, n - d),)).pad(nopad + ((d, 0),))
+  head = y.shrink(keep + ((0, d),)).const_like(1).pad(nopad + ((0, n - d),))  # 1 in the first d places, else 0
+  return head.ne(0).where(y.const_like(1), moved)
+
+
+def _exclusive_cumprod(y: UOp) -> UOp:
+  """prod(y[..., :i]) at i along the last axis, by log2(n) doubling steps (Hillis-Steele)."""
+  n, z, d = y.shape[-1], _shift_in_ones(y, 1), 1
+  while d < n:
+    z = z * _shift_in_ones(z, d)
+    d *= 2
+  return z
+
+
+def _others_product(x: UOp, axes) -> UOp:
+  """For every entry of x, the product of the other entries of its reduce group (the reduced `axes`)."""
+  keep = [i for i in range(x.ndim) if i not in axes]
+  red = sorted(axes)
+  n = math.prod(x.shape[i] for i in red)
+  if n <= 1: return x.const_like(1)
+  perm = keep + red
+  y = x.permute(perm).reshape(tuple(x.shape[i] for i in keep) + (n,))
+  last = y.ndim - 1
+  others = _exclusive_cumprod(y) * _exclusive_cumprod(y.flip(last)).flip(last)
+  return others.reshape(tuple(x.shape[i] for i in perm)).permute(_argsort(perm))
 
 
 def _after_gradient(ctx: UOp, ret: UOp) -> tuple[UOp, UOp]:
@@ -49,7 +77,10 @@ def _after_gradient(ctx: UOp, ret: UOp) -> tuple[UOp, UOp]:
 
 # ctx is the gradient flowing into the matched node
 pm_gradient = PatternMatcher([
-  (UPat(Ops.CAST, name="ret"), lambda ctx, ret: (ctx.cast(ret.src[0].dtype),)),
+  # float to float as in the seeds; a CAST to or from an integer or bool dtype passes no gradient (as PyTorch and
+  # JAX: the seeds would pass a quantised one, d/dx x.cast(int).cast(float) * x = 2 at 1.7)
+  (UPat(Ops.CAST, name="ret"), lambda ctx, ret:
+    (ctx.cast(ret.src[0].dtype) if dtypes.is_float(ret.dtype) and dtypes.is_float(ret.src[0].dtype) else None,)),
   (UPat(Ops.RECIPROCAL, name="ret"), lambda ctx, ret: (-ctx * ret * ret,)),
   (UPat(Ops.SIN, name="ret"), lambda ctx, ret: ((math.pi / 2 - ret.src[0]).sin() * ctx,)),
   (UPat(Ops.LOG2, name="ret"), lambda ctx, ret: (ctx / (ret.src[0] * _LN2),)),
@@ -79,8 +110,12 @@ pm_gradient = PatternMatcher([
   (UPat(Ops.PERMUTE, name="ret"), lambda ctx, ret: (ctx.permute(_argsort(ret.marg)),)),
   (UPat(Ops.FLIP, name="ret"), lambda ctx, ret: (ctx.flip(tuple(i for i, f in enumerate(ret.marg) if f)),)),
   (UPat(Ops.COPY, name="ret"), lambda ctx, ret: (ctx.copy_to_device(ret.src[0].device),)),
-  (UPat(Ops.MULTI, name="ret"), lambda ctx, ret: ctx.shard(ret.device, ret.axis).src),
-  (UPat(Ops.TUPLE), lambda ctx: ctx.src),
+  # a sharded MULTI re-shards as in the seeds; a replicated one (axis None) evaluates to its one value, so only one
+  # copy passes the gradient back (the seeds' rule would count it once per device)
+  (UPat(Ops.MULTI, name="ret"), lambda ctx, ret: ctx.shard(ret.device, ret.axis).src if ret.axis is not None else
+    (ctx.copy_to_device(ret.src[0].device), *(None for _ in ret.src[1:]))),
+  # an element that got no gradient (NOOP) passes none: it never reaches a target as a NOOP
+  (UPat(Ops.TUPLE), lambda ctx: tuple(None if g.op is Ops.NOOP else g for g in ctx.src)),
   (UPat(Ops.AFTER, name="ret"), _after_gradient),
   # there's no gradient through a bitcast
   (UPat(Ops.BITCAST), lambda: (None,)),
@@ -97,7 +132,9 @@ def call_gradient(ctx: UOp, k: UOp, needed: set[int]) -> tuple[UOp | None, ...]:
   args = k.src[1:]
   grads_in = list(ctx.src) if ctx.op is Ops.TUPLE else [ctx]
   if k.arg.grad_fxn is not None:
-    ret = k.arg.grad_fxn(*[g for g in grads_in if g.op is not Ops.NOOP], call=k)
+    # as in the seeds: a call with several outputs gets its gradients as a tuple, one with a single output as one
+    gs = [g for g in grads_in if g.op is not Ops.NOOP]
+    ret = k.arg.grad_fxn(*gs, call=k) if len(grads_in) > 1 else k.arg.grad_fxn(gs[0], k)
     ret = tuple(ret) if isinstance(ret, (tuple, list)) else (ret,)
     if len(ret) != len(args):
       raise RuntimeError(f"grad_fxn of {k.op.name} {k.arg.name!r} returned {len(ret)} gradients for {len(args)} args")
@@ -116,7 +153,8 @@ def call_gradient(ctx: UOp, k: UOp, needed: set[int]) -> tuple[UOp | None, ...]:
       gin.append(g)
   targets = {params[i] for i in needed if i in params}
   grads = compute_gradient(body, UOp.maketuple(*root), targets)
-  outs = [(i, grads[params[i]]) for i in sorted(needed) if i in params and params[i] in grads]
+  outs = [(i, grads[params[i]]) for i in sorted(needed)
+          if i in params and params[i] in grads and grads[params[i]].op is not Ops.NOOP]
   ret: list[UOp | None] = [None] * (n + 1)
   if not outs: return tuple(ret)
   bwd_body = UOp.maketuple(*(g for _, g in outs))
@@ -173,6 +211,7 @@ def step(t0: UOp, g0: UOp, get, put, targets: set, on_path) -> None:
                            for j in range(n_out))))
     return
   if t0.op in (Ops.FUNCTION, Ops.CALL):
+    if t0.op is Ops.FUNCTION and t0.arg.grad_fxn is None and on_path(t0.src[0]): _check_captured(t0, targets)
     needed = {i for i, a in enumerate(t0.src[1:]) if a in targets or on_path(a)}
     lgrads = call_gradient(g0, t0, needed)
   else:
@@ -182,6 +221,19 @@ def step(t0: UOp, g0: UOp, get, put, targets: set, on_path) -> None:
     if v is None: continue
     put(k, accumulate(get(k), v, k))
     if _uop._md_count: _copy_metadata(t0, v, g0)
+
+
+def _check_captured(k: UOp, targets: set) -> None:
+  """A FUNCTION body on a target path: a target read in the body directly (a captured BUFFER, not a PARAM) would get
+  a silently zero gradient, since only arguments are differentiated. PARAMs are the body's own inputs."""
+  inside = [t for t in targets if t.op is not Ops.PARAM]
+  if not inside: return
+  body_ids = set(CORE.toposort([k.src[0]._id]))
+  for t in inside:
+    if t._id in body_ids:
+      what = f"BUFFER {t.arg[3]!r}" if t.op is Ops.BUFFER and t.arg[3] else f"{t.op.name}{t.shape}"
+      raise ValueError(f"gradient: {what} is captured in the body of FUNCTION {k.arg.name!r} instead of being passed "
+                       "as an argument (read through a PARAM); its gradient is not computed: pass it to .call()")
 
 
 def check_rule_result(t0: UOp, lgrads) -> None:
@@ -228,8 +280,14 @@ def gradient(root: UOp, targets, grad: UOp | None = None) -> list[UOp]:
     grad = root.const_like(1.0)
   elif grad.shape != root.shape:
     raise ValueError(f"gradient: gradient of shape {grad.shape} for a root of shape {root.shape}")
+  elif grad.dtype != root.dtype:
+    raise TypeError(f"gradient: gradient of dtype {grad.dtype.name} for a root of dtype {root.dtype.name}")
   grads = compute_gradient(root, grad, targets)
-  return [grads[t] if t in grads else t.const_like(0) for t in targets]
+  out = []
+  for t in targets:
+    g = grads.get(t)
+    out.append(t.const_like(0) if g is None or g.op is Ops.NOOP else g)  # no gradient reached it: zeros
+  return out
 
 
 try:

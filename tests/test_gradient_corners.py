@@ -1,0 +1,181 @@
+"""Corners where a gradient was once a wrong number with no error (issue 9): each test checks the fixed behaviour
+on the core under test, and on both engines where the value is evaluated."""
+from __future__ import annotations
+import numpy as np
+import pytest
+import pygrad
+from pygrad import UOp, Ops, dtypes
+from pygrad.gradient import compute_gradient
+from gradcheck import numeric_grad
+
+try:
+  import torch
+except ImportError:  # torch is an optional test dependency
+  torch = None
+
+F32, F64 = dtypes.float32, dtypes.float64
+ENGINES = ["numpy", "c"]
+
+
+def _ev(outs, inputs, engine):
+  return pygrad.evaluate(list(outs), inputs, engine=engine)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_replicated_multi_gradient_is_that_of_the_one_value(engine):
+  x = UOp.placeholder((3,), F64, name="x")
+  v = np.array([0.3, -0.5, 1.0])
+  loss = x.shard(("CPU:0", "CPU:1"), None).sin().sum()
+  np.testing.assert_allclose(_ev([loss], {x: v}, engine)[0], np.sin(v).sum())  # the forward is one copy of x
+  (g,) = loss.gradient(x)
+  np.testing.assert_allclose(_ev([g], {x: v}, engine)[0], np.cos(v), rtol=1e-12)
+  np.testing.assert_allclose(numeric_grad(loss, [x], [v])[0], np.cos(v), rtol=1e-6)
+  # a sharded MULTI keeps the seeds' re-shard
+  xs = UOp.placeholder((4,), F64, name="xs")
+  (gs,) = (xs.shard(("CPU:0", "CPU:1"), 0).sin()).sum().gradient(xs)
+  w = np.array([0.1, 0.2, 0.3, 0.4])
+  np.testing.assert_allclose(_ev([gs], {xs: w}, engine)[0], np.cos(w), rtol=1e-12)
+
+
+def test_buffer_captured_in_function_body_is_an_error_not_zero():
+  x, b = UOp.placeholder((3,), F64, name="x"), UOp.placeholder((3,), F64, name="bias")
+  f = UOp.maketuple(x.param_like(0) * b).call(x, name="layer")
+  loss = f.gettuple(0).sum()
+  with pytest.raises(ValueError, match=r"BUFFER 'bias'.*FUNCTION 'layer'"): loss.gradient(b)
+  with pytest.raises(ValueError, match="bias"): loss.gradient(x, b)
+  (gx,) = loss.gradient(x)  # the captured buffer is not a target: the argument's gradient is right
+  np.testing.assert_allclose(pygrad.evaluate([gx], {x: np.ones(3), b: np.array([1.0, 2.0, 3.0])}, engine="numpy")[0],
+                             [1.0, 2.0, 3.0])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_targets_without_gradient_get_zeros_never_noop(engine):
+  x, y = UOp.placeholder((3,), F64, name="x"), UOp.placeholder((3,), F64, name="y")
+  # a FUNCTION output that is a bare PARAM and receives no gradient
+  f = UOp.maketuple(x.param_like(0) * 2, y.param_like(1)).call(x, y, name="f")
+  gx, gy = f.gettuple(0).sum().gradient(x, y)
+  assert gy.op is not Ops.NOOP and gy.shape == (3,) and gy.dtype is F64
+  got = _ev([gx, gy], {x: np.ones(3), y: np.ones(3)}, engine)
+  np.testing.assert_allclose(got[0], [2.0, 2.0, 2.0])
+  np.testing.assert_allclose(got[1], np.zeros(3))
+  assert not any(n.op is Ops.NOOP for n in gy.toposort())
+  # an unused element of a plain TUPLE
+  t = UOp.maketuple(x * 2, y)
+  (gy2,) = t.gettuple(0).sum().gradient(y)
+  assert gy2.op is not Ops.NOOP and gy2.shape == (3,)
+  np.testing.assert_allclose(_ev([gy2], {x: np.ones(3), y: np.ones(3)}, engine)[0], np.zeros(3))
+
+
+def _prod_orders(v, axis):
+  """Gradients of orders 1-3 of sum(prod(x, axis)), each order the gradient of the sum of the previous."""
+  x = UOp.placeholder(v.shape, F64, name="x")
+  out, cur = [], x.prod(axis).sum()
+  for _ in range(3):
+    (cur,) = cur.gradient(x)
+    out.append(cur)
+    cur = cur.sum()
+  return x, out
+
+
+def _torch_prod_orders(v, axis):
+  t = torch.tensor(v, requires_grad=True)
+  if axis is None: cur = t.prod()
+  elif isinstance(axis, int): cur = t.prod(axis)
+  else: cur = t.flatten(axis[0], axis[-1]).prod(axis[0])  # torch reduces one axis at a time: adjacent axes merged
+  out, cur = [], cur.sum()
+  for _ in range(3):
+    (cur,) = torch.autograd.grad(cur, [t], create_graph=True)
+    out.append(cur.detach().numpy())
+    cur = cur.sum()
+  return out
+
+
+PROD_CASES = [(np.array([0.0, 2.0]), None), (np.array([0.0, 0.0]), None), (np.array([0.0, 0.0, 3.0]), None),
+              (np.array([1.5, -2.0, 0.5, 3.0]), None), (np.array([[0.0, 2.0, 3.0], [1.0, 0.0, 0.0]]), 1),
+              (np.array([[0.0, 2.0], [4.0, -1.0], [0.5, 0.0]]), 0), (np.array([[[0.0, 2.0], [3.0, 0.5]]]), (1, 2))]
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed (optional test dependency)")
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("case", range(len(PROD_CASES)))
+def test_prod_orders_1_to_3_at_zeros_match_torch(case, engine):
+  v, axis = PROD_CASES[case]
+  x, grads = _prod_orders(v, axis)
+  got = _ev(grads, {x: v}, engine)
+  for g, w in zip(got, _torch_prod_orders(v, axis)): np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
+
+
+def test_prod_second_order_at_zeros_values():
+  # d(sum g)/dx for g = d prod/dx: at [0, 2] and [0, 0] both are [1, 1] (g = [x1, x0])
+  for v in (np.array([0.0, 2.0]), np.array([0.0, 0.0])):
+    x, grads = _prod_orders(v, None)
+    np.testing.assert_allclose(_ev(grads[1:2], {x: v}, "numpy")[0], [1.0, 1.0])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("to", [dtypes.int32, dtypes.int8, dtypes.bool])
+def test_cast_to_non_float_passes_no_gradient(to, engine):
+  x = UOp.placeholder((), F32, name="x")
+  (g,) = (x.cast(to).cast(F32) * x).gradient(x)
+  got = _ev([g], {x: np.float32(1.7)}, engine)[0]
+  assert got == np.float32(1.0)  # d/dx c * x with c = x.cast(to).cast(float32) held constant: c = 1 at 1.7
+  if torch is not None and to is dtypes.int32:
+    t = torch.tensor(1.7, requires_grad=True)
+    (tg,) = torch.autograd.grad(t.to(torch.int32).to(torch.float32) * t, [t])
+    assert float(got) == float(tg)
+  # float to float keeps the seeds' rule
+  (g2,) = (x.cast(F64) * x.cast(F64)).gradient(x)
+  np.testing.assert_allclose(_ev([g2], {x: np.float32(1.5)}, engine)[0], 3.0)
+
+
+@pytest.mark.parametrize("bad", [dtypes.int32, dtypes.float16, F64])
+def test_seed_gradient_of_another_dtype_is_a_type_error(bad):
+  x = UOp.placeholder((3,), F32, name="x")
+  root = x * 2
+  g = UOp.placeholder((3,), bad, name="g")
+  with pytest.raises(TypeError, match=f"{bad.name}.*float32"): root.gradient(x, gradient=g)
+  (ok,) = root.gradient(x, gradient=UOp.placeholder((3,), F32))
+  assert ok.dtype is F32
+
+
+def test_grad_fxn_one_gradient_is_positional_as_in_the_seed():
+  x = UOp.placeholder((3,), F64, name="x")
+  seen = []
+
+  def grad_fxn(grad, kernel):  # the seed's form for one incoming gradient: grad_fxn(ctx, k)
+    seen.append(kernel)
+    return (grad * 10,)
+  f = UOp.maketuple(x.param_like(0) * 2).call(x, grad_fxn=grad_fxn)
+  (gx,) = f.gettuple(0).sum().gradient(x)
+  assert seen == [f]
+  np.testing.assert_allclose(pygrad.evaluate([gx], {x: np.ones(3)}, engine="numpy")[0], np.full(3, 10.0))
+
+
+def test_grad_fxn_several_gradients_get_call_by_keyword():
+  x = UOp.placeholder((3,), F64, name="x")
+  seen = []
+
+  def grad_fxn(*grads, call):
+    seen.append(len(grads))
+    return (grads[0] * 2 + grads[1] * 3,)
+  px = x.param_like(0)
+  f = UOp.maketuple(px * 2, px * 3).call(x, grad_fxn=grad_fxn)
+  (gx,) = (f.gettuple(0).sum() + f.gettuple(1).sum()).gradient(x)
+  assert seen == [2]
+  np.testing.assert_allclose(pygrad.evaluate([gx], {x: np.ones(3)}, engine="numpy")[0], np.full(3, 5.0))
+
+
+def test_gradient_result_is_a_proper_mapping():
+  x, y = UOp.placeholder((3,), F64), UOp.placeholder((3,), F64)
+  root = (x.sin() * y).sum()
+  a = compute_gradient(root, root.const_like(1.0), {x, y})
+  b = compute_gradient(root, root.const_like(1.0), {x, y})
+  assert a == b and not (a != b)
+  d = dict(a)
+  assert d == a and a == d and not (a != d) and not (d != a)
+  assert len(a) == len(d) and set(a) == set(d) and set(a.keys()) == set(d.keys())
+  assert all(a[k] is v for k, v in a.items()) and list(a.values()) == [a[k] for k in a]
+  assert x in a and a.get(x) is d[x] and a.get(5) is None and 5 not in a
+  with pytest.raises(KeyError): a[UOp.placeholder((3,), F64)]
+  other = compute_gradient((x * 3).sum(), root.const_like(1.0), {x})
+  assert a != other and not (a == other)
