@@ -2,8 +2,10 @@
    (op, dtype, arg, tag, shape/device of the node, of its sources and of the incoming gradient) is run once by
    Python on placeholders; its result graph is recorded as a template program keyed by that signature, and this
    file instantiates it (hash-consing every node) for each later node with the same key. The reverse walk and the
-   accumulation of gradients run here too; whenever a template is missing, or a node needs Python (FUNCTION, CALL,
-   GETTUPLE, metadata...), pg_grad_run returns and says why, and Python answers and calls it again. */
+   accumulation of gradients run here too; whenever a template is missing, or a node needs Python (which ops and
+   which gradients do is data Python passes in: pygrad/gradient/rules.py states it once), pg_grad_run returns and
+   says why, and Python answers and calls it again. The cache holds at most `limit` templates: past that, the half
+   used least recently is dropped (with the arg ids it held), so ever-new shapes do not grow a process. */
 #include <stdlib.h>
 #include <string.h>
 #include "prog.h"
@@ -11,11 +13,12 @@
 #define TPL_MAXSRC 3    /* fast ops have at most this many sources */
 #define KEY_MAX 16      /* longest key: 7 + 2 * TPL_MAXSRC + 2 */
 #define OP_NOOP PG_OP_NOOP    /* tables.h */
-#define OP_TUPLE PG_OP_TUPLE
+#define NOPS 64                /* the op masks' size: op ids are below it */
 
 typedef struct tpl {
   struct tpl *next;
   uint32_t hash;
+  uint64_t used;  /* the cache's clock at the last lookup that found it */
   int32_t nkey, nprog;
   int32_t key[KEY_MAX];
   int32_t *prog;
@@ -24,7 +27,8 @@ typedef struct tpl {
 struct pg_tcache {
   pg_store *st;  /* the store whose arg ids the programs hold */
   tpl **buckets;
-  uint32_t mask, n;
+  uint32_t mask, n, limit;
+  uint64_t clock;  /* counts lookups: the recency order of templates */
 };
 
 /* node id -> gradient id, open addressing; both sides hold one reference */
@@ -37,7 +41,7 @@ struct pg_grad {
   pg_store *st;
   int32_t *walk;
   int64_t nwalk, pos;
-  uint8_t fast[64];
+  uint8_t py_node[NOPS], py_grad[NOPS];  /* ops of nodes / of gradients that Python handles */
   int32_t check_pdata;
   gmap map;
   int32_t stage, j, nlg;       /* stage 1: accumulating lg[j..] of walk[pos] */
@@ -54,10 +58,17 @@ static uint32_t key_hash(const int32_t *key, int32_t n) {
   return h ^ (h >> 15);
 }
 
-/* an empty template cache for the nodes of st */
-pg_tcache *pg_tcache_new(pg_store *st) {
+/* free a template and release the arg ids its program held (store lock held) */
+static void tpl_free_locked(pg_store *st, tpl *t) {
+  pg_prog_hold_locked(st, t->prog, 0);
+  free(t->prog);
+  free(t);
+}
+
+/* an empty template cache for the nodes of st, holding at most limit (>= 2) templates */
+pg_tcache *pg_tcache_new(pg_store *st, int32_t limit) {
   pg_tcache *tc;
-  if (!st) return NULL;
+  if (!st || limit < 2) return NULL;
   tc = (pg_tcache *)calloc(1, sizeof *tc);
   if (!tc) return NULL;
   tc->st = st;
@@ -67,6 +78,7 @@ pg_tcache *pg_tcache_new(pg_store *st) {
     return NULL;
   }
   tc->mask = 63;
+  tc->limit = (uint32_t)limit;
   pg_lock_take(&st->lock);
   pg_store_retain_locked(st);
   pg_lock_drop(&st->lock);
@@ -84,9 +96,7 @@ void pg_tcache_delete(pg_tcache *tc) {
     tpl *t = tc->buckets[b];
     while (t) {
       tpl *nx = t->next;
-      pg_prog_hold_locked(st, t->prog, 0);
-      free(t->prog);
-      free(t);
+      tpl_free_locked(st, t);
       t = nx;
     }
   }
@@ -96,13 +106,49 @@ void pg_tcache_delete(pg_tcache *tc) {
   free(tc);
 }
 
-/* the template of a key, or NULL */
-static const tpl *tcache_find(const pg_tcache *tc, const int32_t *key, int32_t nkey) {
+/* the template of a key, or NULL; a found one becomes the most recently used */
+static const tpl *tcache_find(pg_tcache *tc, const int32_t *key, int32_t nkey) {
   uint32_t h = key_hash(key, nkey);
-  const tpl *t;
+  tpl *t;
   for (t = tc->buckets[h & tc->mask]; t; t = t->next)
-    if (t->hash == h && t->nkey == nkey && !memcmp(t->key, key, (size_t)nkey * sizeof *key)) return t;
+    if (t->hash == h && t->nkey == nkey && !memcmp(t->key, key, (size_t)nkey * sizeof *key)) {
+      t->used = ++tc->clock;
+      return t;
+    }
   return NULL;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* over the limit: drop the templates used least recently, keeping the newer half (a sort of the use clocks once
+   every limit / 2 additions: amortised O(log limit) an addition) */
+static void tcache_evict_locked(pg_tcache *tc) {
+  uint64_t *used = (uint64_t *)malloc((size_t)tc->n * sizeof *used), cut;
+  uint32_t b, k = 0;
+  if (!used) return;  /* over the limit until the next addition: still correct */
+  for (b = 0; b <= tc->mask; b++) {
+    const tpl *t;
+    for (t = tc->buckets[b]; t; t = t->next) used[k++] = t->used;
+  }
+  qsort(used, k, sizeof *used, cmp_u64);
+  cut = used[k - tc->limit / 2];  /* keep the limit / 2 used most recently (clocks are distinct, but for 0) */
+  free(used);
+  for (b = 0; b <= tc->mask; b++) {
+    tpl **pp = &tc->buckets[b];
+    while (*pp) {
+      tpl *t = *pp;
+      if (t->used < cut) {
+        *pp = t->next;
+        tpl_free_locked(tc->st, t);
+        tc->n--;
+      } else {
+        pp = &t->next;
+      }
+    }
+  }
 }
 
 /* double the bucket array when the cache is as full as it is wide */
@@ -151,12 +197,24 @@ int pg_tcache_add(pg_store *st, pg_tcache *tc, const int32_t *key, int32_t nkey,
   t->nkey = nkey;
   t->nprog = nprog;
   t->hash = h = key_hash(key, nkey);
+  t->used = ++tc->clock;
   t->next = tc->buckets[h & tc->mask];
   tc->buckets[h & tc->mask] = t;
-  if (++tc->n > tc->mask) tcache_grow(tc);
+  if (++tc->n > tc->limit) tcache_evict_locked(tc);
+  else if (tc->n > tc->mask) tcache_grow(tc);
 done:
   pg_lock_drop(&st->lock);
   return r;
+}
+
+/* how many templates the cache holds */
+int64_t pg_tcache_count(pg_tcache *tc) {
+  int64_t n;
+  if (!tc) return PG_ERR_ARG;
+  pg_lock_take(&tc->st->lock);
+  n = tc->n;
+  pg_lock_drop(&tc->st->lock);
+  return n;
 }
 
 /* ---- the gradient map ---- */
@@ -246,20 +304,25 @@ static int gmap_put(pg_store *st, gmap *m, int32_t key, int32_t val) {
 
 /* ---- runs ---- */
 
-/* a run over a reverse walk, starting from {root: root_grad}; fast[op] says which ops may use templates */
+/* a run over a reverse walk, starting from {root: root_grad}. py_node[op]: a node of that op is Python's step;
+   py_grad[op]: a gradient of that op is Python's to step with or to accumulate (ops >= nops: Python's too);
+   check_pdata: a node with side data (metadata) is Python's step */
 pg_grad *pg_grad_new(pg_store *st, const int32_t *walk, int64_t nwalk, int32_t root, int32_t root_grad,
-                     const uint8_t *fast, int32_t nfast, int32_t check_pdata) {
+                     const uint8_t *py_node, const uint8_t *py_grad, int32_t nops, int32_t check_pdata) {
   pg_grad *g;
   int64_t i;
   int ok = 1;
-  if (!st || nwalk < 0 || (nwalk && !walk) || !fast || nfast < 0 || nfast > 64) return NULL;
+  if (!st || nwalk < 0 || (nwalk && !walk) || !py_node || !py_grad || nops < 0 || nops > NOPS) return NULL;
   g = (pg_grad *)calloc(1, sizeof *g);
   if (!g) return NULL;
   g->st = st;
   g->walk = (int32_t *)malloc((size_t)(nwalk ? nwalk : 1) * sizeof *walk);
   if (!g->walk || gmap_init(&g->map, nwalk < (1 << 26) ? nwalk + 64 : 64) != 0) ok = 0;
   if (ok && nwalk) memcpy(g->walk, walk, (size_t)nwalk * sizeof *walk);
-  memcpy(g->fast, fast, (size_t)nfast);
+  memset(g->py_node, 1, NOPS);
+  memset(g->py_grad, 1, NOPS);
+  memcpy(g->py_node, py_node, (size_t)nops);
+  memcpy(g->py_grad, py_grad, (size_t)nops);
   g->nwalk = nwalk;
   g->pos = nwalk - 1;
   g->check_pdata = check_pdata;
@@ -391,8 +454,8 @@ static int run_locked(pg_grad *g, pg_tcache *tc, pg_stop *out) {
       out->pos = g->pos;
       out->node = nid;
       out->ctx = gid;
-      if (n->op < 0 || n->op >= 64 || !g->fast[n->op] || n->nsrc > TPL_MAXSRC || ctx->op == OP_TUPLE ||
-          (g->check_pdata && n->pdata))
+      if (n->op < 0 || n->op >= NOPS || g->py_node[n->op] || n->nsrc > TPL_MAXSRC || ctx->op < 0 ||
+          ctx->op >= NOPS || g->py_grad[ctx->op] || (g->check_pdata && n->pdata))
         return PG_GRAD_PY_STEP;                               /* FUNCTION, GETTUPLE, metadata, ... */
       nkey = rule_key(st, n, ctx, key);
       t = tcache_find(tc, key, nkey);
@@ -420,7 +483,8 @@ static int run_locked(pg_grad *g, pg_tcache *tc, pg_stop *out) {
       out->k = k;
       out->prev = prev;
       out->v = v;
-      if (vv->op == OP_TUPLE || vv->op == OP_NOOP || (pv && (pv->op == OP_TUPLE || pv->op == OP_NOOP)))
+      if (vv->op < 0 || vv->op >= NOPS || g->py_grad[vv->op] || (pv && (pv->op < 0 || pv->op >= NOPS ||
+                                                                       g->py_grad[pv->op])))
         return PG_GRAD_PY_ACC;
       nkey = acc_key(pv, vv, kn, key);
       t = tcache_find(tc, key, nkey);

@@ -41,8 +41,8 @@ int64_t pg_store_arg_drain(pg_store *st, int32_t *out, int64_t cap);
 void pg_ids_free(pg_ids *ids);
 int pg_walk_toposort(pg_store *st, const int32_t *roots, int32_t nroots, int32_t enter_calls, const int32_t *stop,
                      int32_t nstop, pg_ids **out);
-int pg_walk_deepwalk(pg_store *st, int32_t root, const int32_t *targets, int32_t ntargets, pg_ids **walk,
-                     pg_ids **path);
+int pg_walk_deepwalk(pg_store *st, int32_t root, const int32_t *targets, int32_t ntargets, int32_t enter_calls,
+                     pg_ids **walk, pg_ids **path);
 
 /* ---- prog.c: template programs (a graph recorded over numbered inputs; layout in csrc/prog.h) ---- */
 typedef struct pg_prog pg_prog;
@@ -66,11 +66,12 @@ typedef struct pg_grad pg_grad;
    gradient so far (prev, or -1) and the new one (v); key is the missing template's key */
 typedef struct pg_stop { int64_t pos; int32_t node, ctx, k, prev, v, nkey; int32_t key[16]; } pg_stop;
 
-pg_tcache *pg_tcache_new(pg_store *st);
+pg_tcache *pg_tcache_new(pg_store *st, int32_t limit);
 void pg_tcache_delete(pg_tcache *tc);
 int pg_tcache_add(pg_store *st, pg_tcache *tc, const int32_t *key, int32_t nkey, const int32_t *prog, int32_t nprog);
+int64_t pg_tcache_count(pg_tcache *tc);
 pg_grad *pg_grad_new(pg_store *st, const int32_t *walk, int64_t nwalk, int32_t root, int32_t root_grad,
-                     const uint8_t *fast, int32_t nfast, int32_t check_pdata);
+                     const uint8_t *py_node, const uint8_t *py_grad, int32_t nops, int32_t check_pdata);
 void pg_grad_delete(pg_grad *g);
 int pg_grad_run(pg_grad *g, pg_tcache *tc, pg_stop *out);
 int32_t pg_grad_get(pg_grad *g, int32_t node);

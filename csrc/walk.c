@@ -159,9 +159,11 @@ int pg_walk_toposort(pg_store *st, const int32_t *roots, int32_t nroots, int32_t
 }
 
 /* the seeds' _deepwalk: a node is on the path if a source is a target or on the path. walk = the path in toposort
-   order less DETACH nodes, path = every node on it. Targets that are not live nodes are ignored. */
-int pg_walk_deepwalk(pg_store *st, int32_t root, const int32_t *targets, int32_t ntargets, pg_ids **walk,
-                     pg_ids **path) {
+   order less DETACH nodes, path = every node on it. Targets that are not live nodes are ignored. With enter_calls
+   0 the bodies of FUNCTION/CALL nodes are neither walked nor count as sources (a gradient walk inside a body: the
+   bodies nested in it are differentiated by walks of their own). */
+int pg_walk_deepwalk(pg_store *st, int32_t root, const int32_t *targets, int32_t ntargets, int32_t enter_calls,
+                     pg_ids **walk, pg_ids **path) {
   idbuf order = {NULL, 0, 0}, w = {NULL, 0, 0}, p = {NULL, 0, 0};
   uint32_t base, on;
   int64_t k;
@@ -176,7 +178,7 @@ int pg_walk_deepwalk(pg_store *st, int32_t root, const int32_t *targets, int32_t
   }
   base = pg_store_epoch_locked(st, 3);  /* base: done, base + 1: (no stop), base + 2: target or on the path */
   on = base + 2;
-  r = toposort_locked(st, &root, 1, 1, base, base + 1, &order);
+  r = toposort_locked(st, &root, 1, enter_calls, base, base + 1, &order);
   scratch_trim(st);
   if (r == 0) {
     for (i = 0; i < ntargets; i++) {
@@ -186,7 +188,7 @@ int pg_walk_deepwalk(pg_store *st, int32_t root, const int32_t *targets, int32_t
     for (k = 0; k < order.n && r == 0; k++) {
       pg_node *n = pg_node_at(st, (uint32_t)order.v[k]);
       const int32_t *s = pg_node_src(n);
-      for (i = 0; i < n->nsrc; i++)
+      for (i = first_src(n, enter_calls); i < n->nsrc; i++)
         if (pg_node_at(st, (uint32_t)s[i])->mark == on) break;
       if (i == n->nsrc) continue;  /* no source on a target path */
       n->mark = on;

@@ -6,7 +6,7 @@ builds the same graph, node for node, for every call whose node operands have th
 whose other arguments are equal: the methods read nothing else of their operands (no method looks at an operand's
 op, value or identity). So on the second call with a signature, the method's body runs on placeholder PARAMs and its
 graph becomes a program; from then on a call with that signature is one C call plus the result's handle, where the
-body would make a handle for every intermediate node. The gradient templates (gradfast.py) use the same programs.
+body would make a handle for every intermediate node. The gradient templates (gradient/templated.py) use the same programs.
 
 Calls take the direct path inside a `metadata` block (every node made there gets the metadata), when
 PYGRAD_BUILD_TEMPLATES=0, and for operands that are not nodes or Python scalars. At most LIMIT signatures are

@@ -253,11 +253,12 @@ def test_c_tcache_belongs_to_its_store():
   from pygrad._core import ffi, lib
   from pygrad.core import CORE
   other = ffi.gc(lib.pg_store_new(), lib.pg_store_delete)
-  tc = ffi.gc(lib.pg_tcache_new(other), lib.pg_tcache_delete)  # locals die in order: the store's owner first
+  tc = ffi.gc(lib.pg_tcache_new(other, 16), lib.pg_tcache_delete)  # locals die in order: the store's owner first
   key = ffi.new("int32_t[]", [0, 1])
   assert lib.pg_tcache_add(CORE._st, tc, key, 2, ffi.new("int32_t[]", [1, 0, 1, 0]), 4) < 0
   assert lib.pg_tcache_add(other, tc, key, 2, ffi.new("int32_t[]", [1, 0, 1, 0]), 4) == 0
-  assert lib.pg_tcache_new(ffi.NULL) == ffi.NULL
+  assert lib.pg_tcache_new(ffi.NULL, 16) == ffi.NULL
+  assert lib.pg_tcache_new(other, 1) == ffi.NULL  # a limit below 2 is refused
 
 
 def test_c_store_lives_while_anything_made_on_it_does():
@@ -269,11 +270,11 @@ def test_c_store_lives_while_anything_made_on_it_does():
   x = lib.pg_store_make0(st, int(Ops.CONST), dtypes.float32.id, 1, 0, 0)
   words = [1, 1, 1, int(Ops.SIN), dtypes.float32.id, 1, 0, 0, 1, 0, 1]  # sin(input 0), naming arg id 1
   prog = lib.pg_prog_new(st, ffi.new("int32_t[]", words), len(words))
-  tc = lib.pg_tcache_new(st)
+  tc = lib.pg_tcache_new(st, 16)
   assert x >= 0 and prog != ffi.NULL and tc != ffi.NULL
   assert lib.pg_tcache_add(st, tc, ffi.new("int32_t[]", [0, 1]), 2, ffi.new("int32_t[]", words), len(words)) == 0
-  fast = ffi.new("uint8_t[64]")
-  run = lib.pg_grad_new(st, ffi.new("int32_t[]", [x]), 1, x, x, fast, 64, 0)
+  py_ops = ffi.new("uint8_t[64]")
+  run = lib.pg_grad_new(st, ffi.new("int32_t[]", [x]), 1, x, x, py_ops, py_ops, 64, 0)
   assert run != ffi.NULL
   lib.pg_store_delete(st)  # the owner lets go first
   y = lib.pg_prog_run1(st, prog, x)  # the store is still there for what uses it

@@ -196,15 +196,101 @@ class CCore:
     if r: _raise(r, "toposort", roots if nr <= 8 else f"{nr} roots")
     return Ids(out[0])
 
-  def deepwalk(self, root: int, targets) -> tuple[Ids, Ids]:
+  def deepwalk(self, root: int, targets, enter_calls: bool = True) -> tuple[Ids, Ids]:
     """(walk, path) as PyCore.deepwalk, as Ids sequences."""
     ta, nt = _id_array(targets) if len(targets) else (ffi.NULL, 0)
     w, p = ffi.new("pg_ids **"), ffi.new("pg_ids **")
-    r = self._call(lib.pg_walk_deepwalk, root, ta, nt, w, p)
+    r = self._call(lib.pg_walk_deepwalk, root, ta, nt, 1 if enter_calls else 0, w, p)
     if r: _raise(r, "deepwalk", root)
     return Ids(w[0]), Ids(p[0])
+
+  # ---- gradient runs (csrc/grad.c; PyCore has none) ----
+  grad_runs = True
+
+  def template_cache(self, limit: int) -> TemplateCache:
+    """An empty cache of gradient templates holding at most `limit` (the least recently used go first)."""
+    return TemplateCache(self._st, limit)
+
+  def grad_run(self, walk: Ids, root: int, root_grad: int, py_node: bytes, py_grad: bytes,
+               check_pdata: bool) -> GradRun:
+    """A gradient run in C over a reverse walk (a deepwalk's walk), from {root: root_grad}; see GradRun."""
+    return GradRun(self._st, walk, root, root_grad, py_node, py_grad, check_pdata)
 
   def _call(self, fn, *args):
     """fn(store, *args), with ids outside int32 reported like any other bad id."""
     try: return fn(self._st, *args)
     except (OverflowError, TypeError): return lib.PG_ERR_BADID
+
+
+class TemplateCache:
+  """Gradient templates in C: a rule's (or an accumulation's) result graph as a program (pygrad.templates.program)
+  under the key grad.c computes for a node; it holds the arg ids its programs name, and at most `limit` programs."""
+  __slots__ = ("_p", "_st")
+
+  def __init__(self, st, limit: int):
+    if type(limit) is not int or not 2 <= limit < 2 ** 31:
+      raise ValueError(f"template cache limit must be an int in [2, 2**31), got {limit!r}")
+    p = lib.pg_tcache_new(st, limit)
+    if p == ffi.NULL: raise MemoryError("pygrad C core: cannot create a template cache")
+    self._p, self._st = ffi.gc(p, lib.pg_tcache_delete), st  # (it keeps the store alive in C)
+
+  def add(self, key, words: list[int]) -> None:
+    """Record the program `words` under `key` (a run's stop key); a key already there keeps its program."""
+    r = lib.pg_tcache_add(self._st, self._p, ffi.new("int32_t[]", list(key)), len(key), ffi.new("int32_t[]", words),
+                          len(words))
+    if r < 0: _raise(r, "template cache add")
+
+  def __len__(self) -> int: return int(lib.pg_tcache_count(self._p))
+
+
+class GradRun:
+  """A reverse walk run in C: it instantiates cached templates and accumulates gradients, and stops (`resume`'s
+  result) when Python must act: NEED_RULE / NEED_ACC (a template of `key()` is missing), PY_STEP (the node `node`
+  with gradient `ctx` is Python's step; then `skip`), PY_ACC (accumulate `v` into the source `k`, whose gradient so
+  far is `prev`, -1 for none; then `consume`). The run holds a reference on every node and gradient it maps."""
+  DONE, NEED_RULE, NEED_ACC = lib.PG_GRAD_DONE, lib.PG_GRAD_NEED_RULE, lib.PG_GRAD_NEED_ACC
+  PY_STEP, PY_ACC = lib.PG_GRAD_PY_STEP, lib.PG_GRAD_PY_ACC
+  __slots__ = ("_p", "stop", "__weakref__")
+
+  def __init__(self, st, walk, root: int, root_grad: int, py_node: bytes, py_grad: bytes, check_pdata: bool):
+    if len(py_node) != len(py_grad): raise ValueError("grad_run: the two op masks differ in length")
+    wa, nw = _id_array(walk.numpy() if isinstance(walk, Ids) else walk)
+    try:
+      p = lib.pg_grad_new(st, wa, nw, root, root_grad, py_node, py_grad, len(py_node), 1 if check_pdata else 0)
+    except (OverflowError, TypeError) as e:
+      raise ValueError(f"pygrad C core: grad_run: ids must be int32: {e}") from None
+    if p == ffi.NULL: raise ValueError("pygrad C core: cannot start a gradient run (bad ids, masks or memory)")
+    self._p = ffi.gc(p, lib.pg_grad_delete)  # (the run keeps the store alive in C)
+    self.stop = ffi.new("pg_stop *")  # why it stopped: node, ctx, k, prev, v (ids), key()
+
+  def resume(self, tc: TemplateCache) -> int:
+    r = lib.pg_grad_run(self._p, tc._p, self.stop)
+    if r < 0: _raise(r, "gradient run")
+    return r
+
+  def key(self) -> tuple[int, ...]:
+    """The key of the missing template (NEED_RULE / NEED_ACC), for TemplateCache.add."""
+    return tuple(ffi.unpack(self.stop.key, self.stop.nkey))
+
+  def get(self, nid: int) -> int:
+    """The gradient of a node so far, or -1."""
+    return lib.pg_grad_get(self._p, nid)
+
+  def set(self, nid: int, gid: int) -> None:
+    r = lib.pg_grad_set(self._p, nid, gid)
+    if r < 0: _raise(r, "gradient run set", nid, gid)
+
+  def skip(self) -> None:
+    if lib.pg_grad_skip(self._p) < 0: raise ValueError("pygrad C core: gradient run: nothing to skip")
+
+  def consume(self) -> None:
+    if lib.pg_grad_consume(self._p) < 0: raise ValueError("pygrad C core: gradient run: nothing to consume")
+
+  def __len__(self) -> int: return int(lib.pg_grad_count(self._p))
+
+  def items(self) -> list[tuple[int, int]]:
+    """Every (node, gradient) id pair."""
+    n = lib.pg_grad_count(self._p)
+    ks, vs = ffi.new("int32_t[]", n), ffi.new("int32_t[]", n)
+    m = lib.pg_grad_items(self._p, ks, vs, n)
+    return list(zip(ffi.unpack(ks, m), ffi.unpack(vs, m)))

@@ -137,6 +137,9 @@ class PyCore:
       self._dead.clear()
       return out
 
+  # ---- gradient runs: only the C core has them (pygrad.gradient then runs every rule directly) ----
+  grad_runs = False
+
   # ---- walks ----
   def toposort(self, roots: list[int], enter_calls: bool = True, stop: list[int] | tuple = ()) -> list[int]:
     """Sources before users: depth-first, sources left to right, each node after all of its sources. Nodes in
@@ -160,16 +163,18 @@ class PyCore:
         for x in reversed(s): stack.append((x, False))
     return list(done)
 
-  def deepwalk(self, root: int, targets: list[int]) -> tuple[list[int], list[int]]:
+  def deepwalk(self, root: int, targets: list[int], enter_calls: bool = True) -> tuple[list[int], list[int]]:
     """The seeds' `_deepwalk`: nodes with a source that is a target or on a target path are on the path. Returns
-    (walk: the path in toposort order less DETACH nodes, path: every node on the path)."""
+    (walk: the path in toposort order less DETACH nodes, path: every node on the path). With enter_calls False,
+    FUNCTION/CALL bodies are neither walked nor count as sources."""
     tset = set(targets)
     on: dict[int, bool] = {}
-    srcs = self._src
+    srcs, info = self._src, self._info
     walk, path = [], []
-    for n in self.toposort([root]):
+    for n in self.toposort([root], enter_calls):
       m = False
-      for s in srcs[n]:
+      s_n = srcs[n] if enter_calls or info[n][0] not in _CALLS else srcs[n][1:]
+      for s in s_n:
         if s in tset or on.get(s, False):
           m = True
           break

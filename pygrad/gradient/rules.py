@@ -1,14 +1,15 @@
-"""Reverse-mode gradients as graph rewrites: `pm_gradient` holds one rule per op (the rule gets the incoming
-gradient as ctx and returns one gradient per source, None where none flows), and `compute_gradient` walks the
-target path from the root down, accumulating. FUNCTION/CALL nodes are differentiated by `call_gradient`."""
+"""The gradient rules: `pm_gradient` holds one rule per op (the rule gets the incoming gradient as ctx and returns
+one gradient per source, None where none flows), `call_gradient` differentiates a FUNCTION or CALL, `accumulate`
+adds a gradient into what a node has so far. Drivers (direct.py, templated.py) walk a graph and apply them; this
+module imports no driver: call_gradient asks its driver for the gradient of a body by yielding the request.
+Where a rule differs from the seeds on purpose, its comment says so (SPEC §4)."""
 from __future__ import annotations
-import math, dataclasses
-from .ops import Ops
-from .dtype import dtypes
-from .upat import UPat, PatternMatcher
-from .uop import UOp, handle
-from .core import CORE
-from . import uop as _uop
+import math
+from ..ops import Ops
+from ..dtype import dtypes
+from ..upat import UPat, PatternMatcher
+from ..uop import UOp
+from ..core import CORE
 
 _LN2 = math.log(2)
 
@@ -122,13 +123,12 @@ pm_gradient = PatternMatcher([
 ])
 
 
-def _noop() -> UOp: return UOp(Ops.NOOP)
-
-
-def call_gradient(ctx: UOp, k: UOp, needed: set[int]) -> tuple[UOp | None, ...]:
-  """Gradients of a FUNCTION or CALL for its sources (None for the body). ctx is a TUPLE with one gradient per
-  output (NOOP where an output got none). A grad_fxn gets the gradients, NOOPs dropped, and the call node; else the
-  body is differentiated for the `needed` argument indices into one backward FUNCTION."""
+def call_gradient(ctx: UOp, k: UOp, needed: set[int]):
+  """Gradients of a FUNCTION or CALL for its sources (None for the body), as a generator: it yields
+  (body, root_grad, targets) when it needs the gradients of a body, is sent that mapping back, and returns the
+  tuple. ctx is a TUPLE with one gradient per output (NOOP where an output got none). A grad_fxn gets the
+  gradients, NOOPs dropped, and the call node; else the body is differentiated for the `needed` argument indices
+  into one backward FUNCTION. (A generator, so a driver nests bodies on a stack of its own, never recursing.)"""
   args = k.src[1:]
   grads_in = list(ctx.src) if ctx.op is Ops.TUPLE else [ctx]
   if k.arg.grad_fxn is not None:
@@ -152,7 +152,7 @@ def call_gradient(ctx: UOp, k: UOp, needed: set[int]) -> tuple[UOp | None, ...]:
       root.append(g.param_like(n + len(gin)))
       gin.append(g)
   targets = {params[i] for i in needed if i in params}
-  grads = compute_gradient(body, UOp.maketuple(*root), targets)
+  grads = yield (body, UOp.maketuple(*root), targets)
   outs = [(i, grads[params[i]]) for i in sorted(needed)
           if i in params and params[i] in grads and grads[params[i]].op is not Ops.NOOP]
   ret: list[UOp | None] = [None] * (n + 1)
@@ -180,52 +180,10 @@ def call_gradient(ctx: UOp, k: UOp, needed: set[int]) -> tuple[UOp | None, ...]:
   return tuple(ret)
 
 
-def accumulate(prev: UOp | None, v: UOp, k: UOp) -> UOp:
-  if k.shape == () and v.shape != () and v.op is not Ops.TUPLE: v = v.sum()
-  if prev is None or prev.op is Ops.NOOP: return v
-  if v.op is Ops.NOOP: return prev
-  if v.op is Ops.TUPLE and prev.op is Ops.TUPLE:
-    return UOp.maketuple(*(n if p.op is Ops.NOOP else p if n.op is Ops.NOOP else p + n for p, n in zip(prev.src, v.src)))
-  return prev + v
-
-
-def _copy_metadata(t0: UOp, v: UOp, ctx: UOp) -> None:
-  fwd = t0.metadata
-  if not fwd: return
-  bwd = tuple(dataclasses.replace(m, backward=True) for m in fwd)
-  stop = [t0._id, ctx._id, *(s._id for s in t0.src)]
-  for nid in CORE.toposort([v._id], True, stop): _uop._attach_metadata(handle(nid), bwd)
-
-
-def step(t0: UOp, g0: UOp, get, put, targets: set, on_path) -> None:
-  """One node of the reverse walk: t0's gradient g0 flows into its sources through `get`/`put` (the accumulated
-  gradients). `on_path(node)` tells whether a node lies on a target path."""
-  if t0.op is Ops.GETTUPLE:
-    # accumulate per output into a TUPLE on the FUNCTION (or TUPLE); it is differentiated when the walk reaches it
-    k = t0.src[0]
-    n_out = len(k.src[0].src) if k.op is Ops.FUNCTION else len(k.src)
-    cur = get(k)
-    prev = cur.src if cur is not None else tuple(_noop() for _ in range(n_out))
-    i = t0.arg
-    put(k, UOp.maketuple(*(g0 if j == i and prev[j].op is Ops.NOOP else prev[j] + g0 if j == i else prev[j]
-                           for j in range(n_out))))
-    return
-  if t0.op in (Ops.FUNCTION, Ops.CALL):
-    if t0.op is Ops.FUNCTION and t0.arg.grad_fxn is None and on_path(t0.src[0]): _check_captured(t0, targets)
-    needed = {i for i, a in enumerate(t0.src[1:]) if a in targets or on_path(a)}
-    lgrads = call_gradient(g0, t0, needed)
-  else:
-    lgrads = pm_gradient.rewrite(t0, ctx=g0)
-  check_rule_result(t0, lgrads)
-  for k, v in zip(t0.src, lgrads):
-    if v is None: continue
-    put(k, accumulate(get(k), v, k))
-    if _uop._md_count: _copy_metadata(t0, v, g0)
-
-
-def _check_captured(k: UOp, targets: set) -> None:
+def check_captured(k: UOp, targets: set) -> None:
   """A FUNCTION body on a target path: a target read in the body directly (a captured BUFFER, not a PARAM) would get
-  a silently zero gradient, since only arguments are differentiated. PARAMs are the body's own inputs."""
+  a silently zero gradient, since only arguments are differentiated, so it is an error (SPEC §4; the seeds assert
+  no BUFFER is in a backward slice). PARAMs are the body's own inputs."""
   inside = [t for t in targets if t.op is not Ops.PARAM]
   if not inside: return
   body_ids = set(CORE.toposort([k.src[0]._id]))
@@ -236,61 +194,26 @@ def _check_captured(k: UOp, targets: set) -> None:
                        "as an argument (read through a PARAM); its gradient is not computed: pass it to .call()")
 
 
+def accumulate(prev: UOp | None, v: UOp, k: UOp) -> UOp:
+  """k's gradient so far (prev, None for none) plus a new one (v)."""
+  if k.shape == () and v.shape != () and v.op is not Ops.TUPLE: v = v.sum()
+  if prev is None or prev.op is Ops.NOOP: return v
+  if v.op is Ops.NOOP: return prev
+  if v.op is Ops.TUPLE and prev.op is Ops.TUPLE:
+    return UOp.maketuple(*(n if p.op is Ops.NOOP else p if n.op is Ops.NOOP else p + n for p, n in zip(prev.src, v.src)))
+  return prev + v
+
+
 def check_rule_result(t0: UOp, lgrads) -> None:
   if lgrads is None: raise RuntimeError(f"failed to compute gradient for {t0.op.name}\n\nin {str(t0)[0:1000]}...")
   if len(lgrads) != len(t0.src):
     raise RuntimeError(f"gradient rule for {t0.op.name} gave {len(lgrads)} gradients for {len(t0.src)} sources")
 
 
-def compute_gradient_direct(root: UOp, root_grad: UOp, targets) -> dict[UOp, UOp]:
-  """compute_gradient running every rule on every node (the reference path, and the pure-Python core's)."""
-  targets = set(targets)
-  walk_ids, path_ids = CORE.deepwalk(root._id, [t._id for t in targets])
-  path: set[int] | None = None
-
-  def on_path(u: UOp) -> bool:
-    nonlocal path
-    if path is None: path = set(path_ids)
-    return u._id in path
-  grads: dict[UOp, UOp] = {root: root_grad}
-  for nid in reversed(walk_ids):
-    t0 = handle(nid)
-    g0 = grads.get(t0)
-    if g0 is None or g0.op is Ops.NOOP: continue
-    step(t0, g0, grads.get, grads.__setitem__, targets, on_path)
-  return grads
-
-
-def compute_gradient(root: UOp, root_grad: UOp, targets) -> dict[UOp, UOp]:
-  """Reverse-mode gradients of `root` (seeded with `root_grad`) for every node on a path from root to a target
-  (not through DETACH), and for every reached target. On the C core, rules run once per distinct node signature
-  and C instantiates their cached results (pygrad.gradfast); the graphs are node for node the same."""
-  if _fast is not None and _fast.enabled(): return _fast.compute_gradient_fast(root, root_grad, targets)
-  return compute_gradient_direct(root, root_grad, targets)
-
-
-def gradient(root: UOp, targets, grad: UOp | None = None) -> list[UOp]:
-  """`root.gradient(*targets, gradient=None)`: d(root)/d(target) per target; zeros for unreached targets."""
-  for t in targets:
-    if type(t) is not UOp: raise TypeError(f"gradient: targets must be UOps, got {type(t).__name__}")
-    if not dtypes.is_float(t.dtype): raise TypeError(f"gradient: target {t.op.name}{t.shape} is {t.dtype.name}, not float")
-  if grad is None:
-    if root.shape != (): raise ValueError(f"gradient: root of shape {root.shape} is not scalar; pass gradient=")
-    if not dtypes.is_float(root.dtype): raise TypeError(f"gradient: root is {root.dtype.name}, not float")
-    grad = root.const_like(1.0)
-  elif grad.shape != root.shape:
-    raise ValueError(f"gradient: gradient of shape {grad.shape} for a root of shape {root.shape}")
-  elif grad.dtype != root.dtype:
-    raise TypeError(f"gradient: gradient of dtype {grad.dtype.name} for a root of dtype {root.dtype.name}")
-  grads = compute_gradient(root, grad, targets)
-  out = []
-  for t in targets:
-    g = grads.get(t)
-    out.append(t.const_like(0) if g is None or g.op is Ops.NOOP else g)  # no gradient reached it: zeros
-  return out
-
-
-try:
-  from . import gradfast as _fast
-except ImportError:  # the C core is not built: only the direct path exists
-  _fast = None
+# What needs Python, stated once (the C driver gets it as data, csrc/grad.c). A rule's result may be cached per node
+# signature (op, dtype, arg, tag, shapes/dtypes of the node, its sources and its gradient) unless the rule reads
+# more than that: calls and GETTUPLE (bodies, grad_fxn, per-output TUPLEs), TUPLE/AFTER/MULTI (their gradient is a
+# TUPLE or names other nodes), SINK (no rule). Gradients that are TUPLE or NOOP are the ones `accumulate` treats
+# apart, and a node whose gradient is a TUPLE steps in Python too.
+PY_NODE_OPS = frozenset({Ops.GETTUPLE, Ops.FUNCTION, Ops.CALL, Ops.TUPLE, Ops.AFTER, Ops.MULTI, Ops.SINK})
+PY_GRAD_OPS = frozenset({Ops.TUPLE, Ops.NOOP})
