@@ -1,0 +1,445 @@
+"""pygrad on Dask's `distributed`: compiled programs run data-parallel on a cluster's workers (`DataParallel`), a
+MULTI-sharded graph runs with each device placed on a worker (`evaluate(..., placement=...)`), and the gradients of
+many graphs are derived on the workers at once (`map_gradients`).
+
+Graphs travel as bytes in pygrad's own format (`pygrad.dumps`, whose loading executes no code), once per worker:
+a worker compiles a graph once and keeps the program under the graph's content hash, so the same graph sent again
+(by a second DataParallel, or a later call) compiles nothing. Results are combined on the client in a fixed order
+(by chunk index), so they never depend on which worker finished first. Dask is an optional dependency
+(`pip install "pygrad[distributed]"`), imported only here."""
+from __future__ import annotations
+import hashlib, threading, time
+from typing import Any
+import numpy as np
+from .ops import Ops
+from .uop import UOp
+
+REDUCTIONS = ("sum", "mean", "concat")
+_INPUT_OPS = (Ops.BUFFER, Ops.DEFINE_VAR)
+
+
+def _dask():
+  """The `distributed` module, or ImportError saying how to install it."""
+  try:
+    import distributed
+  except ImportError as e:
+    raise ImportError("pygrad.distributed needs Dask's distributed scheduler: pip install 'pygrad[distributed]'") from e
+  return distributed
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# worker side: graphs arrive as bytes and are compiled once per worker process, keyed by their content hash
+
+_programs: dict[str, Any] = {}
+_programs_lock = threading.Lock()
+_stats = {"compiles": 0, "runs": 0}
+
+
+def _content_key(blob: bytes) -> str:
+  return hashlib.sha256(blob).hexdigest()
+
+
+def _loaded(blob: bytes, nout: int) -> tuple[list[UOp], list[UOp]]:
+  import pygrad
+  roots = list(pygrad.loads(blob))
+  return roots[:nout], roots[nout:]
+
+
+def _program(key: str, blob: bytes, nout: int):
+  """This worker's compiled program for the graph `blob` (outputs first, then inputs), compiled on first use."""
+  with _programs_lock:
+    prog = _programs.get(key)
+    if prog is None:
+      import pygrad
+      outs, ins = _loaded(blob, nout)
+      prog = _programs[key] = pygrad.compile(outs, ins)
+      _stats["compiles"] += 1
+  return prog
+
+
+def _run(key: str, blob: bytes, nout: int, *arrays) -> list:
+  """Run the graph's program on one chunk of inputs (a task on a worker): one array per output."""
+  res = _program(key, blob, nout)(*arrays)
+  _stats["runs"] += 1
+  return list(res) if isinstance(res, (list, tuple)) else [res]
+
+
+def _take(a, lo: int, hi: int):
+  """Rows lo:hi of an array that already lives on a worker (a batch input passed as a future)."""
+  return a[lo:hi]
+
+
+def _evaluate_part(key: str, blob: bytes, nout: int, engine: str | None, *arrays) -> list:
+  """One device's part of a placed graph (a task on that device's worker)."""
+  import pygrad
+  if engine == "numpy":
+    outs, ins = _loaded(blob, nout)
+    return list(pygrad.evaluate(outs, dict(zip(ins, arrays)), engine="numpy"))
+  return _run(key, blob, nout, *arrays)
+
+
+def _gradients(blob: bytes, ntargets: list[int]) -> bytes:
+  """Derive the gradients of each (root, *targets) group in `blob` on a worker; returns them as bytes."""
+  import pygrad
+  roots = list(pygrad.loads(blob))
+  grads: list[UOp] = []
+  pos = 0
+  for n in ntargets:
+    root, targets = roots[pos], roots[pos + 1:pos + 1 + n]
+    grads.extend(root.gradient(*targets))
+    pos += 1 + n
+  return pygrad.dumps(grads)
+
+
+def worker_stats() -> dict:
+  """How many graphs this process compiled and how many chunks it ran (read on workers through `client.run`)."""
+  return dict(_stats, programs=len(_programs))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# client side
+
+def _outputs(outputs) -> tuple[list[UOp], bool]:
+  if isinstance(outputs, UOp): return [outputs], True
+  if isinstance(outputs, (list, tuple)) and outputs and all(isinstance(o, UOp) for o in outputs):
+    return list(outputs), False
+  raise TypeError(f"outputs must be a UOp or a non-empty list/tuple of UOps, got {outputs!r:.80}")
+
+
+def _workers(client) -> list[str]:
+  ws = sorted(client.scheduler_info()["workers"])
+  if not ws: raise RuntimeError("pygrad.distributed: the Dask cluster has no workers")
+  return ws
+
+
+def _is_future(x) -> bool:
+  return type(x).__name__ == "Future" and hasattr(x, "key") and hasattr(x, "status")
+
+
+def _is_dask_array(x) -> bool:
+  return type(x).__module__.startswith("dask.array") and hasattr(x, "chunks") and hasattr(x, "to_delayed")
+
+
+class _Lost(Exception):
+  """A chunk's task or data went away with its worker."""
+
+
+def _gather_in_order(client, futures: list, resubmit, timeout: float, retries: int) -> list:
+  """The results of `futures` in order. Dask re-runs a task whose worker died elsewhere by itself; a chunk that still
+  comes back lost (its worker died too often, or data only it held went with it) is resubmitted by `resubmit(i)`, up
+  to `retries` times, on the workers that remain. An error raised by a task is raised here, a chunk not done within
+  `timeout` seconds is a TimeoutError naming it and its worker: never a hang, never a partial result."""
+  dist = _dask()
+  deadline = time.monotonic() + timeout
+  results: list = [None] * len(futures)
+  tries = [0] * len(futures)
+  futs = dict(enumerate(futures))
+  while futs:
+    left = deadline - time.monotonic()
+    if left <= 0:
+      where = {i: _where(client, f) for i, f in futs.items()}
+      raise TimeoutError(f"pygrad.distributed: chunks {sorted(where)} not done within {timeout:g} s (on workers "
+                         f"{sorted({w for w in where.values() if w})}; workers now: {_workers(client)})")
+    try:
+      dist.wait(list(futs.values()), timeout=min(left, 1.0), return_when="FIRST_COMPLETED")
+    except TimeoutError:
+      pass
+    for i, f in list(futs.items()):
+      if f.status == "finished":
+        results[i] = f.result()
+        del futs[i]
+      elif f.status in ("error", "cancelled", "lost"):
+        exc = _exception(f)
+        if not _worker_loss(exc): raise exc
+        tries[i] += 1
+        if tries[i] > retries:
+          raise RuntimeError(f"pygrad.distributed: chunk {i} was lost with its worker {tries[i]} times "
+                             f"({type(exc).__name__}: {exc}); workers now: {_workers(client)}") from exc
+        futs[i] = resubmit(i)
+  return results
+
+
+def _exception(f):
+  try:
+    return f.exception(timeout=5)
+  except Exception as e:  # a cancelled future raises CancelledError instead of returning it
+    return e
+
+
+def _worker_loss(exc: BaseException) -> bool:
+  """True when `exc` says a worker (or the data it held) went away, not that the task itself failed."""
+  name = type(exc).__name__
+  return name in ("KilledWorker", "CancelledError", "FutureCancelledError", "CommClosedError") or \
+    "lost" in str(exc).lower()
+
+
+def _where(client, f) -> str | None:
+  try:
+    who = client.who_has([f]).get(f.key) or ()
+    return next(iter(who), None)
+  except Exception:
+    return None
+
+
+class DataParallel:
+  """A graph run data-parallel on a Dask cluster: `dp(*arrays)` splits the `batch` inputs along axis 0 into chunks
+  of the size the graph was built for (the leading size of its batch inputs), runs each chunk on a worker -- every
+  worker compiled the graph once -- and combines each output as `reduce` says: "sum", "mean" (weighted by chunk
+  size) or "concat" (along axis 0), in chunk order. With one chunk the result is `pygrad.compile`'s, bit for bit.
+
+  `inputs` are the BUFFER/DEFINE_VAR nodes in call order; `reduce` maps each output (the UOp or its index) to a
+  reduction. Arrays may also be Dask futures or Dask arrays already on the cluster: they are used in place."""
+
+  def __init__(self, outputs, inputs, client, batch, reduce, timeout: float = 600.0, retries: int = 3):
+    import pygrad
+    self._outs, self._single = _outputs(outputs)
+    self.inputs = list(inputs)
+    for u in self.inputs:
+      if not isinstance(u, UOp) or u.op not in _INPUT_OPS:
+        raise TypeError(f"DataParallel: inputs must be BUFFER/DEFINE_VAR nodes, got {u!r:.80}")
+    if len(set(self.inputs)) != len(self.inputs): raise ValueError("DataParallel: an input is listed twice")
+    batch = list(batch)
+    if not batch: raise ValueError("DataParallel: batch names no input to split")
+    pos = {u: i for i, u in enumerate(self.inputs)}
+    for b in batch:
+      if b not in pos: raise ValueError(f"DataParallel: batch input {_name(b)} is not one of the inputs")
+      if b.op is not Ops.BUFFER or not b.shape: raise ValueError(f"DataParallel: batch input {_name(b)} has no axis 0")
+    self.chunk = batch[0].shape[0]
+    for b in batch:
+      if b.shape[0] != self.chunk:
+        raise ValueError(f"DataParallel: batch inputs disagree on the chunk size: {_name(batch[0])} has "
+                         f"{self.chunk} rows, {_name(b)} has {b.shape[0]}")
+    self._batch = [pos[b] for b in batch]
+    self.reduce = self._reductions(reduce)
+    self.client, self.timeout, self.retries = client, float(timeout), int(retries)
+    blob = pygrad.dumps(self._outs + self.inputs)
+    self.key = _content_key(blob)
+    self.graph_bytes = len(blob)
+    # the graph goes to every worker once; tasks name it by this future (a worker reads its local replica)
+    self._blob = client.scatter(blob, broadcast=True, hash=False)
+
+  def _reductions(self, reduce) -> list[str]:
+    if not isinstance(reduce, dict): raise TypeError(f"DataParallel: reduce must be a dict, got {reduce!r:.80}")
+    red: list[str | None] = [None] * len(self._outs)
+    for k, how in reduce.items():
+      if how not in REDUCTIONS: raise ValueError(f"DataParallel: reduce {how!r} is not one of {REDUCTIONS}")
+      idx = [i for i, o in enumerate(self._outs) if o is k] if isinstance(k, UOp) else [k]
+      if not idx or not isinstance(idx[0], int) or not 0 <= idx[0] < len(self._outs):
+        raise ValueError(f"DataParallel: reduce names {k!r:.80}, which is not an output")
+      for i in idx: red[i] = how
+    for i, (o, how) in enumerate(zip(self._outs, red)):
+      if how is None: raise ValueError(f"DataParallel: output {i} ({_name(o)}) has no reduction in `reduce`")
+      if how == "concat" and not o.shape: raise ValueError(f"DataParallel: output {i} is a scalar: cannot concat")
+    return red  # type: ignore[return-value]
+
+  def __call__(self, *arrays):
+    if len(arrays) != len(self.inputs):
+      raise ValueError(f"DataParallel: expected {len(self.inputs)} arrays (one per input), got {len(arrays)}")
+    rows = {}
+    for i in self._batch:
+      a = arrays[i]
+      if _is_future(a): raise ValueError(f"DataParallel: batch input {_name(self.inputs[i])} is a future: pass its "
+                                         "row count by giving a Dask array instead")
+      n = a.shape[0] if hasattr(a, "shape") and len(a.shape) else None
+      if n is None: raise ValueError(f"DataParallel: batch input {_name(self.inputs[i])} has no axis 0")
+      rows[i] = n
+    sizes = set(rows.values())
+    if len(sizes) != 1:
+      raise ValueError("DataParallel: batch inputs have different sizes: " +
+                       ", ".join(f"{_name(self.inputs[i])}={n}" for i, n in rows.items()))
+    total = sizes.pop()
+    if total == 0 or total % self.chunk:
+      raise ValueError(f"DataParallel: a batch of {total} rows does not split into chunks of {self.chunk} (the "
+                       f"graph's batch size); build the graph for a size that divides the batch")
+    nchunks = total // self.chunk
+    chunks = self._chunks(arrays, nchunks)
+    shared = self._shared(arrays)
+    client = self.client
+
+    def submit(c: int):
+      args = [chunks[c][i] if i in chunks[c] else shared[i] for i in range(len(self.inputs))]
+      return client.submit(_run, self.key, self._blob, len(self._outs), *args, pure=False)
+
+    futures = [submit(c) for c in range(nchunks)]
+    parts = _gather_in_order(client, futures, lambda c: submit(c), self.timeout, self.retries)
+    res = [self._combine(j, [p[j] for p in parts]) for j in range(len(self._outs))]
+    return res[0] if self._single else res
+
+  def _chunks(self, arrays, nchunks: int) -> list[dict]:
+    """Per chunk, the batch inputs' pieces: numpy slices, or futures of pieces made where the data lives."""
+    client, c = self.client, self.chunk
+    out: list[dict] = [{} for _ in range(nchunks)]
+    for i in self._batch:
+      a = arrays[i]
+      if _is_dask_array(a):
+        a = a.rechunk({0: c, **{d: -1 for d in range(1, a.ndim)}})
+        blocks = client.compute(list(a.to_delayed().ravel()))
+        for k, f in enumerate(blocks): out[k][i] = f
+      else:
+        a = np.asarray(a)
+        for k in range(nchunks): out[k][i] = a[k * c:(k + 1) * c]
+    return out
+
+  def _shared(self, arrays) -> dict:
+    """The inputs every chunk reads whole: sent to the cluster once per call (futures and Dask arrays in place)."""
+    res = {}
+    for i, a in enumerate(arrays):
+      if i in self._batch: continue
+      if _is_future(a): res[i] = a
+      elif _is_dask_array(a): res[i] = self.client.compute(a)
+      elif np.ndim(a) == 0: res[i] = a
+      else: res[i] = self.client.scatter(np.asarray(a), broadcast=True, hash=False)
+    return res
+
+  def _combine(self, j: int, parts: list):
+    how = self.reduce[j]
+    if len(parts) == 1: return parts[0]
+    if how == "concat": return np.concatenate(parts, axis=0)
+    acc = parts[0].copy()
+    for p in parts[1:]: acc += p  # in chunk order: the same sum whichever worker finished first
+    if how == "mean":
+      acc = (acc / len(parts)).astype(parts[0].dtype, copy=False)  # equal chunks: weights n_i/N = 1/len(parts)
+    return acc
+
+
+def _name(u: UOp) -> str:
+  if u.op is Ops.BUFFER and len(u.arg) > 3 and u.arg[3]: return repr(u.arg[3])
+  if u.op is Ops.DEFINE_VAR: return repr(u.arg[0])
+  return f"{u.op.name}{tuple(u.shape)}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# MULTI devices as workers
+
+def _home(u: UOp) -> str | None:
+  """The device whose worker computes u: its device, the first shard's device for a MULTI value, None for nodes
+  that have no device (constants, tuples, FUNCTIONs): those are computed wherever their user is."""
+  d = u.device
+  return d if type(d) is str else d[0] if type(d) is tuple and d else None
+
+
+class _Part:
+  """One device's part of a placed graph: the value of `node`, computed on the worker of `home` from the values of
+  the parts it reads (`reads`, other devices' nodes) and the graph inputs it holds (`inputs`)."""
+  __slots__ = ("node", "home", "reads", "inputs")
+
+  def __init__(self, node: UOp, home: str):
+    self.node, self.home, self.reads, self.inputs = node, home, [], []
+
+
+def _split(outs: list[UOp], default: str) -> list[_Part]:
+  """The parts of a graph, sources before users: each output is a part, and so is every node read across a device
+  boundary (a COPY's source, a MULTI's shard, an input on another device). Iterative."""
+  parts: dict[UOp, _Part] = {}
+  todo = [(o, _home(o) or default) for o in outs]
+  while todo:
+    r, h = todo.pop()
+    if r in parts: continue
+    p = parts[r] = _Part(r, h)
+    if r.op in _INPUT_OPS:
+      p.inputs.append(r)
+      continue
+    seen, stack = {r}, [r]
+    while stack:
+      u = stack.pop()
+      for s in (u.src[1:] if u.op in (Ops.FUNCTION, Ops.CALL) else u.src):
+        if s in seen: continue
+        seen.add(s)
+        hs = _home(s)
+        if hs is not None and hs != h:
+          p.reads.append(s)
+          todo.append((s, hs))
+        elif s.op in _INPUT_OPS: p.inputs.append(s)
+        else: stack.append(s)
+  order = {u: i for i, u in enumerate(UOp.sink(*outs).toposort(enter_calls=False))}
+  return sorted(parts.values(), key=lambda p: order[p.node])
+
+
+def _placement(client, devices: set[str], placement) -> dict[str, str]:
+  """Device -> worker address: as given (an address or an index into the sorted workers), else round-robin."""
+  workers = _workers(client)
+  if placement is None: return {d: workers[i % len(workers)] for i, d in enumerate(sorted(devices))}
+  if not isinstance(placement, dict): raise TypeError(f"placement must be a dict, got {placement!r:.80}")
+  res = {}
+  for d in sorted(devices):
+    if d not in placement: raise ValueError(f"placement: device {d!r} is used by the graph but not placed")
+    w = placement[d]
+    if isinstance(w, int) and not isinstance(w, bool):
+      if not 0 <= w < len(workers): raise ValueError(f"placement: worker index {w} for {d!r} out of range "
+                                                     f"({len(workers)} workers)")
+      w = workers[w]
+    if w not in workers: raise ValueError(f"placement: {d!r} is placed on {w!r}, which is not a worker ({workers})")
+    res[d] = w
+  return res
+
+
+def evaluate(outputs, inputs: dict | None = None, client=None, placement: dict | None = None,
+             engine: str | None = None, timeout: float = 600.0):
+  """Evaluate a graph whose nodes live on several devices (`shard`, `copy_to_device`) with each device on a Dask
+  worker: `placement` maps a device name to a worker (address, or index into the sorted worker addresses;
+  default: devices round-robin over the workers). The graph is split by device; each part runs on its device's
+  worker (compiled there once), the inputs are sent to the workers of their devices, and a value read across devices
+  (a COPY, a MULTI's shards) moves between workers. The result mirrors `outputs` as `pygrad.evaluate`'s does and
+  equals it; ops on a MULTI value run on the worker of its first device, which reads the shards."""
+  import pygrad
+  if client is None: raise TypeError("pygrad.distributed.evaluate: a Dask client is required")
+  outs, single = _outputs(outputs)
+  inputs = {} if inputs is None else inputs
+  if not isinstance(inputs, dict): raise TypeError(f"evaluate: inputs must be a dict, got {type(inputs).__name__}")
+  devices = {h for u in UOp.sink(*outs).toposort(enter_calls=False) if (h := _home(u)) is not None}
+  place = _placement(client, devices or {"CPU"}, placement)
+  parts = _split(outs, min(place))
+  futs: dict[UOp, Any] = {}
+  for p in parts:
+    w = place[p.home]
+    if p.node.op in _INPUT_OPS:  # an input: its data goes to its device's worker once
+      if p.node not in inputs: raise ValueError(f"evaluate: no value bound for input {_name(p.node)}")
+      futs[p.node] = client.scatter(inputs[p.node], workers=[w], hash=False) if p.node.op is Ops.BUFFER else \
+        inputs[p.node]
+      continue
+    stand_ins = [UOp.placeholder(s.shape, s.dtype, name=f"from {_home(s)}", device=_home(s)) for s in p.reads]
+    node = p.node.substitute(dict(zip(p.reads, stand_ins))) if p.reads else p.node
+    ins = stand_ins + p.inputs
+    blob = pygrad.dumps([node] + ins)
+    args = [futs[s] for s in p.reads]
+    for u in p.inputs:
+      if u not in inputs: raise ValueError(f"evaluate: no value bound for input {_name(u)}")
+      args.append(inputs[u])
+    futs[p.node] = client.submit(_evaluate_one, _content_key(blob), blob, engine, *args, workers=[w], pure=False)
+
+  def lost(i):
+    raise RuntimeError(f"pygrad.distributed.evaluate: output {i}'s worker was lost; workers now: {_workers(client)}")
+  res = _gather_in_order(client, [futs[o] if _is_future(futs[o]) else client.submit(_identity, futs[o])
+                                  for o in outs], lost, timeout, 0)
+  return res[0] if single else res
+
+
+def _evaluate_one(key: str, blob: bytes, engine: str | None, *arrays):
+  return _evaluate_part(key, blob, 1, engine, *arrays)[0]
+
+
+def _identity(x): return x
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# many gradients at once
+
+def map_gradients(client, graphs, targets, timeout: float = 600.0) -> list[list[UOp]]:
+  """The gradients of many independent graphs, derived on the workers in parallel: `graphs` is a list of scalar
+  roots, `targets` a list (one per graph) of target lists, or one list of targets shared by every graph. Each graph
+  travels to a worker as bytes, its gradients come back the same way; the result is one list of gradient UOps per
+  graph, the same nodes `root.gradient(*targets)` makes here."""
+  import pygrad
+  graphs = list(graphs)
+  for i, g in enumerate(graphs):
+    if not isinstance(g, UOp): raise TypeError(f"map_gradients: graph {i} is not a UOp: {g!r:.80}")
+  tl = list(targets)
+  if all(isinstance(t, UOp) for t in tl): per = [tl] * len(graphs)
+  else: per = [list(t) for t in tl]
+  if len(per) != len(graphs):
+    raise ValueError(f"map_gradients: {len(graphs)} graphs but {len(per)} target lists")
+  blobs = [pygrad.dumps([g, *t]) for g, t in zip(graphs, per)]
+
+  def submit(i): return client.submit(_gradients, blobs[i], [len(per[i])], pure=False)
+  out = _gather_in_order(client, [submit(i) for i in range(len(graphs))], submit, timeout, 3)
+  return [list(pygrad.loads(b)) for b in out]

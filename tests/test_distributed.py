@@ -1,0 +1,206 @@
+"""pygrad.distributed on a real Dask LocalCluster (2 worker processes on loopback): data-parallel programs, MULTI
+devices placed on workers, gradients derived on workers, a worker killed in the middle of a call."""
+import os, signal, threading, time
+import numpy as np
+import pytest
+import pygrad
+from pygrad import UOp, dtypes
+
+distributed = pytest.importorskip("distributed", reason="Dask's distributed is an optional dependency")
+from pygrad import distributed as pd  # noqa: E402
+
+
+
+@pytest.fixture(scope="module")
+def client():
+  old = os.environ.get("PYGRAD_NUM_THREADS")
+  os.environ["PYGRAD_NUM_THREADS"] = "1"  # the workers' VMs: one thread each, so cores are not counted twice
+  try:
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None, silence_logs=50) as cluster, \
+         distributed.Client(cluster) as c:
+      c.wait_for_workers(2, timeout=120)
+      yield c
+  finally:
+    if old is None: os.environ.pop("PYGRAD_NUM_THREADS", None)
+    else: os.environ["PYGRAD_NUM_THREADS"] = old
+
+
+def _mlp(chunk, din=8, dh=16, dout=4):
+  x = UOp.placeholder((chunk, din), dtypes.float32, name="x")
+  y = UOp.placeholder((chunk, dout), dtypes.float32, name="y")
+  w1 = UOp.placeholder((din, dh), dtypes.float32, name="w1")
+  w2 = UOp.placeholder((dh, dout), dtypes.float32, name="w2")
+  out = (x @ w1).relu() @ w2
+  loss = ((out - y) * (out - y)).sum()
+  g1, g2 = loss.gradient(w1, w2)
+  return [loss, g1, g2, out], [x, y, w1, w2]
+
+
+def _data(n, din=8, dout=4, dh=16, seed=0):
+  r = np.random.default_rng(seed)
+  return [r.standard_normal((n, din)).astype(np.float32), r.standard_normal((n, dout)).astype(np.float32),
+          r.standard_normal((din, dh)).astype(np.float32), r.standard_normal((dh, dout)).astype(np.float32)]
+
+
+def _sequential(prog, arrays, chunk, red, nbatch=2):
+  """What DataParallel promises: the program on each chunk in order, combined in chunk order."""
+  n = arrays[0].shape[0] // chunk
+  parts = [prog(*[a[i * chunk:(i + 1) * chunk] for a in arrays[:nbatch]], *arrays[nbatch:]) for i in range(n)]
+  res = []
+  for j, how in enumerate(red):
+    ps = [p[j] for p in parts]
+    if how == "concat": res.append(np.concatenate(ps))
+    else:
+      acc = ps[0].copy()
+      for p in ps[1:]: acc += p
+      res.append(acc / n if how == "mean" else acc)
+  return res
+
+
+RED = ["sum", "mean", "mean", "concat"]
+
+
+def _dp(client, chunk):
+  outs, ins = _mlp(chunk)
+  dp = pd.DataParallel(outs, ins, client, batch=[ins[0], ins[1]], reduce=dict(enumerate(RED)))
+  return dp, outs, ins
+
+
+def test_one_chunk_is_compile_bit_for_bit(client):
+  dp, outs, ins = _dp(client, 32)
+  arrays = _data(32)
+  got = dp(*arrays)
+  want = pygrad.compile(outs, ins)(*arrays)
+  for g, w in zip(got, want): assert g.dtype == w.dtype and np.array_equal(g, w)
+
+
+def test_chunks_combine_in_order(client):
+  dp, outs, ins = _dp(client, 16)
+  arrays = _data(96, seed=1)
+  got = dp(*arrays)
+  want = _sequential(pygrad.compile(outs, ins), arrays, 16, RED)
+  for g, w in zip(got, want): assert g.shape == w.shape and np.array_equal(g, w)
+  # the whole batch at once agrees within float rounding (a sum over chunks, then over the batch)
+  full_outs, full_ins = _mlp(96)
+  full = pygrad.compile(full_outs, full_ins)(*arrays)
+  np.testing.assert_allclose(got[0], full[0], rtol=1e-4)
+  np.testing.assert_allclose(got[3], full[3], rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_once_per_worker(client):
+  outs, ins = _mlp(8)
+  before = client.run(pd.worker_stats)
+  dp1 = pd.DataParallel(outs, ins, client, batch=[ins[0], ins[1]], reduce=dict(enumerate(RED)))
+  for _ in range(3): dp1(*_data(32, seed=2))
+  mid = client.run(pd.worker_stats)
+  dp2 = pd.DataParallel(outs, ins, client, batch=[ins[0], ins[1]], reduce=dict(enumerate(RED)))
+  assert dp2.key == dp1.key
+  dp2(*_data(32, seed=3))
+  after = client.run(pd.worker_stats)
+  assert sum(mid[w]["compiles"] - before[w]["compiles"] for w in mid) <= len(mid)  # at most once per worker
+  assert all(after[w]["compiles"] == mid[w]["compiles"] for w in after)  # the second DataParallel compiles nothing
+  assert sum(after[w]["runs"] - mid[w]["runs"] for w in after) == 4
+
+
+def test_dask_arrays_are_used_in_place(client):
+  da = pytest.importorskip("dask.array")
+  dp, outs, ins = _dp(client, 16)
+  arrays = _data(64, seed=4)
+  x = da.from_array(arrays[0], chunks=(32, 8))
+  y = client.persist(da.from_array(arrays[1], chunks=(16, 4)))
+  w1 = client.scatter(arrays[2], broadcast=True)
+  got = dp(x, y, w1, arrays[3])
+  want = _sequential(pygrad.compile(outs, ins), arrays, 16, RED)
+  for g, w in zip(got, want): assert np.array_equal(g, w)
+
+
+def test_bad_input_fails_on_the_client(client):
+  outs, ins = _mlp(8)
+  with pytest.raises(ValueError, match="not one of the inputs"):
+    pd.DataParallel(outs, ins[1:], client, batch=[ins[0]], reduce=dict(enumerate(RED)))
+  with pytest.raises(ValueError, match="no reduction"):
+    pd.DataParallel(outs, ins, client, batch=[ins[0]], reduce={0: "sum"})
+  with pytest.raises(ValueError, match="not one of"):
+    pd.DataParallel(outs, ins, client, batch=[ins[0]], reduce={0: "max", 1: "sum", 2: "sum", 3: "concat"})
+  dp = pd.DataParallel(outs, ins, client, batch=[ins[0], ins[1]], reduce=dict(enumerate(RED)))
+  arrays = _data(32)
+  before = client.run(pd.worker_stats)
+  with pytest.raises(ValueError, match="different sizes"):
+    dp(arrays[0], arrays[1][:16], *arrays[2:])
+  with pytest.raises(ValueError, match="does not split"):
+    dp(arrays[0][:12], arrays[1][:12], *arrays[2:])
+  with pytest.raises(ValueError, match="expected 4 arrays"):
+    dp(*arrays[:3])
+  assert client.run(pd.worker_stats) == before  # nothing was sent
+
+
+def test_worker_killed_mid_call(client):
+  n = 128
+  x = UOp.placeholder((n, n), dtypes.float32, name="x")
+  w = UOp.placeholder((n, n), dtypes.float32, name="w")
+  y = x
+  for _ in range(8): y = (y @ w).sin()
+  loss = y.sum()
+  (gw,) = loss.gradient(w)
+  dp = pd.DataParallel([loss, gw], [x, w], client, batch=[x], reduce={0: "sum", 1: "sum"}, timeout=240)
+  r = np.random.default_rng(5)
+  xs = r.standard_normal((n * 64, n)).astype(np.float32) * 0.05
+  ws = r.standard_normal((n, n)).astype(np.float32) * 0.05
+  want = _sequential(pygrad.compile([loss, gw], [x, w]), [xs, ws], n, ["sum", "sum"], nbatch=1)
+  dp(xs[:2 * n], ws)  # compiled on both workers before the kill
+  pids = client.run(os.getpid)
+  out: dict = {}
+  t = threading.Thread(target=lambda: out.setdefault("res", dp(xs, ws)))
+  runs = lambda: sum(v["runs"] for v in client.run(pd.worker_stats).values())  # noqa: E731
+  start = runs()
+  t.start()
+  deadline = time.monotonic() + 120
+  while runs() < start + 2 and time.monotonic() < deadline: time.sleep(0.05)
+  assert t.is_alive(), "the call ended before a worker could be killed in its middle"
+  victim = sorted(pids)[0]
+  os.kill(pids[victim], signal.SIGKILL)
+  t.join(timeout=280)
+  assert not t.is_alive(), "the call hung after a worker was killed"
+  got = out["res"]
+  for g, w_ in zip(got, want): assert np.array_equal(g, w_)
+  client.wait_for_workers(2, timeout=120)  # the nanny restarts the killed worker for the other tests
+
+
+def _sharded(devs=("CPU:0", "CPU:1")):
+  x = UOp.placeholder((8, 6), dtypes.float32, name="x")
+  w = UOp.placeholder((6, 5), dtypes.float32, name="w")
+  xs = x.shard(devs, 0)
+  h = (xs * 2.0 + 1.0).sin()
+  out = h.sum(axis=1)
+  return [out, h.copy_to_device("CPU:1").exp2().sum()], [x, w]
+
+
+def test_evaluate_with_devices_on_workers(client):
+  (out, s), (x, w) = _sharded()
+  vals = {x: np.random.default_rng(6).standard_normal((8, 6)).astype(np.float32)}
+  want = pygrad.evaluate([out, s], vals)
+  before = client.run(pd.worker_stats)
+  got = pd.evaluate([out, s], vals, client, placement={"CPU": 0, "CPU:0": 0, "CPU:1": 1})
+  after = client.run(pd.worker_stats)
+  for g, w_ in zip(got, want): np.testing.assert_array_equal(g, w_)
+  assert all(after[k]["runs"] > before[k]["runs"] for k in after)  # both workers ran a part
+  got_np = pd.evaluate(out, vals, client, engine="numpy")
+  np.testing.assert_array_equal(got_np, pygrad.evaluate(out, vals, engine="numpy"))
+  with pytest.raises(ValueError, match="not placed"):
+    pd.evaluate(out, vals, client, placement={"CPU:0": 0})
+  with pytest.raises(ValueError, match="no value bound"):
+    pd.evaluate(out, {}, client)
+
+
+def test_map_gradients_gives_the_local_nodes(client):
+  graphs, targets = [], []
+  for n in (3, 4, 5, 6):
+    a = UOp.placeholder((n, n), dtypes.float32, name="a")
+    b = UOp.placeholder((n,), dtypes.float32, name="b")
+    graphs.append(((a @ a).sin() + b.reshape((1, n)).expand((n, n))).sum())
+    targets.append([a, b])
+  remote = pd.map_gradients(client, graphs, targets)
+  for g, t, r in zip(graphs, targets, remote):
+    local = g.gradient(*t)
+    assert len(r) == len(local) and all(x is y for x, y in zip(r, local))
