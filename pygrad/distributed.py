@@ -15,6 +15,7 @@ from .ops import Ops
 from .uop import UOp
 
 REDUCTIONS = ("sum", "mean", "concat")
+_INLINE_BYTES = 4 << 20  # shared inputs up to this size (times the chunk count) travel inside the tasks
 _INPUT_OPS = (Ops.BUFFER, Ops.DEFINE_VAR)
 
 
@@ -72,10 +73,11 @@ def _take(a, lo: int, hi: int):
 def _evaluate_part(key: str, blob: bytes, nout: int, engine: str | None, *arrays) -> list:
   """One device's part of a placed graph (a task on that device's worker)."""
   import pygrad
-  if engine == "numpy":
-    outs, ins = _loaded(blob, nout)
-    return list(pygrad.evaluate(outs, dict(zip(ins, arrays)), engine="numpy"))
-  return _run(key, blob, nout, *arrays)
+  if engine != "numpy": return _run(key, blob, nout, *arrays)
+  outs, ins = _loaded(blob, nout)
+  res = pygrad.evaluate(outs, dict(zip(ins, arrays)), engine="numpy")
+  _stats["runs"] += 1
+  return list(res) if isinstance(res, (list, tuple)) else [res]
 
 
 def _gradients(blob: bytes, ntargets: list[int]) -> bytes:
@@ -141,14 +143,20 @@ def _gather_in_order(client, futures: list, resubmit, timeout: float, retries: i
       raise TimeoutError(f"pygrad.distributed: chunks {sorted(where)} not done within {timeout:g} s (on workers "
                          f"{sorted({w for w in where.values() if w})}; workers now: {_workers(client)})")
     try:
-      dist.wait(list(futs.values()), timeout=min(left, 1.0), return_when="FIRST_COMPLETED")
+      dist.wait(list(futs.values()), timeout=min(left, 2.0))
     except TimeoutError:
       pass
+    done = [i for i, f in futs.items() if f.status == "finished"]
+    if done:  # one round trip for every finished chunk
+      try:
+        vals = client.gather([futs[i] for i in done])
+      except Exception:  # a result went with its worker between the check and the fetch: its status says so next
+        vals = None
+      if vals is not None:
+        for i, v in zip(done, vals, strict=True): results[i] = v
+        for i in done: del futs[i]
     for i, f in list(futs.items()):
-      if f.status == "finished":
-        results[i] = f.result()
-        del futs[i]
-      elif f.status in ("error", "cancelled", "lost"):
+      if f.status in ("error", "cancelled", "lost"):
         exc = _exception(f)
         if not _worker_loss(exc): raise exc
         tries[i] += 1
@@ -253,7 +261,7 @@ class DataParallel:
                        f"graph's batch size); build the graph for a size that divides the batch")
     nchunks = total // self.chunk
     chunks = self._chunks(arrays, nchunks)
-    shared = self._shared(arrays)
+    shared = self._shared(arrays, nchunks)
     client = self.client
 
     def submit(c: int):
@@ -280,15 +288,19 @@ class DataParallel:
         for k in range(nchunks): out[k][i] = a[k * c:(k + 1) * c]
     return out
 
-  def _shared(self, arrays) -> dict:
-    """The inputs every chunk reads whole: sent to the cluster once per call (futures and Dask arrays in place)."""
-    res = {}
+  def _shared(self, arrays, nchunks: int) -> dict:
+    """The inputs every chunk reads whole. Small ones ride along with each chunk's task (cheaper than a round trip);
+    larger ones are sent to every worker once per call, in one scatter; futures and Dask arrays stay in place."""
+    res, big = {}, {}
     for i, a in enumerate(arrays):
       if i in self._batch: continue
       if _is_future(a): res[i] = a
       elif _is_dask_array(a): res[i] = self.client.compute(a)
-      elif np.ndim(a) == 0: res[i] = a
-      else: res[i] = self.client.scatter(np.asarray(a), broadcast=True, hash=False)
+      else:
+        a = np.asarray(a)
+        if a.nbytes * nchunks <= _INLINE_BYTES: res[i] = a
+        else: big[i] = a
+    if big: res.update(zip(big, self.client.scatter(list(big.values()), broadcast=True, hash=False)))
     return res
 
   def _combine(self, j: int, parts: list):
@@ -388,6 +400,9 @@ def evaluate(outputs, inputs: dict | None = None, client=None, placement: dict |
   if not isinstance(inputs, dict): raise TypeError(f"evaluate: inputs must be a dict, got {type(inputs).__name__}")
   devices = {h for u in UOp.sink(*outs).toposort(enter_calls=False) if (h := _home(u)) is not None}
   place = _placement(client, devices or {"CPU"}, placement)
+  if engine is None:  # this process's default, so the workers compute what pygrad.evaluate computes here
+    from .engine import default_engine
+    engine = default_engine()
   parts = _split(outs, min(place))
   futs: dict[UOp, Any] = {}
   for p in parts:
