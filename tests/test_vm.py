@@ -260,7 +260,7 @@ def test_expand_of_expression_materializes_the_small_source():
   x = UOp.placeholder((64, 1), dtypes.float32, "x")
   y = UOp.placeholder((64, 512), dtypes.float32, "y")
   out = (x.exp() + 1.0).expand(64, 512) * y
-  p = program.compile_program([out], [x, y])
+  p = program.compile_program(out, [x, y])
   assert p.stats["peak_bytes"] <= 64 * 4 + 64, p.stats
   rng = np.random.default_rng(0)
   a, b = _arr((64, 1), rng), _arr((64, 512), rng)
@@ -274,19 +274,19 @@ def test_matmul(n, k, m, dt):
   rng = np.random.default_rng(n * 100 + m)
   x, w = UOp.placeholder((n, k), dt, "x"), UOp.placeholder((k, m), dt, "w")
   a, b = rng.standard_normal((n, k)).astype(dt.numpy), rng.standard_normal((k, m)).astype(dt.numpy)
-  p = program.compile_program([x @ w], [x, w])
+  p = program.compile_program(x @ w, [x, w])
   np.testing.assert_allclose(p(a, b), a @ b, rtol=1e-4 if dt is dtypes.float32 else 1e-10, atol=1e-4)
 
 
 def test_matmul_is_a_contraction_without_the_expanded_product():
   x, w = UOp.placeholder((96, 200), dtypes.float32, "x"), UOp.placeholder((200, 80), dtypes.float32, "w")
-  p = program.compile_program([x @ w], [x, w])
+  p = program.compile_program(x @ w, [x, w])
   assert p.stats["contractions"] == 1 and p.stats["peak_bytes"] < 96 * 80 * 4, p.stats
   rng = np.random.default_rng(2)
   a, b = _arr((96, 200), rng), _arr((200, 80), rng)
   np.testing.assert_allclose(p(a, b), a @ b, rtol=1e-4, atol=1e-4)
   xt = UOp.placeholder((200, 96), dtypes.float32, "xt")
-  q = program.compile_program([xt.T @ w.T.T], [xt, w])  # transposed operands: strided packing
+  q = program.compile_program(xt.T @ w.T.T, [xt, w])  # transposed operands: strided packing
   np.testing.assert_allclose(q(np.ascontiguousarray(a.T), b), a @ b, rtol=1e-4, atol=1e-4)
 
 
@@ -299,7 +299,7 @@ def test_batched_matmul():
 
 def test_fused_reduce_has_no_temporary():
   x, y = UOp.placeholder((256, 512), dtypes.float32, "x"), UOp.placeholder((256, 512), dtypes.float32, "y")
-  p = program.compile_program([(x * y).sum(axis=1)], [x, y])
+  p = program.compile_program((x * y).sum(axis=1), [x, y])
   assert p.stats["kernels"] <= 2 and p.stats["peak_bytes"] <= 256 * 4 + 64, p.stats
   rng = np.random.default_rng(9)
   a, b = _arr((256, 512), rng), _arr((256, 512), rng)
@@ -310,7 +310,7 @@ def test_fused_reduce_has_no_temporary():
 def test_bad_inputs_raise_value_error_naming_the_input():
   x = UOp.placeholder((3,), dtypes.float32, "xin")
   v = UOp.variable("scale", 0.0, 10.0)
-  p = program.compile_program([x * v], [x, v])
+  p = program.compile_program(x * v, [x, v])
   np.testing.assert_allclose(p(np.ones(3, np.float32), 2.0), [2, 2, 2])
   with pytest.raises(ValueError, match="xin"): p(np.ones(4, np.float32), 2.0)
   with pytest.raises(ValueError, match="xin"): p(np.ones(3, np.int32), 2.0)

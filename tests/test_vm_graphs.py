@@ -67,7 +67,7 @@ def test_call_in_the_middle_splits_the_program():
   x = UOp.placeholder((8,), F32, "x")
   (a,) = UOp.custom_kernel(x.exp(), fxn=lambda t: np.sqrt(t, out=t))
   y = (a * x).sum()
-  p = program.compile_program([y], [x])
+  p = program.compile_program(y, [x])
   assert p.stats["segments"] == 2
   v = rnd(8)
   for i in range(3):
@@ -93,7 +93,7 @@ def test_chain_of_100000_ops():
   y = x
   for i in range(100_000):
     y = y * 0.99999 + 0.00001 if i % 2 else (y + 0.5) * 0.5
-  p = program.compile_program([y], [x])
+  p = program.compile_program(y, [x])
   v = rnd(16)
   np.testing.assert_allclose(p(v), numpy_eval.evaluate([y], {x: v})[0], rtol=1e-5)
 

@@ -40,13 +40,15 @@ def _outputs(outputs) -> tuple[list[UOp], bool]:
 
 
 def evaluate(outputs, inputs: dict | None = None, engine: str | None = None):
-  """The value of `outputs` (a UOp: one numpy array; a list/tuple of UOps: a list), given `inputs`, a dict from
-  BUFFER/DEFINE_VAR nodes to array-likes/scalars. `engine` is "numpy", "c" or None (the default engine)."""
+  """The value of `outputs` (a UOp: one numpy array; a list/tuple of UOps: a list of the same length; a TUPLE,
+  SINK or FUNCTION output: a tuple), given `inputs`, a dict from BUFFER/DEFINE_VAR nodes to array-likes/scalars.
+  Both engines validate every binding the same way and ignore a valid one the outputs do not use. `engine` is
+  "numpy", "c" or None (the default engine)."""
   if engine is None: engine = default_engine()
   if engine not in ENGINES: raise ValueError(f"evaluate: unknown engine {engine!r}, expected one of {ENGINES}")
   outs, single = _outputs(outputs)
-  inputs = {} if inputs is None else inputs
-  if not isinstance(inputs, dict): raise TypeError(f"evaluate: inputs must be a dict, got {type(inputs).__name__}")
+  if inputs is not None and not isinstance(inputs, dict):
+    raise TypeError(f"evaluate: inputs must be a dict, got {type(inputs).__name__}")
   if engine == "numpy":
     from .numpy_eval import evaluate as run
   else:
@@ -57,12 +59,13 @@ def evaluate(outputs, inputs: dict | None = None, engine: str | None = None):
 
 def compile(outputs, inputs):  # noqa: A001 -- the public name of SPEC §5
   """Plan `outputs` (a UOp or a list of UOps) over `inputs` (the BUFFER/DEFINE_VAR nodes, in the order
-  `program(*arrays)` takes them) once; returns the Program of pygrad.engine.program."""
-  outs, _ = _outputs(outputs)
+  `program(*arrays)` takes them) once; returns the Program of pygrad.engine.program, whose result mirrors
+  `outputs` as evaluate's does."""
+  outs, single = _outputs(outputs)
   ins = list(inputs)
   for i in ins:
     if not isinstance(i, UOp): raise TypeError(f"compile: inputs must be UOps, got {type(i).__name__}")
-  return _program("compile").compile_program(outs, ins)
+  return _program("compile").compile_program(outs[0] if single else outs, ins)
 
 
 __all__ = ["evaluate", "compile", "default_engine", "ENGINES"]

@@ -28,13 +28,22 @@ class PNode:
 
 
 def _structure(o: UOp, c: int, fctx, get):
-  """An output's value: a PNode (via get), None for NOOP, or a tuple (TUPLE/SINK/FUNCTION, nested as they are)."""
-  if o.op in (Ops.TUPLE, Ops.SINK): return tuple(_structure(s, c, fctx, get) for s in o.src)
-  if o.op is Ops.FUNCTION:
-    fc = fctx(o, c)
-    return tuple(_structure(s, fc, fctx, get) for s in o.src[0].src)
-  if o.op is Ops.NOOP: return None
-  return get(o, c)
+  """An output's value: a PNode (via get), None for NOOP, or a tuple (TUPLE/SINK/FUNCTION, nested as they are).
+  Iterative, leaves visited left to right: outputs may nest thousands deep."""
+  out: list = []
+  stack = [(o, c, -1)]
+  while stack:
+    u, c, n = stack.pop()
+    if n >= 0:  # u's n children are the last n values
+      k = len(out) - n
+      out[k:] = [tuple(out[k:])]
+    elif u.op in (Ops.TUPLE, Ops.SINK, Ops.FUNCTION):
+      kids, kc = (u.src[0].src, fctx(u, c)) if u.op is Ops.FUNCTION else (u.src, c)
+      stack.append((u, c, len(kids)))
+      stack.extend((s, kc, -1) for s in reversed(kids))
+    else:
+      out.append(None if u.op is Ops.NOOP else get(u, c))
+  return out[0]
 
 
 class Flattener:

@@ -1,33 +1,54 @@
-"""Lowering: one planned Loop (engine/planner.py) becomes the int64 words of one VM kernel (csrc/vm.c's format).
-Here the index space is simplified (size-1 dims dropped, dims ordered by the memory order of the main view, adjacent
-dims merged where every view agrees), registers are allocated by liveness (a dying operand's register is reused in
-place), and a multiply-then-sum reduction whose operands broadcast against each other becomes a blocked contraction
-(VK_GEMM) instead of a loop."""
+"""Lowering: one planned Loop (engine/planner.py) becomes the int64 words of one VM kernel (csrc/vm.c's format), in
+passes that each do one thing:
+
+1. `index_space`: size-1 dims dropped, dims ordered by the memory order of the main view, adjacent dims merged
+   where every view agrees;
+2. `contraction`: a multiply-then-sum reduction whose operands broadcast against each other becomes a blocked
+   contraction (VK_GEMM) instead of a loop;
+3. `peephole`: the rules of `pm_peephole` (UPat patterns over the kernel's KNodes) pick better instructions;
+4. `live_nodes`: dead-code elimination from the stores back;
+5. `allocate`: registers by liveness (a dying operand's register is reused in place; linear in the kernel's size);
+6. `emit`: the words, with the dot-product choice for a row's sum of products."""
 from __future__ import annotations
 import math
+from typing import NamedTuple
 from ..ops import Ops
 from ..dtype import dtypes
-from .planner import Loop, compute_dtype
+from ..upat import UPat, PatternMatcher
+from .planner import Loop, KNode, compute_dtype
 from .vmlib import OPCODES
 from ..ids import value
 
 VK_LOOP, VK_GEMM = value("vm_kinds", "LOOP"), value("vm_kinds", "GEMM")
 VR = {None: value("vm_redops", "NONE"), Ops.ADD: value("vm_redops", "ADD"), Ops.MAX: value("vm_redops", "MAX"),
       Ops.MUL: value("vm_redops", "MUL")}
-VR_DOT = value("vm_redops", "DOT")
+VR_DOT = value("vm_redops", "DOT")  # a row's sum of products, without the product tile
 TILE, TILE_REDUCE = 4096, 8192  # elements per tile: registers of a fused group stay in L1/L2
 _CMP = (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ)
 _OPC = {op: OPCODES[op.name] for op in Ops if op.name in OPCODES}
 
 
 class KView:
-  """A view over the kernel's index space during simplification: buffer, storage dtype, offset, strides, mask."""
+  """A view over the kernel's index space during simplification: buffer, offset, strides, mask (lists, edited in
+  place as dims are dropped, reordered and merged)."""
   __slots__ = ("buf", "offset", "strides", "mask")
 
   def __init__(self, buf, offset, strides, mask):
     self.buf, self.offset, self.strides, self.mask = buf, offset, list(strides), None if mask is None else list(mask)
 
+  @staticmethod
+  def of(buf, v) -> KView: return KView(buf, v.offset, v.strides, v.mask)
 
+
+class Space(NamedTuple):
+  """A kernel's simplified index space: dims, which are reduced, and the views of its loads and stores over it."""
+  shape: list
+  red: list
+  loads: dict  # KNode -> KView, in kernel order
+  stores: list  # KView per store
+
+
+# ---- 1. index space ----
 def _simplify(shape, views, red, primary):
   """(shape, reduce flags) after dropping size-1 dims, reordering by the primary view and merging dims."""
   keep = [d for d, s in enumerate(shape)
@@ -63,16 +84,29 @@ def _simplify(shape, views, red, primary):
   return shape, red
 
 
-def _gemm(loop: Loop, shape, red, loads, store, kn):
+def index_space(loop: Loop) -> Space:
+  """The loop's index space simplified for every view it reads and writes."""
+  loads = {k: KView.of(k.buf, k.view) for k in loop.knodes if k.is_load}
+  stores = [KView.of(s.buf, s.view) for s in loop.stores]
+  nd = len(loop.shape)
+  red0 = [d in loop.redaxes for d in range(nd)] if loop.redop is not None else [False] * nd
+  primary = stores[0] if loop.redop is None else next((v for v in loads.values() if any(v.strides)), stores[0])
+  shape, red = _simplify(list(loop.shape), list(loads.values()) + stores, red0, primary)
+  return Space(shape, red, loads, stores)
+
+
+# ---- 2. contraction ----
+def contraction(loop: Loop, sp: Space) -> list[int] | None:
   """The words of a VK_GEMM kernel if this reduction is a contraction of two broadcast operands, else None."""
   if loop.redop is not Ops.ADD or loop.rdtype not in (dtypes.float32, dtypes.float64): return None
-  top = kn[loop.stores[0][0]]
-  if top[0] != "alu" or top[1] is not Ops.MUL or len(loads) != 2: return None
-  ia, ib = top[3]
-  if ia == ib or kn[ia][0] != "load" or kn[ib][0] != "load": return None
-  A, B = loads[ia], loads[ib]
+  top = loop.stores[0].src
+  if top.is_load or top.op is not Ops.MUL or len(sp.loads) != 2: return None
+  ka, kb = top.src
+  if ka is kb or not ka.is_load or not kb.is_load: return None
+  A, B = sp.loads[ka], sp.loads[kb]
   if A.mask is not None or B.mask is not None or A.buf.stype is not loop.rdtype or B.buf.stype is not loop.rdtype:
     return None
+  shape, red = sp.shape, sp.red
   kdims = [d for d in range(len(shape)) if red[d]]
   ndims = [d for d in range(len(shape)) if not red[d] and B.strides[d] == 0 and A.strides[d] != 0]
   mdims = [d for d in range(len(shape)) if not red[d] and A.strides[d] == 0 and B.strides[d] != 0]
@@ -80,7 +114,7 @@ def _gemm(loop: Loop, shape, red, loads, store, kn):
   if shape[kdims[0]] < 8: return None
   kd, nd, md = kdims[0], ndims[-1], mdims[-1]
   batch = [d for d in range(len(shape)) if d not in (kd, nd, md)]
-  C = store
+  C = sp.stores[0]
   w = [VK_GEMM, loop.rdtype.id, A.buf.id, A.offset, B.buf.id, B.offset, C.buf.id, C.offset,
        shape[nd], shape[md], shape[kd], A.strides[nd], A.strides[kd], B.strides[kd], B.strides[md],
        C.strides[nd], C.strides[md], len(batch)]
@@ -88,125 +122,157 @@ def _gemm(loop: Loop, shape, red, loads, store, kn):
   return w
 
 
-def _is_const(kn, i, v) -> bool:
-  k = kn[i]
-  return k[0] == "load" and k[1].kind == "const" and k[2].is_scalar() and float(k[1].data) == v
+# ---- 3. peepholes ----
+def _abs(x: KNode, m: KNode, z0: KNode, z1: KNode, z2: KNode, neg: KNode, pos: KNode) -> KNode | None:
+  """mathops' abs, x * where(x != 0, where(x < 0, -1, 1), 0), as one ABS instruction with exactly that product's
+  results (zeros keep their sign); the select chain is left to dead-code elimination."""
+  if not (z0.arg == 0 and z1.arg == 0 and z2.arg == 0 and neg.arg == -1 and pos.arg == 1): return None
+  return KNode(m.op, m.dtype, (x,), None, None, None, m.dtype, "ABS")
 
 
-def _abs_peephole(kn: list) -> list:
-  """x * sign(x), the form mathops' abs takes (x * where(x != 0, where(x < 0, -1, 1), 0)), as one ABS op with
-  exactly that product's results; the select chain is left to dead-code elimination."""
-  out = list(kn)
-  for i, k in enumerate(kn):
-    if k[0] != "alu" or k[1] is not Ops.MUL: continue
-    for x, s in (k[3], k[3][::-1]):
-      w = kn[s]
-      if w[0] != "alu" or w[1] is not Ops.WHERE or not _is_const(kn, w[3][2], 0): continue
-      ne, wi = kn[w[3][0]], kn[w[3][1]]
-      if not (ne[0] == "alu" and ne[1] is Ops.CMPNE and ne[3][0] == x and _is_const(kn, ne[3][1], 0)): continue
-      if not (wi[0] == "alu" and wi[1] is Ops.WHERE and _is_const(kn, wi[3][1], -1) and _is_const(kn, wi[3][2], 1)):
-        continue
-      lt = kn[wi[3][0]]
-      if not (lt[0] == "alu" and lt[1] is Ops.CMPLT and lt[3][0] == x and _is_const(kn, lt[3][1], 0)): continue
-      out[i] = ("alu", "ABS", k[2], (x,), k[2])
-      break
-  return out
+_SIGN = UPat(Ops.WHERE, src=(UPat(Ops.CMPNE, src=(UPat.var("x"), UPat.cvar("z0"))),
+                             UPat(Ops.WHERE, src=(UPat(Ops.CMPLT, src=(UPat.var("x"), UPat.cvar("z1"))),
+                                                  UPat.cvar("neg"), UPat.cvar("pos"))),
+                             UPat.cvar("z2")))
+pm_peephole = PatternMatcher([
+  (UPat(Ops.MUL, src=[UPat.var("x"), _SIGN], name="m"), _abs),
+])
+_PEEP_NEEDS = Ops.WHERE  # every rule's pattern has one: kernels without it skip the matcher
+
+
+def peephole(loop: Loop) -> tuple[list[KNode], list[KNode]]:
+  """(knodes, the stores' sources) with pm_peephole's rewrites applied in one forward pass (later nodes read the
+  rewritten ones)."""
+  kn, tops = loop.knodes, [s.src for s in loop.stores]
+  if not any(k.op is _PEEP_NEEDS for k in kn): return kn, tops
+  new: dict[KNode, KNode] = {}
+  out = []
+  for k0 in kn:
+    k = k0
+    if new and not k.is_load and any(s in new for s in k.src):
+      k = new[k0] = KNode(k.op, k.dtype, tuple(new.get(s, s) for s in k.src), k.arg, None, None, k.sdtype, k.opcode)
+    r = pm_peephole.rewrite(k) if not k.is_load and k.opcode is None else None
+    if r is not None: new[k0] = k = r
+    out.append(k)
+  if not new: return kn, tops
+  return out, [new.get(t, t) for t in tops]
+
+
+# ---- 4. dead code ----
+def live_nodes(kn: list[KNode], tops: list[KNode]) -> set[KNode]:
+  """The nodes the stores read, directly or not."""
+  live = set(tops)
+  for k in reversed(kn):
+    if k in live and not k.is_load: live.update(k.src)
+  return live
+
+
+# ---- 5. registers ----
+class Regs(NamedTuple):
+  """The register file: (compute dtype id, is scalar) per register, and each live node's register and scalarity."""
+  file: list
+  of: dict
+  scalar: dict
+
+
+def allocate(kn: list[KNode], live: set[KNode], tops: list[KNode], sp: Space) -> Regs:
+  """Loads first (one register each, in kernel order), then each ALU node's result, reusing the register of an
+  operand that dies there (not SIN's: its kernel reads the operand after writing). Free registers are kept per
+  (dtype, scalarity) on stacks, so allocation is linear in the kernel's size."""
+  regs: list[tuple[int, int]] = []
+  free: dict[tuple[int, int], list[int]] = {}
+  reg_of: dict[KNode, int] = {}
+  scalar: dict[KNode, bool] = {}
+  last: dict[KNode, KNode] = {}
+  pinned = set(tops)
+  shape = sp.shape
+  for k in kn:
+    if not k.is_load and k in live:
+      for s in k.src: last[s] = k
+  for k, v in sp.loads.items():
+    if k not in live: continue
+    sc = v.mask is None and all(st == 0 or s == 1 for st, s in zip(v.strides, shape))
+    reg_of[k], scalar[k] = len(regs), sc
+    regs.append((compute_dtype(v.buf.stype).id, int(sc)))
+  for k in kn:
+    if k.is_load or k not in live: continue
+    sc = all(scalar[s] for s in k.src)
+    if k.op is not Ops.SIN or k.opcode is not None:
+      for s in dict.fromkeys(k.src):  # operands dying here free their registers first: the result may reuse one
+        if last.get(s) is k and s not in pinned and not s.is_load:
+          rs = reg_of[s]
+          free.setdefault(regs[rs], []).append(rs)
+    ct = (dtypes.bool if k.op in _CMP and k.opcode is None else compute_dtype(k.dtype)).id
+    fl = free.get((ct, sc))
+    if fl: r = fl.pop()
+    else:
+      r = len(regs)
+      regs.append((ct, int(sc)))
+    reg_of[k], scalar[k] = r, sc
+  return Regs(regs, reg_of, scalar)
+
+
+# ---- 6. words ----
+def _is_dot(loop: Loop, kn: list[KNode], tops: list[KNode], rg: Regs) -> bool:
+  """A float sum whose expression ends in a product of two tiles: the VM sums products row by row (VR_DOT)."""
+  top = tops[0]
+  return (loop.redop is Ops.ADD and loop.rdtype in (dtypes.float32, dtypes.float64) and not top.is_load and
+          top.op is Ops.MUL and top.opcode is None and top is kn[-1] and not any(rg.scalar[s] for s in top.src))
+
+
+def emit(loop: Loop, sp: Space, kn: list[KNode], tops: list[KNode], live: set[KNode], rg: Regs) -> list[int]:
+  """The VK_LOOP words: header, register file, loads, instructions, stores."""
+  shape, nd, regs, reg_of = sp.shape, len(sp.shape), list(rg.file), rg.of
+  numel = math.prod(shape)
+  T = max(1, min(TILE if loop.redop is None else TILE_REDUCE, numel))
+  load_words, nload = [], 0
+  for k, v in sp.loads.items():
+    if k not in live: continue
+    nload += 1
+    load_words += [reg_of[k], v.buf.id, v.buf.stype.id, v.offset, 0 if v.mask is None else 1, *v.strides]
+    if v.mask is not None: load_words += [m[0] for m in v.mask] + [m[1] for m in v.mask]
+  ins_words, nins = [], 0
+  for k in kn:
+    if k.is_load or k not in live: continue
+    op, src = k.op, k.src
+    b = reg_of[src[1]] if len(src) > 1 else -1
+    if op is Ops.WHERE: c = reg_of[src[2]]
+    elif op is Ops.BITCAST: c = k.sdtype.id
+    else: c = -1
+    lt = k.sdtype.id if op in _CMP else k.dtype.id
+    ins_words += [_OPC[op] if k.opcode is None else OPCODES[k.opcode], lt, reg_of[k], reg_of[src[0]], b, c]
+    nins += 1
+  store_words = []
+  for t, v in zip(tops, sp.stores):
+    r = reg_of[t]
+    if loop.redop is not None and rg.scalar[t]:  # a reduction reads a full tile: broadcast a scalar first
+      vec = len(regs)
+      regs.append((regs[r][0], 0))
+      ins_words += [OPCODES["MOV"], compute_dtype(loop.rdtype).id, vec, r, -1, -1]
+      nins += 1
+      r = vec
+    store_words += [r, v.buf.id, v.buf.stype.id, v.offset, 0, *v.strides]
+  redmask = sum(1 << d for d in range(nd) if sp.red[d]) if loop.redop is not None else 0
+  post = 0
+  if loop.redop is not None: post = 1 if loop.rdtype is dtypes.float16 else 2 if loop.rdtype is dtypes.bfloat16 else 0
+  redop = VR_DOT if _is_dot(loop, kn, tops, rg) else VR[loop.redop]
+  words = [VK_LOOP, nd, T, redop, loop.rdtype.id if loop.rdtype is not None else 0, post, redmask, *shape,
+           len(regs)]
+  for ct, sc in regs: words += [ct, sc]
+  words += [nload, *load_words, nins, *ins_words, len(sp.stores), *store_words]
+  return words
 
 
 def lower_loop(loop: Loop) -> tuple[list[int], bool]:
   """(words, is_fused_group) of one kernel."""
-  kn = loop.knodes
-  loads = {i: KView(k[1], k[2].offset, k[2].strides, k[2].mask) for i, k in enumerate(kn) if k[0] == "load"}
-  stores = [KView(b, v.offset, v.strides, v.mask) for _, b, v in loop.stores]
-  red0 = [d in loop.redaxes for d in range(len(loop.shape))] if loop.redop is not None else [False] * len(loop.shape)
-  views = list(loads.values()) + stores
-  primary = stores[0] if loop.redop is None else next(
-    (v for v in loads.values() if any(v.strides)), stores[0])
-  shape, red = _simplify(list(loop.shape), views, red0, primary)
+  sp = index_space(loop)
   if loop.redop is not None:
-    g = _gemm(loop, shape, red, loads, stores[0], kn)
+    g = contraction(loop, sp)
     if g is not None: return g, True
-  numel = math.prod(shape)
-  T = max(1, min(TILE if loop.redop is None else TILE_REDUCE, numel))
-  kn = _abs_peephole(kn)
-  live = {i for i, _, _ in loop.stores}
-  for i in range(len(kn) - 1, -1, -1):  # dead-code elimination from the stores back
-    if i in live and kn[i][0] == "alu": live.update(kn[i][3])
-  nalu = sum(1 for k in kn if k[0] == "alu")
-  # registers
-  regs: list[tuple[int, int]] = []
-  free: dict[tuple[int, int], list[int]] = {}
-  reg_of: dict[int, int] = {}
-  scalar: dict[int, bool] = {}
-  last: dict[int, int] = {}
-  pinned = {i for i, _, _ in loop.stores}
-  for i, k in enumerate(kn):
-    if k[0] == "alu" and i in live:
-      for s in k[3]: last[s] = i
-
-  def alloc(ct: int, sc: bool) -> int:
-    fl = free.get((ct, sc))
-    if fl: return fl.pop()
-    regs.append((ct, int(sc)))
-    return len(regs) - 1
-
-  load_words, ins_words = [], []
-  nd = len(shape)
-  for i, k in enumerate(kn):
-    if k[0] != "load" or i not in live: continue
-    v = loads[i]
-    sc = v.mask is None and all(st == 0 or s == 1 for st, s in zip(v.strides, shape))
-    r = len(regs)
-    regs.append((compute_dtype(v.buf.stype).id, int(sc)))
-    reg_of[i], scalar[i] = r, sc
-    load_words += [r, v.buf.id, v.buf.stype.id, v.offset, 0 if v.mask is None else 1, *v.strides]
-    if v.mask is not None: load_words += [m[0] for m in v.mask] + [m[1] for m in v.mask]
-  nins = 0
-  for i, k in enumerate(kn):
-    if k[0] != "alu" or i not in live: continue
-    _, op, dt, srcs, sdt = k
-    sc = all(scalar[s] for s in srcs)
-    for s in srcs:  # operands dying here free their registers first: the result may reuse one in place
-      if last.get(s) == i and s not in pinned and kn[s][0] == "alu" and op is not Ops.SIN:
-        rs = reg_of[s]
-        fl = free.setdefault(regs[rs], [])
-        if rs not in fl: fl.append(rs)
-    ct = dtypes.bool if op in _CMP else compute_dtype(dt)
-    r = alloc(ct.id, sc)
-    reg_of[i], scalar[i] = r, sc
-    a = reg_of[srcs[0]]
-    b = reg_of[srcs[1]] if len(srcs) > 1 else -1
-    if op is Ops.WHERE: c = reg_of[srcs[2]]
-    elif op is Ops.BITCAST: c = sdt.id
-    else: c = -1
-    lt = sdt.id if op in _CMP else dt.id
-    ins_words += [OPCODES["ABS"] if op == "ABS" else _OPC[op], lt, r, a, b, c]
-    nins += 1
-  store_words = []
-  top_vec = None
-  for (ki, b, _), v in zip(loop.stores, stores):
-    r = reg_of[ki]
-    if loop.redop is not None and scalar[ki]:  # a reduction reads a full tile: broadcast a scalar first
-      ct = regs[r][0]
-      top_vec = len(regs)
-      regs.append((ct, 0))
-      ins_words += [OPCODES["MOV"], compute_dtype(loop.rdtype).id, top_vec, r, -1, -1]
-      nins += 1
-      r = top_vec
-    store_words += [r, b.id, b.stype.id, v.offset, 0, *v.strides]
-  redmask = sum(1 << d for d in range(nd) if red[d]) if loop.redop is not None else 0
-  post = 0
-  if loop.redop is not None: post = 1 if loop.rdtype is dtypes.float16 else 2 if loop.rdtype is dtypes.bfloat16 else 0
-  redop = VR[loop.redop]
-  top = kn[loop.stores[0][0]]
-  if (loop.redop is Ops.ADD and loop.rdtype in (dtypes.float32, dtypes.float64) and top[0] == "alu" and
-      top[1] is Ops.MUL and loop.stores[0][0] == len(kn) - 1 and not any(scalar[s] for s in top[3])):
-    redop = VR_DOT  # a row's sum of products, without the product tile
-  words = [VK_LOOP, nd, T, redop, loop.rdtype.id if loop.rdtype is not None else 0, post, redmask, *shape,
-           len(regs)]
-  for ct, sc in regs: words += [ct, sc]
-  words += [sum(1 for i in loads if i in live), *load_words, nins, *ins_words, len(stores), *store_words]
-  return words, nalu > 0
+  kn, tops = peephole(loop)
+  live = live_nodes(kn, tops)
+  rg = allocate(kn, live, tops, sp)
+  return emit(loop, sp, kn, tops, live, rg), any(not k.is_load for k in kn)
 
 
-__all__ = ["lower_loop", "TILE", "TILE_REDUCE"]
+__all__ = ["lower_loop", "pm_peephole", "TILE", "TILE_REDUCE"]

@@ -8,11 +8,13 @@ is built top-down from the value it stores: movement ops on the way down become 
 leaves, so the expression is computed once per output element and an EXPAND is a zero stride, never a temporary."""
 from __future__ import annotations
 import math
+from typing import NamedTuple
 import numpy as np
 from ..ops import Ops, GroupOp
 from ..dtype import DType, dtypes
 from .flatten import PNode
 from .views import View, apply
+from .values import const_array, input_name, map_nested
 
 _F16, _BF16 = dtypes.float16, dtypes.bfloat16
 _ALU = GroupOp.ALU | {Ops.CAST, Ops.BITCAST}
@@ -43,11 +45,43 @@ class Buf:
   def __repr__(self): return f"Buf#{self.id}({self.kind}{self.index if self.index >= 0 else ''}, {self.stype.name})"
 
 
+class KNode:
+  """One value of a kernel's expression, shaped like a UOp so that UPat patterns match it (lowering's peepholes).
+  A load has op BUFFER (or CONST, with the constant as arg, when it reads a constant broadcast to every index) and
+  reads `buf` through `view`; an ALU node (op in GroupOp.ALU, CAST, BITCAST) computes over `src` (KNodes), `sdtype`
+  being its first operand's dtype. `opcode` is the VM instruction's name when it is not the op's (a peephole's pick
+  that no Ops member names, e.g. ABS)."""
+  __slots__ = ("op", "dtype", "src", "arg", "buf", "view", "sdtype", "opcode")
+
+  def __init__(self, op: Ops, dtype: DType, src: tuple = (), arg=None, buf=None, view=None, sdtype=None, opcode=None):
+    self.op, self.dtype, self.src, self.arg, self.buf, self.view, self.sdtype, self.opcode = op, dtype, src, arg, \
+      buf, view, sdtype, opcode
+
+  @staticmethod
+  def load(buf: Buf, view: View, dtype: DType) -> KNode:
+    if buf.kind == "const" and view.is_scalar(): return KNode(Ops.CONST, dtype, (), buf.data.item(), buf, view)
+    return KNode(Ops.BUFFER, dtype, (), None, buf, view)
+
+  @property
+  def is_load(self) -> bool: return self.buf is not None
+
+  def __repr__(self):
+    return f"KNode({self.op.name}, {self.dtype.name}, {self.buf if self.is_load else len(self.src)})"
+
+
+class Store(NamedTuple):
+  """A kernel's result: the value of `src` written to `buf` through `view`."""
+  src: KNode
+  buf: Buf
+  view: View
+
+
 class Loop:
-  """One VM loop kernel before lowering: knodes (loads and ALU ops in dependency order), stores or one reduction."""
+  """One VM loop kernel before lowering over index space `shape`: `knodes` (loads and ALU nodes in dependency
+  order), `stores`, and for a reduction the reduce op, the reduced axes and the result's dtype."""
   __slots__ = ("shape", "knodes", "stores", "redop", "redaxes", "rdtype")
 
-  def __init__(self, shape, knodes, stores, redop=None, redaxes=(), rdtype=None):
+  def __init__(self, shape, knodes: list[KNode], stores: list[Store], redop=None, redaxes=(), rdtype=None):
     self.shape, self.knodes, self.stores, self.redop, self.redaxes, self.rdtype = tuple(shape), knodes, stores, redop, \
       tuple(redaxes), rdtype
 
@@ -87,7 +121,7 @@ class Planner:
     for n in nodes:
       for s in n.src: s.users += 1
     for n in nodes: self._visit(n)
-    self.outputs = [self._outputs(o) for o in shaped_outputs]
+    self.outputs = [map_nested(o, self._output) for o in shaped_outputs]
     self.jobs.sort(key=lambda j: j[0])
     for j in self.jobs: j[2]()
 
@@ -98,9 +132,8 @@ class Planner:
     return b
 
   def _const(self, n: PNode) -> Buf:
-    from .numpy_eval import _const as np_const
     ct = compute_dtype(n.dtype)
-    data = np.asarray(np_const(n.uop, [], None)).astype(ct.numpy).reshape(())
+    data = const_array(n.arg, n.dtype).astype(ct.numpy).reshape(())
     key = (ct.name, data.tobytes())
     b = self.consts.get(key)
     if b is None: b = self.consts[key] = self._buf("const", ct, (), n.dtype, data=data)
@@ -117,9 +150,7 @@ class Planner:
     if op in (Ops.BUFFER, Ops.DEFINE_VAR, Ops.PARAM):
       b = self.input_bufs.get(n.nid)
       if b is None:
-        from .numpy_eval import _name
-        what = _name(n.uop) if op is not Ops.PARAM else f"PARAM slot {n.arg[0]}"
-        raise ValueError(f"missing input: {what} is not among the program's inputs")
+        raise ValueError(f"missing input: {input_name(n.uop)} is not among the program's inputs")
       n.view = (b, View.contiguous(n.shape))
     elif op is Ops.CONST:
       n.view = (self._const(n), View.contiguous(()))
@@ -165,9 +196,6 @@ class Planner:
     self._job(order - 0.5, lambda: self._emit_copy(view, n.dtype, b))
     return b
 
-  def _outputs(self, o):
-    return tuple(self._outputs(x) for x in o) if type(o) is tuple else self._output(o)
-
   def _output(self, n: PNode | None):
     """The buffer holding output n and the shape to return it in (a copy only when no buffer can be it)."""
     if n is None: return None
@@ -191,7 +219,7 @@ class Planner:
       src = n.src[0]
       knodes, top = self._build(src, src.shape, expand_top=False)
       st = View.contiguous(n.shape).strides  # the reduced dims have size 1, so stride 0
-      self.kernels.append(Loop(src.shape, knodes, [(top, b, View(src.shape, st))], redop=n.arg[0],
+      self.kernels.append(Loop(src.shape, knodes, [Store(top, b, View(src.shape, st))], redop=n.arg[0],
                                redaxes=n.arg[1], rdtype=n.dtype))
     elif n.op is Ops.MULTI:
       axis, start = n.arg, 0
@@ -204,12 +232,12 @@ class Planner:
 
   def _emit_store(self, n: PNode, b: Buf, view: View, dtype, expand_top=False) -> None:
     knodes, top = self._build(n, n.shape, expand_top=expand_top)
-    self.kernels.append(Loop(n.shape, knodes, [(top, b, view)]))
+    self.kernels.append(Loop(n.shape, knodes, [Store(top, b, view)]))
 
   def _emit_copy(self, view, dtype, b: Buf) -> None:
     src, v = view
-    knodes = [("load", src, v, dtype)]
-    self.kernels.append(Loop(v.shape, knodes, [(0, b, View.contiguous(v.shape))]))
+    k = KNode.load(src, v, dtype)
+    self.kernels.append(Loop(v.shape, [k], [Store(k, b, View.contiguous(v.shape))]))
 
   def _emit_call(self, n: PNode) -> None:
     for s, b in zip(n.src, n.callbufs): self._emit_store(s, b, View.contiguous(s.shape), s.dtype)
@@ -235,8 +263,7 @@ class Planner:
     return b, v
 
   def _build(self, top: PNode, kshape, expand_top: bool):
-    """(knodes, index of top's knode): loads ("load", buf, view, dtype) and ops ("alu", op, dtype, srcs, src dtype)
-    in dependency order, for computing `top` over index space kshape."""
+    """(knodes in dependency order, top's KNode) computing `top` over index space kshape."""
     knodes: list = []
     memo: dict = {}
     loads: dict = {}
@@ -273,11 +300,11 @@ class Planner:
       if is_leaf(n, cell):
         b, v = self._leaf_view(n.view, cell, cells, kshape, n.dtype)
         lk = (b.id, v.key(), n.dtype)
-        i = loads.get(lk)
-        if i is None:
-          i = loads[lk] = len(knodes)
-          knodes.append(("load", b, v, n.dtype))
-        memo[k] = i
+        kn = loads.get(lk)
+        if kn is None:
+          kn = loads[lk] = KNode.load(b, v, n.dtype)
+          knodes.append(kn)
+        memo[k] = kn
         continue
       kids = children(n, cell)
       if not ready:
@@ -288,9 +315,10 @@ class Planner:
       if n.op in _MOVE:  # a movement is only a view change: it is its source's value
         memo[k] = memo[(kids[0][0].idx, kids[0][1])]
         continue
-      memo[k] = len(knodes)
-      knodes.append(("alu", n.op, n.dtype, tuple(memo[(s.idx, c)] for s, c in kids), n.src[0].dtype))
+      kn = memo[k] = KNode(n.op, n.dtype, tuple(memo[(s.idx, c)] for s, c in kids), None, None, None,
+                           n.src[0].dtype)
+      knodes.append(kn)
     return knodes, memo[(top.idx, None)]
 
 
-__all__ = ["Planner", "Buf", "Loop", "CallStep", "compute_dtype", "storage_dtype"]
+__all__ = ["Planner", "Buf", "KNode", "Store", "Loop", "CallStep", "compute_dtype", "storage_dtype"]

@@ -12,7 +12,8 @@ from .vmlib import ffi, lib
 from ..ids import value
 from .flatten import flatten
 from .planner import Planner, Loop, CallStep, Buf, compute_dtype
-from .lower import lower_loop
+from .lower import lower_loop, VK_GEMM
+from .values import input_value, round_bfloat16, bindings, map_nested
 
 _MAGIC, _VERSION = value("consts", "VM_MAGIC"), value("consts", "VM_VERSION")
 _ALIGN = 64
@@ -22,7 +23,7 @@ def _place(kernels: list, bufs: list[Buf]) -> int:
   """Arena offsets for the internal buffers by liveness (first write to last use); returns the arena size."""
   first, last = {}, {}
   for i, k in enumerate(kernels):
-    used = k.bufs if isinstance(k, CallStep) else [s[1] for s in k.stores] + [x[1] for x in k.knodes if x[0] == "load"]
+    used = k.bufs if isinstance(k, CallStep) else [s.buf for s in k.stores] + [x.buf for x in k.knodes if x.is_load]
     for b in used:
       if b.kind != "arena": continue
       first.setdefault(b.id, i)
@@ -59,22 +60,24 @@ def _place(kernels: list, bufs: list[Buf]) -> int:
 
 
 class Program:
-  """A graph planned for the C interpreter. Call it with one array per input (in `inputs` order); it returns one
-  array per output (a list, or the array itself for a single output; tuples for TUPLE/SINK/FUNCTION outputs).
+  """A graph planned for the C interpreter. Call it with one array per input (in `inputs` order); its result mirrors
+  `outputs`: a UOp gives an array, a list/tuple a list of the same length (one element included); a TUPLE, SINK or
+  FUNCTION output gives a tuple (nested as deep as the graph nests them).
 
   `stats`: "kernels" (VM kernels: loops and contractions), "fused_groups" (kernels computing at least one ALU op
   or a contraction), "peak_bytes" (the arena of internal buffers at its high-water mark: every temporary the
   program holds; inputs and outputs excluded), "contractions" (matmuls run blocked), "segments" (C calls per run:
   one plus one per CALL)."""
 
-  def __init__(self, outputs: list[UOp], inputs: list[UOp], keep_words: bool = False):
+  def __init__(self, outputs: UOp | list[UOp], inputs: list[UOp], keep_words: bool = False):
+    self._single = isinstance(outputs, UOp)
+    outputs = [outputs] if self._single else list(outputs)
     for u in inputs:
       if not isinstance(u, UOp) or u.op not in (Ops.BUFFER, Ops.DEFINE_VAR, Ops.PARAM):
         raise ValueError(f"compile: inputs must be BUFFER or DEFINE_VAR nodes, got {getattr(u, 'op', u)!r}")
     self.inputs = list(inputs)
     nodes, shaped = flatten(outputs)
     pl = Planner(nodes, shaped, self.inputs)
-    self._single = len(outputs) == 1
     self._shaped = pl.outputs
     self._out_bufs = sorted((b for b in pl.bufs if b.kind == "output"), key=lambda b: b.index)
     self.arena_bytes = _place(pl.kernels, pl.bufs)
@@ -101,7 +104,7 @@ class Program:
       if isinstance(k, Loop):
         w, fused = lower_loop(k)
         seg.append(w)
-        nk, nfused, ngemm = nk + 1, nfused + fused, ngemm + (w[0] == 2)
+        nk, nfused, ngemm = nk + 1, nfused + fused, ngemm + (w[0] == VK_GEMM)
         continue
       if seg:
         words = head + [len(seg)] + slot_size + table
@@ -122,16 +125,9 @@ class Program:
     off = (-a.ctypes.data) % _ALIGN
     return a[off:off + self.arena_bytes]
 
-  def _check(self, u: UOp, v) -> np.ndarray:
-    from .numpy_eval import _buffer, _define_var, _Ctx
-    ctx = _Ctx({u._id: v}, None)
-    if u.op is Ops.BUFFER: a = _buffer(u, [], ctx)
-    elif u.op is Ops.DEFINE_VAR: a = _define_var(u, [], ctx)
-    else:
-      from .numpy_eval import _as_value
-      a = _as_value(u, v)
-      if a.shape != u.shape: raise ValueError(f"input PARAM {u.arg[0]}: expected shape {u.shape}, got {a.shape}")
-    return np.require(a, requirements="CA")  # C-contiguous and aligned, as the VM's typed loads need
+  @staticmethod
+  def _check(u: UOp, v) -> np.ndarray:
+    return np.require(input_value(u, v), requirements="CA")  # C-contiguous and aligned, as the VM's loads need
 
   def _fixed_slots(self, arena):
     n = self._nslots
@@ -185,17 +181,10 @@ class Program:
           if rc < 0: raise RuntimeError(f"pygrad VM: run failed with error {rc}")
     finally:
       if mine: self._lock.release()
-    res = [self._value(o, outs) for o in self._shaped]
+    res = [map_nested(o, lambda b: None if b is None else outs[b.buf.index].reshape(b.shape)) for o in self._shaped]
     return res[0] if self._single else res
 
-  @classmethod
-  def _value(cls, b, outs):
-    if type(b) is tuple: return tuple(cls._value(x, outs) for x in b)
-    return None if b is None else outs[b.buf.index].reshape(b.shape)
-
   def _call(self, st: CallStep, mem: list) -> None:
-    from .numpy_eval import round_bfloat16
-    from ..dtype import dtypes
     views = []
     for b in st.bufs:  # the buffer's memory: in the arena, or an output array it became
       m = mem[self._slot_of[b.id]].reshape(-1).view(np.uint8)
@@ -208,22 +197,18 @@ class Program:
       v[...] = round_bfloat16(a) if b.dtype is dtypes.bfloat16 else a
 
 
-def compile_program(outputs: list[UOp], inputs: list[UOp]) -> Program:
-  """Plan `outputs` over `inputs` (BUFFER/DEFINE_VAR nodes, in the order the program takes arrays)."""
-  return Program(list(outputs), list(inputs))
+def compile_program(outputs: UOp | list[UOp], inputs: list[UOp]) -> Program:
+  """Plan `outputs` (a UOp, or a list of them) over `inputs` (BUFFER/DEFINE_VAR nodes, in the order the program
+  takes arrays)."""
+  return Program(outputs if isinstance(outputs, UOp) else list(outputs), list(inputs))
 
 
-def evaluate_c(outputs: list[UOp], inputs: dict) -> list:
-  """The values of outputs on the C interpreter, given a dict from BUFFER/DEFINE_VAR nodes to array-likes."""
-  keys = []
-  for k in (inputs or {}):
-    if type(k) is not UOp: raise TypeError(f"evaluate: inputs keys must be UOps, got {type(k).__name__}")
-    if k.op not in (Ops.BUFFER, Ops.DEFINE_VAR):
-      raise ValueError(f"evaluate: inputs key {k.op.name} is not an input (BUFFER or DEFINE_VAR)")
-    keys.append(k)
-  prog = Program(list(outputs), keys)
-  res = prog(*[inputs[k] for k in keys])
-  return [res] if prog._single else res
+def evaluate_c(outputs: list[UOp], inputs: dict | None) -> list:
+  """The values of outputs (a list) on the C interpreter, given a dict from BUFFER/DEFINE_VAR nodes to array-likes,
+  validated by values.bindings as the numpy engine does: a valid binding the outputs do not use is ignored."""
+  binds = bindings(inputs)
+  keys = [k for k, _ in binds.values()]
+  return Program(list(outputs), keys)(*[v for _, v in binds.values()])
 
 
 __all__ = ["Program", "compile_program", "evaluate_c"]
