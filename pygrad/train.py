@@ -4,6 +4,7 @@ built and differentiated once and compiled once; the loop then only calls the co
 step for any layer sizes (bench_train.py times the same one); `train_loop` runs a compiled step over batches."""
 from __future__ import annotations
 import argparse
+import contextlib
 import sys
 import time
 import numpy as np
@@ -16,6 +17,11 @@ def mlp_step(sizes, batch: int, lr: float):
   softmax cross-entropy averaged over the batch. Call it as step(x, y_onehot, *params) -> [loss, *new_params]; the
   params are (w0, b0, w1, b1, ...), w_i of shape (sizes[i], sizes[i+1])."""
   import pygrad
+  return pygrad.compile(*mlp_step_graph(sizes, batch, lr))
+
+
+def mlp_step_graph(sizes, batch: int, lr: float):
+  """(outputs, inputs) of mlp_step's graph: outputs [loss, *new_params], inputs [x, y_onehot, *params]."""
   from pygrad import UOp, dtypes
   f32 = dtypes.float32
   x = UOp.placeholder((batch, sizes[0]), f32, "x")
@@ -29,7 +35,18 @@ def mlp_step(sizes, batch: int, lr: float):
     if i + 2 < len(params): h = h.relu()
   loss = -(h.log_softmax(-1) * y).sum() * (1.0 / batch)
   grads = loss.gradient(*params)
-  return pygrad.compile([loss] + [p - g * lr for p, g in zip(params, grads)], [x, y, *params])
+  return [loss] + [p - g * lr for p, g in zip(params, grads)], [x, y, *params]
+
+
+def data_parallel_step(sizes, batch: int, lr: float, client):
+  """mlp_step on a Dask cluster: each worker runs the step on its share of the batch (batch / workers rows) and the
+  outputs are averaged in worker order. The loss is a mean over rows and each new param is p - lr * grad, so the
+  average of the workers' outputs is the whole batch's step (up to float rounding)."""
+  from .distributed import DataParallel
+  n = len(client.scheduler_info()["workers"])
+  if batch % n: raise ValueError(f"--batch {batch} does not split over {n} workers")
+  outs, ins = mlp_step_graph(sizes, batch // n, lr)
+  return DataParallel(outs, ins, client, batch=ins[:2], reduce={i: "mean" for i in range(len(outs))})
 
 
 def init_params(sizes, seed: int = 0) -> list[np.ndarray]:
@@ -82,11 +99,11 @@ def load_digits_split(seed: int = 0, test_frac: float = 0.25):
   return train_test_split(x, d.target, test_size=test_frac, random_state=seed, stratify=d.target)
 
 
-def _missing_extras() -> str | None:
+def _missing_extras(workers: int = 0) -> str | None:
   missing = []
-  for mod in ("sklearn", "tqdm"):
+  for mod in ("sklearn", "tqdm") + (("distributed",) if workers else ()):
     try: __import__(mod)
-    except ImportError: missing.append("scikit-learn" if mod == "sklearn" else mod)
+    except ImportError: missing.append({"sklearn": "scikit-learn", "distributed": "dask[distributed]"}.get(mod, mod))
   return ", ".join(missing) if missing else None
 
 
@@ -100,13 +117,17 @@ def main(argv=None) -> int:
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--plot", metavar="FILE.png", help="write the loss curve to this PNG")
   ap.add_argument("--no-progress", action="store_true", help="no progress bar (for logs)")
+  ap.add_argument("--workers", type=int, default=0,
+                  help="train data-parallel on a Dask LocalCluster of this many worker processes (needs dask)")
   a = ap.parse_args(argv)
   if a.steps < 1 or a.batch < 1: ap.error("--steps and --batch must be >= 1")
+  if a.workers < 0: ap.error("--workers must be >= 0")
+  if a.workers and a.batch % a.workers: ap.error(f"--batch {a.batch} does not split over {a.workers} workers")
   if not a.lr > 0: ap.error("--lr must be > 0")
   try: hidden = tuple(int(h) for h in a.hidden.split(",") if h.strip())
   except ValueError: ap.error(f"--hidden must be comma-separated integers, got {a.hidden!r}")
   if any(h < 1 for h in hidden): ap.error("--hidden sizes must be >= 1")
-  missing = _missing_extras()
+  missing = _missing_extras(a.workers)
   if missing:
     print(f"python -m pygrad train needs {missing}: {EXTRA_HINT}", file=sys.stderr)
     return 2
@@ -115,16 +136,30 @@ def main(argv=None) -> int:
     except ImportError:
       print(f"--plot needs matplotlib: {EXTRA_HINT}", file=sys.stderr)
       return 2
-  from tqdm import tqdm
   import pygrad
   xtr, xte, ytr, yte = load_digits_split(a.seed)
   sizes = (xtr.shape[1], *hidden, 10)
   batch = min(a.batch, len(xtr))
-  t0 = time.perf_counter()
-  step = mlp_step(sizes, batch, a.lr)
-  t_build = time.perf_counter() - t0
-  print(f"MLP {'-'.join(map(str, sizes))}, batch {batch}, lr {a.lr}: step built, differentiated and compiled once "
-        f"in {t_build:.2f} s; {len(xtr)} training and {len(xte)} test images; {pygrad.get_num_threads()} thread(s)")
+  if a.workers and batch % a.workers: ap.error(f"batch {batch} does not split over {a.workers} workers")
+  with contextlib.ExitStack() as stack:
+    if a.workers:
+      import distributed
+      cluster = stack.enter_context(distributed.LocalCluster(
+        n_workers=a.workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None,
+        silence_logs=40, env={"PYGRAD_NUM_THREADS": "1"}))  # one VM thread per worker: cores are not shared twice
+      client = stack.enter_context(distributed.Client(cluster))
+    t0 = time.perf_counter()
+    step = data_parallel_step(sizes, batch, a.lr, client) if a.workers else mlp_step(sizes, batch, a.lr)
+    t_build = time.perf_counter() - t0
+    where = f"{a.workers} Dask workers" if a.workers else f"{pygrad.get_num_threads()} thread(s)"
+    print(f"MLP {'-'.join(map(str, sizes))}, batch {batch}, lr {a.lr}: step built, differentiated and compiled once "
+          f"in {t_build:.2f} s; {len(xtr)} training and {len(xte)} test images; {where}")
+    return _run(a, step, sizes, batch, xtr, xte, ytr, yte)
+
+
+def _run(a, step, sizes, batch, xtr, xte, ytr, yte) -> int:
+  """The training loop with its progress bar, the test accuracy and the optional plot."""
+  from tqdm import tqdm
   bar = tqdm(total=a.steps, unit="step", disable=a.no_progress, file=sys.stdout)
   t_run = time.perf_counter()
 

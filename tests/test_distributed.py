@@ -204,3 +204,29 @@ def test_map_gradients_gives_the_local_nodes(client):
   for g, t, r in zip(graphs, targets, remote):
     local = g.gradient(*t)
     assert len(r) == len(local) and all(x is y for x, y in zip(r, local))
+
+
+def test_train_data_parallel_reaches_the_single_process_accuracy(capsys):
+  """`python -m pygrad train --workers 2`: the digits MLP trained data-parallel on a LocalCluster of 2 processes."""
+  pytest.importorskip("sklearn")
+  pytest.importorskip("tqdm")
+  from pygrad.train import main
+  accs = []
+  for workers in ("0", "2"):
+    assert main(["--steps", "300", "--no-progress", "--workers", workers]) == 0
+    out = capsys.readouterr().out
+    accs.append(float(out.rsplit("test accuracy ", 1)[1].split("%")[0]))
+  assert "2 Dask workers" in out
+  assert accs[1] >= 95.0 and abs(accs[1] - accs[0]) <= 1.5, accs
+
+
+def test_data_parallel_step_is_the_whole_batch_step(client):
+  """Averaging the workers' [loss, *new params] gives the whole batch's step (float rounding apart)."""
+  from pygrad.train import data_parallel_step, mlp_step, init_params, onehot
+  r = np.random.default_rng(7)
+  x = r.random((64, 8), dtype=np.float32)
+  y = onehot(r.integers(0, 3, 64), 3)
+  params = init_params((8, 16, 3))
+  got = data_parallel_step((8, 16, 3), 64, 0.1, client)(x, y, *params)
+  want = mlp_step((8, 16, 3), 64, 0.1)(x, y, *params)
+  for g, w in zip(got, want): np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
