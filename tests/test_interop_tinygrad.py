@@ -1,0 +1,244 @@
+"""pygrad as tinygrad 0.14.0's gradient engine: conversions both ways, compute_gradient, install(), and tinygrad's own
+gradient tests (from ../shared/peer-tests/tinygrad, run unmodified in a subprocess with pygrad installed)."""
+from __future__ import annotations
+import os, subprocess, sys
+from pathlib import Path
+import numpy as np
+import pytest
+
+tinygrad = pytest.importorskip("tinygrad", reason="tinygrad is not installed (pip install '.[tinygrad]')")
+from tinygrad import Tensor, nn  # noqa: E402
+from tinygrad.dtype import dtypes as tdtypes  # noqa: E402
+from tinygrad.uop.ops import UOp as TUOp, Ops as TOps  # noqa: E402
+import tinygrad.mixin.gradient as tg_gradient  # noqa: E402
+import pygrad  # noqa: E402
+from pygrad import Ops  # noqa: E402
+import pygrad.interop.tinygrad as pt  # noqa: E402
+
+DEV = "PYTHON"  # tinygrad's interpreter: no compiler needed, exact enough at these sizes
+HERE = Path(__file__).resolve().parent
+
+
+def _params(*shapes):
+  Tensor.manual_seed(0)
+  return [Tensor.randn(*s, device=DEV).realize() for s in shapes]
+
+
+class _Net:
+  """A small model in the style of tinygrad's examples (nn.Linear, gelu, log_softmax): it runs offline."""
+  def __init__(self):
+    Tensor.manual_seed(1)
+    self.l1, self.l2 = nn.Linear(16, 8), nn.Linear(8, 4)
+    for p in nn.state.get_parameters(self): p.replace(p.to(DEV)).realize()
+
+  def __call__(self, x): return self.l2(self.l1(x).gelu()).log_softmax().mean()
+
+
+def mlp():
+  x, w1, w2 = _params((4, 8), (8, 16), (16, 3))
+  return (x @ w1).relu().matmul(w2).tanh().sum(), [w1, w2, x]
+
+
+def conv2d():
+  x, w = _params((2, 3, 6, 6), (4, 3, 3, 3))
+  return x.conv2d(w, padding=1).relu().mean(), [x, w]
+
+
+def attention():
+  q, k, v = _params((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8))
+  return q.scaled_dot_product_attention(k, v).square().sum(), [q, k, v]
+
+
+def layernorm():
+  x, g, b = _params((4, 8), (8,), (8,))
+  return (x.layernorm() * g + b).square().mean(), [x, g, b]
+
+
+def softmax_ce():
+  x, w = _params((5, 6), (6, 4))
+  y = Tensor([0, 3, 1, 2, 3], device=DEV)
+  return (x @ w).sparse_categorical_crossentropy(y), [x, w]
+
+
+def nn_model():
+  m = _Net()
+  (x,) = _params((3, 16))
+  return m(x), [m.l1.weight, m.l1.bias, m.l2.weight, m.l2.bias]
+
+
+MODELS = [mlp, conv2d, attention, layernorm, softmax_ce, nn_model]
+
+
+@pytest.fixture
+def own_engine():
+  """tinygrad's own compute_gradient in place (and restored whatever a test does)."""
+  saved = tg_gradient.compute_gradient
+  pt.uninstall()
+  yield
+  tg_gradient.compute_gradient = saved
+
+
+# ---- conversions ----
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda f: f.__name__)
+def test_round_trip_is_identity(model):
+  root, _ = model()
+  p = pt.from_tinygrad(root.uop)
+  assert isinstance(p, pygrad.UOp) and p.shape == root.shape
+  assert pt.to_tinygrad(p) is root.uop
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda f: f.__name__)
+def test_round_trip_of_gradient_graphs(model, own_engine):
+  root, params = model()
+  gs = [g.uop for g in root.gradient(*params)]
+  back = pt.to_tinygrad(pt.from_tinygrad(gs))
+  assert all(b is g for b, g in zip(back, gs))
+
+
+def test_conversion_maps_each_difference():
+  x = Tensor.randn(3, 1, device=DEV).realize()
+  y = Tensor.randn(4, device=DEV).realize()
+  z = (x + y).sum(axis=0)  # implicit numpy broadcast, a REDUCE dropping its axis
+  p = pt.from_tinygrad(z.uop)
+  ops = {u.op for u in p.toposort()}
+  assert Ops.REDUCE_AXIS in ops and Ops.EXPAND in ops and p.shape == (4,)
+  leaves = [u for u in p.toposort() if u.op is Ops.BUFFER]
+  assert {u.arg[0] for u in leaves} == {x.uop.base, y.uop.base}  # a BUFFER's id is tinygrad's BUFFER
+  assert all(u.device == x.device for u in leaves) and all(u.dtype is pygrad.dtypes.float32 for u in leaves)
+  v = TUOp.variable("v", -3.0, 3.0, dtype=tdtypes.float)
+  pv = pt.from_tinygrad(v * 2.0)
+  assert pv.op is Ops.MUL and pv.src[0].op is Ops.DEFINE_VAR and pv.src[0].arg == ("v", -3.0, 3.0)
+  assert pv.src[1].op is Ops.CONST and pv.src[1].dtype is pygrad.dtypes.float32  # weak 2.0 takes the user's dtype
+  assert pt.to_tinygrad(pv) is v * 2.0
+
+
+def test_pygrad_graph_to_tinygrad_runs():
+  a = pygrad.UOp.placeholder((3, 4), pygrad.dtypes.float32, device=DEV)
+  f = (a.reshape((4, 3)).permute((1, 0)).pad(((1, 0), (0, 2))).shrink(((1, 4), (0, 4))) * 2.0).sum(axis=0)
+  t = pt.to_tinygrad(f)
+  assert t.shape == f.shape == (4,)
+  vals = np.arange(12, dtype=np.float32).reshape(3, 4)
+  buf = pt.to_tinygrad(a)
+  tv = Tensor(t.substitute({buf: Tensor(vals, device=DEV).uop})).numpy()
+  np.testing.assert_allclose(tv, pygrad.evaluate(f, {a: vals}, engine="numpy"))
+
+
+def test_unknown_op_is_a_value_error_naming_it():
+  x = Tensor.randn(4, device=DEV).realize()
+  with pytest.raises(ValueError, match="NEG"):
+    pt.from_tinygrad(TUOp(TOps.NEG, src=(x.uop,)))
+  with pytest.raises(ValueError, match="tinygrad op (STACK|THREEFRY) has no pygrad counterpart"):
+    pt.from_tinygrad(Tensor.rand(3, device=DEV).uop)
+  with pytest.raises(TypeError):
+    pt.from_tinygrad(np.zeros(3))
+  with pytest.raises(TypeError):
+    pt.to_tinygrad(x.uop)
+
+
+def test_conversion_does_not_recurse_on_depth():
+  x = TUOp.variable("x", -1.0, 1.0, dtype=tdtypes.float)
+  y = x
+  for _ in range(sys.getrecursionlimit() + 500): y = y * 0.5 + 1.0
+  p = pt.from_tinygrad(y)
+  assert len(p.toposort()) > 2 * sys.getrecursionlimit()
+  assert pt.to_tinygrad(p) is y
+
+
+def test_missing_tinygrad_is_a_clear_import_error():
+  code = "import sys; sys.modules['tinygrad'] = None\ntry:\n  import pygrad.interop.tinygrad\n" \
+         "except ImportError as e: print('IMPORTERROR', e)\n"
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), cwd=HERE.parent)
+  assert "IMPORTERROR" in r.stdout and "tinygrad" in r.stdout, r.stdout + r.stderr
+
+
+# ---- gradients ----
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda f: f.__name__)
+def test_gradients_agree_with_tinygrads_own(model, own_engine):
+  root, params = model()
+  want = [g.numpy() for g in root.gradient(*params)]
+  root, params = model()
+  with pt.installed():
+    assert tg_gradient.compute_gradient is pt.compute_gradient
+    got_t = root.gradient(*params)
+  got = [g.numpy() for g in got_t]
+  for w, g in zip(want, got):
+    assert w.shape == g.shape
+    np.testing.assert_allclose(g, w, rtol=2e-5, atol=1e-6)
+  # and pygrad's engines evaluate the converted gradient graphs to the same values
+  pg = pt.from_tinygrad([g.uop for g in got_t])
+  inputs = {}
+  for u in pg[0].sink(*pg).toposort():
+    if u.op is Ops.BUFFER: inputs[u] = Tensor(u.arg[0]).numpy().reshape(u.shape)
+  engines = ["numpy"] + (["c"] if pygrad.core_name() == "c" else [])
+  for engine in engines:
+    for w, v in zip(want, pygrad.evaluate(pg, inputs, engine=engine)):
+      np.testing.assert_allclose(v, w, rtol=1e-4, atol=1e-5)
+
+
+def test_compute_gradient_signature_and_types():
+  x = TUOp.variable("x", -10.0, 10.0, dtype=tdtypes.float)
+  y = TUOp.variable("y", -10.0, 10.0, dtype=tdtypes.float)
+  f = (x * y).sin() + x / y
+  grads = pt.compute_gradient(f, TUOp.const(1.0), {x, y})
+  assert isinstance(grads, dict) and all(isinstance(k, TUOp) and isinstance(v, TUOp) for k, v in grads.items())
+  gx = grads[x].substitute({x: TUOp.const(2.0), y: TUOp.const(3.0)}).ssimplify()
+  assert abs(gx - (3.0 * np.cos(6.0) + 1 / 3.0)) < 1e-5
+
+
+def test_backward_uses_pygrad_only_while_installed(own_engine):
+  own = tg_gradient.compute_gradient
+  calls = []
+  real = pt._pg_gradient.compute_gradient
+  pt._pg_gradient.compute_gradient = lambda *a: calls.append(1) or real(*a)
+  try:
+    x = Tensor([1.0, 2.0, 3.0], device=DEV)
+    pt.install()
+    (x * x).sum().backward()
+    assert calls and x.grad.tolist() == [2.0, 4.0, 6.0]
+    pt.uninstall()
+    assert tg_gradient.compute_gradient is own
+    n = len(calls)
+    (x * 3.0).sum().backward()
+    assert len(calls) == n and x.grad.tolist() == [5.0, 7.0, 9.0]
+    with pt.installed():
+      assert tg_gradient.compute_gradient is pt.compute_gradient
+    assert tg_gradient.compute_gradient is own
+  finally:
+    pt._pg_gradient.compute_gradient = real
+
+
+# ---- tinygrad's own tests ----
+
+def _env() -> dict:
+  env = dict(os.environ)
+  root = str(Path(pygrad.__file__).resolve().parents[1])  # the pygrad this process imported, checkout or install
+  env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), root, env.get("PYTHONPATH")) if p)
+  env["PYTHONDONTWRITEBYTECODE"] = "1"  # the shared folder is read-only
+  return env
+
+
+def _shared() -> Path:
+  """../shared beside the checkout: $PYGRAD_SHARED (set by .ci/run, whose tests run from a copy), else the nearest
+  `shared/` above the imported pygrad's checkout or above this file (a git worktree may sit a level deeper)."""
+  cands = [Path(os.environ["PYGRAD_SHARED"])] if os.environ.get("PYGRAD_SHARED") else []
+  for start in (Path(pygrad.__file__).resolve().parents[1], HERE.parent):
+    cands += [d / "shared" for d in start.parents]
+  for c in cands:
+    if (c / "peer-tests" / "tinygrad").is_dir(): return c / "peer-tests" / "tinygrad"
+  raise AssertionError(f"tinygrad's peer tests not found in {sorted({str(c) for c in cands})}: set PYGRAD_SHARED")
+
+
+def test_tinygrads_own_gradient_tests_pass_with_pygrad_installed(tmp_path):
+  files = sorted(str(f) for f in _shared().glob("test_*.py"))
+  assert len(files) == 2, files
+  env = _env()
+  env["DEV"] = DEV  # as tinygrad's CI runs them here; the 4 tests that ask for "CPU" compile with clang
+  r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tinygrad_install_plugin", "-p", "no:cacheprovider",
+                      "--rootdir", str(tmp_path), "-o", "faulthandler_timeout=300", *files],
+                     capture_output=True, text=True, env=env, cwd=tmp_path, timeout=1200)
+  out = r.stdout + r.stderr
+  assert r.returncode == 0 and "37 passed" in out, out[-4000:]
+  derived = [int(line.split()[2]) for line in out.splitlines() if line.startswith("pygrad derived ")]
+  assert derived and derived[0] >= 30, out[-2000:]
