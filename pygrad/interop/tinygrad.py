@@ -29,6 +29,8 @@ import contextlib, math, threading
 from pygrad import UOp, Ops, dtypes, CallInfo, Metadata
 from pygrad.uop import _attach_metadata
 import pygrad.uop as _pg_uop
+from pygrad.uop import handle
+from pygrad.core import CORE
 import pygrad.gradient as _pg_gradient
 
 try:
@@ -125,9 +127,8 @@ class _GradFxn:
   def __call__(self, *grads, call):
     ctx = _ctx()
     out = _Out(ctx.rev if ctx is not None else None)
-    tcall = out.convert(call)
+    tcall, *tg = out.convert([call, *grads])
     args = tcall.src[1:]
-    tg = [out.convert(g) for g in grads]
     # a gradient with no device (a broadcast constant) is placed on the call's device, as tinygrad does for calls
     tg = [g.clone(device=(args[i].device if tcall.op is TOps.CALL else tcall.device)) if g.device is None else g
           for i, g in enumerate(tg)]
@@ -339,21 +340,56 @@ class _Out:
 
   def __init__(self, known=None):
     self.memo: dict = dict(known) if known else {}
+    self.shapes: dict = {}  # static shape -> tinygrad's shape operand
 
-  def convert(self, root: UOp) -> TUOp:
-    if not isinstance(root, UOp): raise TypeError(f"to_tinygrad: expected a pygrad UOp, got {type(root).__name__}")
+  def convert(self, roots: list) -> list:
+    """The tinygrad nodes of `roots`, in one walk over all of them (stopping at nodes known already)."""
+    for r in roots:
+      if not isinstance(r, UOp): raise TypeError(f"to_tinygrad: expected a pygrad UOp, got {type(r).__name__}")
     memo = self.memo
-    got = memo.get(root._id)
-    if got is not None: return got
-    stop = list(memo)
-    for p in root.toposort() if not stop else _walk_stop(root, stop):
-      if p._id in memo: continue
-      t = p.tag
-      if t is _BCAST or t is _EXPAND and p.op is Ops.RESHAPE or t is _REDUCE and p.op is Ops.REDUCE_AXIS: continue
-      t = memo[p._id] = self._one(p)
-      if _pg_uop._md_count and (md := p.metadata) and t not in _tg_metadata:
-        _tg_metadata[t] = tuple(TMetadata(m.name, m.backward) for m in md)
-    return self._get(root)
+    ids = [r._id for r in roots if r._id not in memo]
+    if ids:
+      for nid in CORE.toposort(ids, True, list(memo)):
+        p = handle(nid)
+        t = p.tag
+        if t is _BCAST or t is _EXPAND and p.op is Ops.RESHAPE or t is _REDUCE and p.op is Ops.REDUCE_AXIS: continue
+        t = memo[nid] = self._one(p)
+        if _pg_uop._md_count and (md := p.metadata) and t not in _tg_metadata:
+          _tg_metadata[t] = tuple(TMetadata(m.name, m.backward) for m in md)
+    return [self._get(r) for r in roots]
+
+  def _shape(self, shape: tuple) -> TUOp:
+    got = self.shapes.get(shape)
+    if got is None: got = self.shapes[shape] = shape_to_shape_arg(shape)
+    return got
+
+  def _mop(self, x: TUOp, op, arg) -> TUOp:
+    """tinygrad's x._mop(op, arg) for static arguments, made directly: its symbolic simplify of the shape operands
+    changes nothing on ints, and costs more than the node (the round-trip tests check the nodes are tinygrad's)."""
+    if op is TOps.PERMUTE or op is TOps.FLIP: return TUOp(op, x.dtype, (x,), arg)
+    if op is TOps.RESHAPE: return TUOp(op, x.dtype, (x, self._shape(arg)))
+    if not arg: return x
+    if op is TOps.EXPAND: return TUOp(op, x.dtype, (x, self._shape(arg)))
+    return TUOp(op, x.dtype, (x, self._shape(tuple(a for a, _ in arg)), self._shape(tuple(b for _, b in arg))))
+
+  def _expand(self, x: TUOp, src: tuple, shape: tuple) -> TUOp:
+    """pygrad's EXPAND (size-1 axes grow in place) as tinygrad's: drop those axes, prepend them grown, permute back."""
+    grow = [i for i, (a, b) in enumerate(zip(src, shape)) if a != b]
+    rest = [i for i in range(len(shape)) if i not in grow]
+    y = self._mop(self._mop(x, TOps.RESHAPE, tuple(src[i] for i in rest)), TOps.EXPAND, tuple(shape[i] for i in grow))
+    order = grow + rest
+    perm = tuple(order.index(j) for j in range(len(shape)))
+    return y if perm == tuple(range(len(shape))) else self._mop(y, TOps.PERMUTE, perm)
+
+  def _reduce(self, x: TUOp, src: tuple, arg, shape: tuple) -> TUOp:
+    """pygrad's REDUCE_AXIS (axes kept) as tinygrad's: reduced axes permuted to the front, reduced, reshaped."""
+    rop, axes = arg
+    red = [a for a in sorted(axes) if src[a] != 1]
+    if red:
+      perm = tuple(red + [i for i in range(len(src)) if i not in red])
+      if perm != tuple(range(len(src))): x = self._mop(x, TOps.PERMUTE, perm)
+      x = TUOp(TOps.REDUCE, x.dtype, (x,), (getattr(TOps, rop.name), len(red)))
+    return self._mop(x, TOps.RESHAPE, shape)
 
   def _get(self, p: UOp) -> TUOp:
     got = self.memo.get(p._id)
@@ -361,10 +397,11 @@ class _Out:
     # a helper node of a pair, asked for on its own (bounded: helpers sit at most two deep)
     t, x = p.tag, p.src[0]
     if t is _BCAST: ret = self._get(x)
-    elif t is _EXPAND: ret = self._get(x)._mop(TOps.RESHAPE, p.shape)
+    elif t is _EXPAND: ret = self._mop(self._get(x), TOps.RESHAPE, p.shape)
     else:
       rop, axes = p.arg
-      ret = TUOp(TOps.REDUCE, src=(self._get(x),), arg=(getattr(TOps, rop.name), len(axes)))._mop(TOps.RESHAPE, p.shape)
+      ret = self._mop(TUOp(TOps.REDUCE, src=(self._get(x),), arg=(getattr(TOps, rop.name), len(axes))), TOps.RESHAPE,
+                      p.shape)
     self.memo[p._id] = ret
     return ret
 
@@ -372,33 +409,35 @@ class _Out:
     op, tag = p.op, p.tag
     if type(tag) is tuple and tag[0] == _TG: return tag[1]
     if op in _TALU:
-      return TUOp(_TALU[op], src=tuple(self._get(s) for s in p.src))
+      src = tuple(self._get(s) for s in p.src)
+      # the dtype is given unless every operand is weak (then tinygrad's promotion decides, as it did before)
+      for s in src:
+        if s.dtype not in _WEAK: return TUOp(_TALU[op], _TDT[p.dtype], src)
+      return TUOp(_TALU[op], src=src)
     if op is Ops.CONST: return TUOp.const(p.arg, _TDT[p.dtype])
     if op is Ops.RESHAPE:
       if tag is _REDUCE and p.src[0].tag is _REDUCE and p.src[0].op is Ops.REDUCE_AXIS:
         r = p.src[0]
         return TUOp(TOps.REDUCE, src=(self._get(r.src[0]),), arg=(getattr(TOps, r.arg[0].name), len(r.arg[1])))
-      return self._get(p.src[0])._mop(TOps.RESHAPE, p.shape)
+      return self._mop(self._get(p.src[0]), TOps.RESHAPE, p.shape)
     if op is Ops.EXPAND:
       if tag is _EXPAND:
         inner = p.src[0].src[0]
-        return self._get(inner)._mop(TOps.EXPAND, p.shape[:len(p.shape) - len(inner.shape)])
-      return self._get(p.src[0]).expand(p.shape)
+        return self._mop(self._get(inner), TOps.EXPAND, p.shape[:len(p.shape) - len(inner.shape)])
+      return self._expand(self._get(p.src[0]), p.src[0].shape, p.shape)
     x = self._get(p.src[0]) if p.src else None
-    if op is Ops.REDUCE_AXIS:
-      r = x._rop(getattr(TOps, p.arg[0].name), p.arg[1])
-      return r if r.shape == p.shape else r._mop(TOps.RESHAPE, p.shape)
-    if op is Ops.PERMUTE: return x._mop(TOps.PERMUTE, p.arg)
-    if op is Ops.FLIP: return x._mop(TOps.FLIP, p.arg)
-    if op is Ops.PAD: return x._mop(TOps.PAD, tuple((b, s + b + a) for (b, a), s in zip(p.arg, p.src[0].shape)))
-    if op is Ops.SHRINK: return x._mop(TOps.SHRINK, tuple((b, e - b) for b, e in p.arg))
+    if op is Ops.REDUCE_AXIS: return self._reduce(x, p.src[0].shape, p.arg, p.shape)
+    if op is Ops.PERMUTE: return self._mop(x, TOps.PERMUTE, p.arg)
+    if op is Ops.FLIP: return self._mop(x, TOps.FLIP, p.arg)
+    if op is Ops.PAD: return self._mop(x, TOps.PAD, tuple((b, s + b + a) for (b, a), s in zip(p.arg, p.src[0].shape)))
+    if op is Ops.SHRINK: return self._mop(x, TOps.SHRINK, tuple((b, e - b) for b, e in p.arg))
     if op in (Ops.CAST, Ops.BITCAST):
       d = _TDT[p.dtype]
       return TUOp(TOps.CAST if op is Ops.CAST else TOps.BITCAST, d, (x,), d)
     if op is Ops.CONTIGUOUS and type(tag) is tuple and tag[0] == _ASSIGN:
       view = tag[1]
       return view.after(view.store(x))
-    if op in (Ops.CONTIGUOUS, Ops.CONTIGUOUS_BACKWARD, Ops.DETACH): return TUOp(getattr(TOps, op.name), src=(x,))
+    if op in (Ops.CONTIGUOUS, Ops.CONTIGUOUS_BACKWARD, Ops.DETACH): return TUOp(getattr(TOps, op.name), x.dtype, (x,))
     if op is Ops.COPY: return TUOp(TOps.COPY, src=(x,), arg=p.arg)
     if op is Ops.BUFFER:
       if isinstance(p.arg[0], TUOp): return p.arg[0]
@@ -406,7 +445,7 @@ class _Out:
       # a pygrad input becomes the same tinygrad BUFFER in every conversion: its slot is derived from the unique id
       slot = _SLOT0 - p.arg[0] if type(p.arg[0]) is int else None
       b = TUOp.new_buffer(p.device, n, _TDT[p.dtype], num=slot)
-      return b if p.shape == (n,) else b._mop(TOps.RESHAPE, p.shape)
+      return b if p.shape == (n,) else self._mop(b, TOps.RESHAPE, p.shape)
     if op is Ops.DEFINE_VAR: return TUOp.variable(p.arg[0], p.arg[1], p.arg[2], _TDT[p.dtype])
     if op is Ops.PARAM: return TUOp.param(p.arg[0], _TDT[p.dtype], p.arg[1], p.arg[2])
     if op is Ops.NOOP: return TUOp(TOps.NOOP)
@@ -433,12 +472,6 @@ def _tcallinfo(p: UOp):
   return TCallInfo(gf.info.grad_fxn if gf is not None else None, a.name, a.precompile, a.precompile_backward)
 
 
-def _walk_stop(root: UOp, stop: list) -> list:
-  from pygrad.core import CORE
-  from pygrad.uop import handle
-  return [handle(n) for n in CORE.toposort([root._id], True, stop)]
-
-
 # ---- public API ----
 
 def from_tinygrad(roots):
@@ -450,9 +483,8 @@ def from_tinygrad(roots):
 
 def to_tinygrad(roots):
   """pygrad UOps (one, or a list/tuple) -> tinygrad UOps; nodes that came from tinygrad are tinygrad's own again."""
-  out = _Out()
-  if isinstance(roots, (list, tuple)): return type(roots)(out.convert(r) for r in roots)
-  return out.convert(roots)
+  if isinstance(roots, (list, tuple)): return type(roots)(_Out().convert(list(roots)))
+  return _Out().convert([roots])[0]
 
 
 class _Ctx:
@@ -499,11 +531,9 @@ def derive(cin, proot: UOp, pgrad: UOp, ptargets: dict) -> dict:
 
 def convert_out(cin, root: TUOp, root_grad: TUOp, ptargets: dict, grads: dict) -> dict:
   """compute_gradient's last phase: the targets' gradients back into tinygrad, forward nodes reused."""
-  out = _Out(cin.rev)
+  got = [(t, g) for t, p in ptargets.items() if (g := grads.get(p)) is not None and g.op is not Ops.NOOP]
   ret = {root: root_grad}
-  for t, p in ptargets.items():
-    g = grads.get(p)
-    if g is not None and g.op is not Ops.NOOP: ret[t] = out.convert(g)
+  ret.update(zip((t for t, _ in got), _Out(cin.rev).convert([g for _, g in got])))
   return ret
 
 
