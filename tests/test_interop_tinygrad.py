@@ -242,3 +242,14 @@ def test_tinygrads_own_gradient_tests_pass_with_pygrad_installed(tmp_path):
   assert r.returncode == 0 and "37 passed" in out, out[-4000:]
   derived = [int(line.split()[2]) for line in out.splitlines() if line.startswith("pygrad derived ")]
   assert derived and derived[0] >= 30, out[-2000:]
+
+
+def test_metadata_crosses_both_ways():
+  from tinygrad.uop.ops import all_metadata
+  x = Tensor.randn(3, device=DEV).realize()
+  y = (x * 2.0).sum()
+  assert pt.from_tinygrad(y.uop).metadata[0].name == "sum"  # tinygrad's Tensor methods record their names
+  with pt.installed():
+    g = y.gradient(x)[0]
+  names = {m.name for u in g.uop.toposort() for m in (all_metadata.get(u) or ()) if m.backward}
+  assert "__mul__" in names
