@@ -14,7 +14,8 @@ def _rel(p): return os.path.relpath(p, HERE).replace(os.sep, "/")
 
 with open(os.path.join(CSRC, "pygrad.h")) as f: HEADER = f.read()
 gnu = sys.platform != "win32" or "gcc" in os.environ.get("CC", "") or "clang" in os.environ.get("CC", "")
-cflags = ["-Wall", "-Wextra", "-Werror=implicit-function-declaration"] if gnu else []
+# C11 without GNU extensions outside the guarded ISA code (the AVX clones use target attributes and vector types)
+cflags = ["-std=c11", "-Wall", "-Wextra", "-Werror=implicit-function-declaration"] if gnu else []
 ldflags = []
 if os.environ.get("PYGRAD_SANITIZE") == "1":
   san = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
@@ -25,8 +26,11 @@ ffibuilder = FFI()
 ffibuilder.cdef(HEADER)
 ffibuilder.set_source(
   "pygrad._core", '#include "pygrad.h"',
-  sources=sorted(_rel(p) for p in glob.glob(os.path.join(CSRC, "*.c"))),
+  # the kernel clones take most of the compile time: first, so that the parallel compile ends together
+  sources=sorted((_rel(p) for p in glob.glob(os.path.join(CSRC, "*.c"))),
+                 key=lambda p: ("/vm_isa_" not in p and "/vm_gemm" not in p, p)),
   include_dirs=[_rel(CSRC)],
+  depends=sorted(_rel(p) for p in glob.glob(os.path.join(CSRC, "*.h"))),  # a header edit rebuilds the core
   extra_compile_args=cflags,
   extra_link_args=ldflags,
   libraries=[] if sys.platform == "win32" else ["m", "pthread"],

@@ -6,11 +6,7 @@
 #include <string.h>
 #include "vm.h"
 
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-#define VM_X86 1
-#else
-#define VM_X86 0
-#endif
+#include "vm_simd.h"
 
 #define VM_GEMM_CLONE(SFX) \
   size_t vm_gemm_ws_##SFX(const vm_gemm *g) { \
@@ -37,7 +33,11 @@ VM_GEMM_CLONE(avx2)
 
 /* ---- AVX-512 (F, DQ, BW, VL) ---- */
 #define VM_FN(name) name##_avx512
+#if defined(__clang__)  /* clang has no vector-width target option; it uses 512-bit vectors by default */
+#define VM_TGT __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma")))
+#else
 #define VM_TGT __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,prefer-vector-width=512")))
+#endif
 #define VM_VBYTES 64
 #include "vm_gemm_clone.h"
 VM_GEMM_CLONE(avx512)

@@ -1,5 +1,5 @@
 /* vm_kern.h: the tile kernels of every VM instruction and reduction, as plain loops gcc/clang auto-vectorize.
-   vm_simd.c includes this file once per instruction set, with VM_FN(name) naming the clone and VM_TGT its target
+   vm_clone.h includes this file once per instruction set, with VM_FN(name) naming the clone and VM_TGT its target
    attribute. Semantics are those of pygrad/engine/numpy_eval.py: wrapping integer arithmetic done in unsigned types,
    defined results for division by zero, shifts out of range and out-of-range casts, IEEE floats. */
 
@@ -209,18 +209,12 @@ VM_TGT static void VM_FN(exp2_f32)(float *d, const float *x, int64_t n) { VM_FN(
 VM_TGT static void VM_FN(sin_f32)(float *d, const float *x, int64_t n) { VM_FN(sin_f32d)(d, x, n); }
 #endif
 
-/* sqrt: gcc vectorizes sqrtf only under -fno-math-errno, which the build does not pass (and the optimize pragma
-   does not reach); on x86 the packed-sqrt builtins do it, correctly rounded like sqrtf */
+/* sqrt: compilers vectorize sqrtf only without errno (-fno-math-errno, which the build does not pass); on x86 the
+   packed-sqrt intrinsics do it, correctly rounded like sqrtf */
 VM_TGT static void VM_FN(sqrt_f32)(float *d, const float *x, int64_t n) {
   int64_t i = 0;
 #if defined(VM_SQRT_PS)
-  typedef float vsq __attribute__((vector_size(VM_SQRT_BYTES)));
-  for (; i + (int64_t)(VM_SQRT_BYTES / 4) <= n; i += VM_SQRT_BYTES / 4) {
-    vsq v;
-    memcpy(&v, x + i, sizeof v);
-    v = VM_SQRT_PS(v);
-    memcpy(d + i, &v, sizeof v);
-  }
+  for (; i + VM_SQRT_PS_N <= n; i += VM_SQRT_PS_N) VM_SQRT_PS(d + i, x + i);
 #endif
   for (; i < n; i++) d[i] = sqrtf(x[i]);
 }
@@ -228,13 +222,7 @@ VM_TGT static void VM_FN(sqrt_f32)(float *d, const float *x, int64_t n) {
 VM_TGT static void VM_FN(sqrt_f64)(double *d, const double *x, int64_t n) {
   int64_t i = 0;
 #if defined(VM_SQRT_PD)
-  typedef double vsq __attribute__((vector_size(VM_SQRT_BYTES)));
-  for (; i + (int64_t)(VM_SQRT_BYTES / 8) <= n; i += VM_SQRT_BYTES / 8) {
-    vsq v;
-    memcpy(&v, x + i, sizeof v);
-    v = VM_SQRT_PD(v);
-    memcpy(d + i, &v, sizeof v);
-  }
+  for (; i + VM_SQRT_PD_N <= n; i += VM_SQRT_PD_N) VM_SQRT_PD(d + i, x + i);
 #endif
   for (; i < n; i++) d[i] = sqrt(x[i]);
 }
