@@ -1,12 +1,50 @@
 """The cffi builder of pygrad._core: cffi sees exactly csrc/pygrad.h; every csrc/*.c is compiled in.
-PYGRAD_SANITIZE=1 builds with AddressSanitizer and UBSan (run with libasan preloaded)."""
+PYGRAD_SANITIZE=1 builds with AddressSanitizer and UBSan (run with libasan preloaded).
+
+Run from the checkout, this file also answers two commands:
+  python -m build [args]   this file shadows PyPA's `build` there, so it hands over to it (sdist + wheel in dist/)
+  python build.py wheel    the Linux x86-64 abi3 wheel for PyPI: compiled with zig cc against glibc 2.17, repaired
+                           by auditwheel to manylinux_2_17_x86_64, stripped; written to wheelhouse/"""
 import glob
 import os
+import subprocess
 import sys
-from cffi import FFI
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join(HERE, "csrc")
+PLAT = "manylinux_2_17_x86_64"
+
+
+def _pypa_build(args, env=None):
+  """PyPA's build, imported from anywhere but this folder (python -P: no script folder on sys.path)."""
+  cmd = [sys.executable, "-P", "-m", "build", *args] if sys.version_info >= (3, 11) else \
+        [sys.executable, "-c", "import runpy, sys; del sys.path[0]; sys.argv[0] = 'build'; "
+         "runpy.run_module('build', run_name='__main__', alter_sys=True)", *args]
+  return subprocess.call(cmd, env=env)
+
+
+def manylinux_wheel(out=os.path.join(HERE, "wheelhouse")):
+  """Builds the abi3 wheel with zig cc for glibc 2.17 in a temporary folder, repairs and strips it into `out`."""
+  zig = f"{sys.executable} -m ziglang cc -target x86_64-linux-gnu.2.17"
+  # LDSHARED without this Python's -L/-rpath (its own lib folder would become the wheel's RUNPATH)
+  env = dict(os.environ, CC=zig, LDSHARED=f"{zig} -shared", CFLAGS="-g0")
+  with tempfile.TemporaryDirectory() as tmp:
+    rc = _pypa_build(["--wheel", "--outdir", tmp, HERE], env)
+    if rc: return rc
+    whl = glob.glob(os.path.join(tmp, "*.whl"))
+    return subprocess.call([sys.executable, "-m", "auditwheel", "repair", "--plat", PLAT, "--strip", "-w", out, *whl])
+
+
+if __name__ == "__main__" and __spec__ is not None:  # python -m build: PyPA's build was meant
+  sys.exit(_pypa_build(sys.argv[1:]))
+if __name__ == "__main__" and sys.argv[1:] == ["wheel"]:
+  sys.exit(manylinux_wheel())
+if __name__ == "__main__":
+  sys.exit(f"usage: python build.py wheel   (the manylinux abi3 wheel); python -m build   (sdist and wheel); "
+           f"got {sys.argv[1:]}")
+
+from cffi import FFI  # noqa: E402  (not needed by the commands above)
 
 
 def _rel(p): return os.path.relpath(p, HERE).replace(os.sep, "/")
@@ -35,6 +73,3 @@ ffibuilder.set_source(
   extra_link_args=ldflags,
   libraries=[] if sys.platform == "win32" else ["m", "pthread"],
 )
-
-if __name__ == "__main__":
-  ffibuilder.compile(verbose=True)

@@ -153,10 +153,19 @@ def main(argv=None) -> int:
   cmds = {"demo": "build, walk, differentiate, check and evaluate a model graph",
           "bench": "the gradient benchmark suite against the pure core, tinygrad and JAX (--quick, --only W1)",
           "train": "train an MLP on scikit-learn's digits with one compiled SGD step (--steps, --plot FILE.png)"}
-  if not argv or argv[0] in ("-h", "--help") or argv[0] not in cmds:
-    print("usage: python -m pygrad {demo,bench,train} [options]\n\n" +
-          "\n".join(f"  {k:6} {v}" for k, v in cmds.items()))
-    return 0 if not argv or argv[0] in ("-h", "--help") else 2
+  usage = "usage: python -m pygrad {demo,bench,train} [options] | --version\n\n" + \
+          "\n".join(f"  {k:6} {v}" for k, v in cmds.items())
+  if argv[:1] == ["--version"]:
+    import pygrad
+    print(f"pygrad {pygrad.__version__} ({pygrad.core_name()} core)")
+    return 0
+  if not argv or argv[0] in ("-h", "--help"):
+    print(usage)
+    return 0
+  if argv[0] not in cmds:  # what went wrong first, on stderr, as argparse does
+    print(f"{usage}\n\npython -m pygrad: error: unknown command {argv[0]!r} (choose from {', '.join(cmds)})",
+          file=sys.stderr)
+    return 2
   if argv[0] == "demo": return demo(argv[1:])
   if argv[0] == "train":
     from .train import main as train_main

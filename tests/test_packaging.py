@@ -1,0 +1,53 @@
+"""What a user of the installed package sees of its packaging: `python -m pygrad --version`, a clear error for an
+unknown command, one version, the py.typed marker; and, from a checkout, `python -m build` reaching PyPA's build
+although the root build.py has the same name."""
+from __future__ import annotations
+import importlib.metadata
+import os
+import subprocess
+import sys
+import pytest
+import pygrad
+
+PKG_DIR = os.path.dirname(os.path.abspath(pygrad.__file__))
+ROOT = os.path.dirname(PKG_DIR)
+
+
+def _cli(args, cwd):
+  env = dict(os.environ)
+  env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+  return subprocess.run([sys.executable, "-m", "pygrad", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                        timeout=120)
+
+
+def test_version_option(tmp_path):
+  p = _cli(["--version"], tmp_path)
+  assert p.returncode == 0, p.stderr
+  assert p.stdout.startswith(f"pygrad {pygrad.__version__} (")
+
+
+def test_unknown_command_says_what_went_wrong(tmp_path):
+  p = _cli(["frobnicate"], tmp_path)
+  assert p.returncode == 2
+  assert "unknown command 'frobnicate'" in p.stderr and "demo" in p.stderr
+
+
+def test_one_version():
+  try:
+    installed = importlib.metadata.version("pygrad")
+  except importlib.metadata.PackageNotFoundError:
+    pytest.skip("pygrad is imported from a folder, not installed: no metadata to compare")
+  assert installed == pygrad.__version__
+
+
+def test_typed_marker():
+  assert os.path.isfile(os.path.join(PKG_DIR, "py.typed"))
+
+
+@pytest.mark.skipif(not os.path.isfile(os.path.join(ROOT, "build.py")), reason="not run from a checkout")
+def test_python_m_build_is_pypa_build_in_the_checkout():
+  p = subprocess.run([sys.executable, "-m", "build", "--version"], cwd=ROOT, capture_output=True, text=True,
+                     timeout=120)
+  if "No module named build" in p.stderr: pytest.skip("PyPA build is not installed")
+  assert p.returncode == 0, p.stderr
+  assert p.stdout.startswith("build ")
