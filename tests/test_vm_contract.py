@@ -103,3 +103,38 @@ def test_binding_keys_that_are_not_inputs(engine):
   with pytest.raises(ValueError, match="CONST"): pygrad.evaluate(x + 1.0, {x: v, UOp.const(1.0, F32): 1.0},
                                                                  engine=engine)
   with pytest.raises(ValueError, match="missing input.*'x'"): pygrad.evaluate(x + 1.0, {}, engine=engine)
+
+
+# ---- more dims than the VM takes (issue 10 item 2) ----
+def _d17():
+  sh = (2,) * 17
+  x = UOp.placeholder(sh, F32, "x")
+  return x, np.random.default_rng(0).standard_normal(sh).astype(np.float32)
+
+
+@pytest.mark.parametrize("case", ["permute", "reduce_alternate_axes", "pad", "pad_where_reduce"])
+def test_more_than_16_dims_after_simplification_run_on_the_c_engine(case):
+  x, v = _d17()
+  y = {"permute": lambda: x.permute(tuple(reversed(range(17)))) * 2.0,
+       "reduce_alternate_axes": lambda: x.sum(axis=tuple(range(0, 17, 2))),
+       "pad": lambda: x.pad(tuple((1, 0) for _ in range(17))),
+       "pad_where_reduce": lambda: (x.pad(tuple((1, 0) if i % 2 else (0, 0) for i in range(17))) + 1.0)
+       .max(axis=tuple(range(0, 17, 3)))}[case]()
+  want = pygrad.evaluate(y, {x: v}, engine="numpy")
+  got = pygrad.evaluate(y, {x: v}, engine="c")
+  assert got.shape == want.shape and got.dtype == want.dtype
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  p = pygrad.compile([y, x * 3.0], [x])
+  assert p.stats["numpy_kernels"] >= 1 and p.stats["kernels"] >= 1
+  got, x3 = p(v)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(x3, v * 3)
+
+
+def test_16_dims_stay_on_the_vm():
+  sh = (2,) * 16
+  x = UOp.placeholder(sh, F32, "x")
+  v = np.random.default_rng(1).standard_normal(sh).astype(np.float32)
+  p = pygrad.compile(x.permute(tuple(reversed(range(16)))) * 2.0, [x])
+  assert p.stats["numpy_kernels"] == 0
+  np.testing.assert_array_equal(p(v), v.transpose(tuple(reversed(range(16)))) * 2)

@@ -296,3 +296,32 @@ def test_many_scalar_registers():
   h = x
   for i in range(40): h = (h * y + float(i)).sin() + h.sum(1, keepdim=True) * 0.5
   both([h, (h * x).sum()], {x: rnd(1, 1), y: rnd(1, 1, seed=1)}, rtol=1e-4)
+
+
+def _sin_chain_gradient(depth: int):
+  x = UOp.placeholder((), F32, "x")
+  y = x
+  for _ in range(depth): y = y.sin()
+  return x, y.gradient(x)[0]
+
+
+def test_compile_is_linear_in_fused_group_size():
+  """A scalar sin chain's gradient is one fused group of ~5 nodes per level: planning and lowering it must take
+  time linear in its size (register allocation scanned a free list growing with the group: quadratic). Growing
+  the group 8x may grow the compile time ~8x, far from the 64x of a quadratic pass (a ratio, not a timing)."""
+  import time
+
+  def compile_time(depth):
+    x, g = _sin_chain_gradient(depth)
+    best = float("inf")
+    for _ in range(2):
+      t = time.perf_counter()
+      p = program.compile_program(g, [x])
+      best = min(best, time.perf_counter() - t)
+    assert p.stats["fused_groups"] == 1
+    v = np.float32(0.5)
+    np.testing.assert_allclose(p(v), numpy_eval.evaluate([g], {x: v})[0], rtol=1e-4)
+    return best
+
+  small, big = compile_time(1500), compile_time(12000)
+  assert big / small < 24, (small, big)

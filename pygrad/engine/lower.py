@@ -23,6 +23,7 @@ VK_LOOP, VK_GEMM = value("vm_kinds", "LOOP"), value("vm_kinds", "GEMM")
 VR = {None: value("vm_redops", "NONE"), Ops.ADD: value("vm_redops", "ADD"), Ops.MAX: value("vm_redops", "MAX"),
       Ops.MUL: value("vm_redops", "MUL")}
 VR_DOT = value("vm_redops", "DOT")  # a row's sum of products, without the product tile
+VM_MAXDIM = 16  # csrc/vm.h: the most dims a VM kernel's index space may have (tests/test_vm_contract.py checks)
 TILE, TILE_REDUCE = 4096, 8192  # elements per tile: registers of a fused group stay in L1/L2
 _CMP = (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ)
 _OPC = {op: OPCODES[op.name] for op in Ops if op.name in OPCODES}
@@ -263,9 +264,11 @@ def emit(loop: Loop, sp: Space, kn: list[KNode], tops: list[KNode], live: set[KN
   return words
 
 
-def lower_loop(loop: Loop) -> tuple[list[int], bool]:
-  """(words, is_fused_group) of one kernel."""
+def lower_loop(loop: Loop) -> tuple[list[int] | None, bool]:
+  """(words, is_fused_group) of one kernel; words None when its index space keeps more than VM_MAXDIM dims after
+  simplification (the program runs such a kernel with numpy: engine/npkernel.py)."""
   sp = index_space(loop)
+  if len(sp.shape) > VM_MAXDIM: return None, any(not k.is_load for k in loop.knodes)
   if loop.redop is not None:
     g = contraction(loop, sp)
     if g is not None: return g, True
@@ -275,4 +278,4 @@ def lower_loop(loop: Loop) -> tuple[list[int], bool]:
   return emit(loop, sp, kn, tops, live, rg), any(not k.is_load for k in kn)
 
 
-__all__ = ["lower_loop", "pm_peephole", "TILE", "TILE_REDUCE"]
+__all__ = ["lower_loop", "pm_peephole", "TILE", "TILE_REDUCE", "VM_MAXDIM"]

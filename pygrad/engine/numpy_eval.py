@@ -46,7 +46,7 @@ from ..ops import Ops, GroupOp
 from ..dtype import dtypes
 from ..core import CORE
 from ..uop import UOp, handle
-from .values import round_bfloat16, wide, fin, lowest, const_array, input_name, alu, bindings, map_nested, \
+from .values import round_bfloat16, const_array, input_name, alu, reduce_value, bindings, map_nested, \
   cast_value, bitcast_value
 
 _BF16 = dtypes.bfloat16
@@ -74,14 +74,7 @@ def _alu(u: UOp, xs, ctx):
 
 
 # ---- reduce and movement ----
-def _reduce(u: UOp, xs, ctx):
-  op, axes = u.arg
-  dt = u.dtype
-  x = wide(xs[0], dt)
-  if op is Ops.ADD: r = np.sum(x, axis=axes, keepdims=True, dtype=x.dtype)
-  elif op is Ops.MUL: r = np.prod(x, axis=axes, keepdims=True, dtype=x.dtype)
-  else: r = np.maximum.reduce(x, axis=axes, keepdims=True, initial=lowest(dt))
-  return fin(r, dt)
+def _reduce(u: UOp, xs, ctx): return reduce_value(u.arg[0], u.dtype, xs[0], u.arg[1])
 
 
 def _pad(x: np.ndarray, arg) -> np.ndarray:

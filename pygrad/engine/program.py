@@ -13,6 +13,7 @@ from ..ids import value
 from .flatten import flatten
 from .planner import Planner, Loop, CallStep, Buf, compute_dtype
 from .lower import lower_loop, VK_GEMM
+from .npkernel import NumpyKernel
 from .values import input_value, round_bfloat16, bindings, map_nested
 
 _MAGIC, _VERSION = value("consts", "VM_MAGIC"), value("consts", "VM_VERSION")
@@ -67,7 +68,8 @@ class Program:
   `stats`: "kernels" (VM kernels: loops and contractions), "fused_groups" (kernels computing at least one ALU op
   or a contraction), "peak_bytes" (the arena of internal buffers at its high-water mark: every temporary the
   program holds; inputs and outputs excluded), "contractions" (matmuls run blocked), "segments" (C calls per run:
-  one plus one per CALL)."""
+  one plus one per CALL or numpy kernel), "numpy_kernels" (kernels whose index space has more dims than the VM takes
+  even after merging, run by numpy between C segments)."""
 
   def __init__(self, outputs: UOp | list[UOp], inputs: list[UOp], keep_words: bool = False):
     self._single = isinstance(outputs, UOp)
@@ -99,13 +101,16 @@ class Program:
       table += [slot, b.offset, b.nbytes]
     head = [_MAGIC, _VERSION, self._nslots, len(pl.bufs)]
     self._slot_sizes = slot_size
-    self._steps, seg, nk, nfused, ngemm = [], [], 0, 0, 0
+    self._steps, seg, nk, nfused, ngemm, nnp = [], [], 0, 0, 0, 0
     for k in pl.kernels + [None]:
       if isinstance(k, Loop):
         w, fused = lower_loop(k)
-        seg.append(w)
-        nk, nfused, ngemm = nk + 1, nfused + fused, ngemm + (w[0] == VK_GEMM)
-        continue
+        if w is not None:
+          seg.append(w)
+          nk, nfused, ngemm = nk + 1, nfused + fused, ngemm + (w[0] == VK_GEMM)
+          continue
+        k = NumpyKernel(k)  # more dims than the VM takes: a numpy step between two C segments
+        nnp += 1
       if seg:
         words = head + [len(seg)] + slot_size + table
         for w in seg: words += w
@@ -114,7 +119,8 @@ class Program:
         seg = []
       if k is not None: self._steps.append(k)
     self.stats = {"kernels": nk, "fused_groups": nfused, "peak_bytes": self.arena_bytes, "contractions": ngemm,
-                  "segments": sum(1 for s in self._steps if not isinstance(s, CallStep))}
+                  "segments": sum(1 for s in self._steps if not isinstance(s, (CallStep, NumpyKernel))),
+                  "numpy_kernels": nnp}
     self._lock = threading.Lock()
     self._arena = self._fixed = None
     self._in_spec = [(u.shape, np.dtype(u.dtype.numpy), u.op is Ops.BUFFER and u.dtype is not dtypes.bfloat16)
@@ -175,6 +181,7 @@ class Program:
       n = self._nslots
       for st in self._steps:
         if isinstance(st, CallStep): self._call(st, mem)
+        elif isinstance(st, NumpyKernel): st.run(lambda b: self._memory(mem, b))
         else:
           rc = lib.pg_vm_run(st, slots, sizes, n)
           if rc == lib.PG_ERR_NOMEM: raise MemoryError("pygrad VM: out of memory")
@@ -183,6 +190,11 @@ class Program:
       if mine: self._lock.release()
     res = [map_nested(o, lambda b: None if b is None else outs[b.buf.index].reshape(b.shape)) for o in self._shaped]
     return res[0] if self._single else res
+
+  def _memory(self, mem: list, b: Buf) -> np.ndarray:
+    """Buffer b's storage in this run's memory, as a flat array of its storage type."""
+    m = mem[self._slot_of[b.id]].reshape(-1).view(np.uint8)
+    return m[b.offset:b.offset + b.nbytes].view(b.stype.numpy)
 
   def _call(self, st: CallStep, mem: list) -> None:
     views = []

@@ -219,6 +219,16 @@ def alu(op: Ops, dt: DType, xs: list, sdt: DType) -> np.ndarray:
   return fin(UNARY[op](wide(xs[0], sdt)), dt)
 
 
+def reduce_value(op: Ops, dt: DType, x: np.ndarray, axes) -> np.ndarray:
+  """REDUCE_AXIS (ADD, MUL or MAX over `axes`, kept as size-1 dims) of a value of dtype dt: accumulated in the
+  compute type, rounded once at the end; over zero elements 0, 1 or the dtype's lowest value."""
+  x = wide(x, dt)
+  if op is Ops.ADD: r = np.sum(x, axis=tuple(axes), keepdims=True, dtype=x.dtype)
+  elif op is Ops.MUL: r = np.prod(x, axis=tuple(axes), keepdims=True, dtype=x.dtype)
+  else: r = np.maximum.reduce(x, axis=tuple(axes), keepdims=True, initial=lowest(dt))
+  return fin(r, dt)
+
+
 def scalar_alu(op: Ops, dt: DType, values: list, dtypes_: list):
   """The Python scalar op gives on Python scalars `values` of dtypes `dtypes_`, as execution computes it (for
   constant folding)."""
@@ -250,5 +260,5 @@ def map_nested(x, fn):
 
 
 __all__ = ["round_bfloat16", "wide", "fin", "int_range", "lowest", "const_array", "input_name", "as_value",
-           "input_value", "bindings", "BINARY", "UNARY", "cast_value", "bitcast_value", "alu", "scalar_alu",
+           "input_value", "bindings", "BINARY", "UNARY", "cast_value", "bitcast_value", "alu", "reduce_value", "scalar_alu",
            "INPUT_OPS", "map_nested"]

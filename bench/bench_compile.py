@@ -1,0 +1,103 @@
+"""Compile time per node: `pygrad.compile` (flatten, plan, lower, place, validate in C) of graphs of 10k, 100k and
+1M nodes, to show it linear in the graph's size. Graph construction and differentiation are not timed. Workloads:
+
+* `grad-scalar`: the gradient of `x.sin()` repeated d times on a () input: ~5 nodes per level, all in ONE fused
+  group (the case that was quadratic: register allocation scanned a free list growing with the group);
+* `grad-vector`: the same on a (16,) input: every forward value has two users, so each level is its own kernel
+  (per-kernel costs dominate);
+* `forward`: an elementwise chain `(y + 0.5) * 0.5`, `y * 0.99999 + 0.00001` alternating, on (16,): one group.
+
+`nodes` is the size of the output's graph (its toposort). Each size runs in a fresh subprocess (so the figures do
+not share a heap); the table reports the median of `--repeat` compiles in that process, and the run time of the
+compiled program once. A reference column, `py ref (ns)`, times a fixed pure-Python loop (1M dict stores) in the
+same process, so figures taken while the machine is shared can be judged against its speed at that moment.
+
+  python bench/bench_compile.py [--sizes 10000,100000,1000000] [--repeat 3] [--out bench/results]
+"""
+from __future__ import annotations
+import argparse, gc, json, os, platform, statistics, subprocess, sys, time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+WORKLOADS = ("grad-scalar", "grad-vector", "forward")
+
+
+def _py_ref() -> float:
+  """ns per store of a fixed pure-Python loop: the interpreter's speed on this machine now."""
+  t = time.perf_counter()
+  d = {}
+  for i in range(1_000_000): d[i] = i
+  return (time.perf_counter() - t) * 1e3
+
+
+def worker(kind: str, nodes: int, repeat: int) -> dict:
+  sys.setrecursionlimit(10_000)
+  import numpy as np
+  import pygrad
+  from pygrad import UOp, dtypes
+  x = UOp.placeholder(() if kind == "grad-scalar" else (16,), dtypes.float32, "x")
+  y = x
+  if kind == "forward":
+    for i in range(nodes): y = y * 0.99999 + 0.00001 if i % 2 else (y + 0.5) * 0.5
+    out = y
+  else:
+    for _ in range(max(1, nodes // 5)): y = y.sin()
+    out = y.sum().gradient(x)[0] if kind == "grad-vector" else y.gradient(x)[0]
+  n = len(out.toposort())
+  ts = []
+  for _ in range(repeat):
+    gc.collect()
+    t = time.perf_counter()
+    p = pygrad.compile(out, [x])
+    ts.append(time.perf_counter() - t)
+  v = np.full(x.shape, 0.5, np.float32)
+  t = time.perf_counter()
+  p(v)
+  run = time.perf_counter() - t
+  return {"kind": kind, "nodes": n, "compile_s": statistics.median(ts), "run_s": run, "kernels": p.stats["kernels"],
+          "py_ref_ns": _py_ref()}
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--sizes", default="10000,100000,1000000")
+  ap.add_argument("--only", default=",".join(WORKLOADS))
+  ap.add_argument("--repeat", type=int, default=3)
+  ap.add_argument("--out", default=os.path.join(HERE, "results"))
+  ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+  a = ap.parse_args(argv)
+  if a.worker:
+    print("RESULT " + json.dumps(worker(a.worker[0], int(a.worker[1]), int(a.worker[2]))))
+    return 0
+  sizes = [int(s) for s in a.sizes.split(",")]
+  rows = []
+  for kind in [k.strip() for k in a.only.split(",") if k.strip()]:
+    if kind not in WORKLOADS: raise SystemExit(f"unknown workload {kind!r}; expected one of {WORKLOADS}")
+    for n in sizes:
+      env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+      out = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", kind, str(n), str(a.repeat)],
+                           capture_output=True, text=True, env=env, cwd=ROOT)
+      line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
+      if out.returncode or not line: raise SystemExit(f"{kind} {n}: worker failed\n{out.stderr[-2000:]}")
+      r = json.loads(line[0][7:])
+      rows.append(r)
+      print(f"{kind:12s} {r['nodes']:>9,} nodes  compile {r['compile_s']:.3f} s  "
+            f"{r['compile_s'] / r['nodes'] * 1e6:.2f} us/node  run {r['run_s']:.4f} s  ref {r['py_ref_ns']:.0f} ns",
+            flush=True)
+  lines = ["# Compile time per node", "",
+           f"`python bench/bench_compile.py --sizes {a.sizes} --repeat {a.repeat}` on {platform.machine()}, "
+           f"Python {platform.python_version()}, {os.cpu_count()} cores; median of {a.repeat} compiles per size, each "
+           "size in a fresh process. `py ref` is the same process's time per store of a fixed pure-Python loop: "
+           "compare figures only with their reference (a busy machine inflates both alike).", "",
+           "| workload | nodes | kernels | compile (s) | compile (us/node) | run once (s) | py ref (ns) |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
+  for r in rows:
+    lines.append(f"| {r['kind']} | {r['nodes']:,} | {r['kernels']:,} | {r['compile_s']:.3f} | "
+                 f"{r['compile_s'] / r['nodes'] * 1e6:.2f} | {r['run_s']:.4f} | {r['py_ref_ns']:.0f} |")
+  os.makedirs(a.out, exist_ok=True)
+  with open(os.path.join(a.out, "compile.md"), "w") as f: f.write("\n".join(lines) + "\n")
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
