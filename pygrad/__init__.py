@@ -3,6 +3,7 @@ identical pure-Python core, and a vectorized C interpreter that runs any graph o
 from .ops import Ops, GroupOp
 from .dtype import DType, dtypes
 from .uop import UOp, Walk, CallInfo, Metadata, metadata, live_nodes, core_name
+from .listing import listing  # binds the function over the submodule's name: pygrad.listing(roots)
 
 __version__ = "0.1.0"
 
@@ -27,7 +28,7 @@ def __getattr__(name):
   if name in ("set_num_threads", "get_num_threads"):
     from . import threads
     return getattr(threads, name)
-  if name in ("gradient", "engine", "simplify", "rewrite", "upat"):
+  if name in ("gradient", "engine", "simplify", "rewrite", "upat", "viz"):
     import importlib
     return importlib.import_module(f".{name}", __name__)
   raise AttributeError(f"module 'pygrad' has no attribute {name!r}")
@@ -35,4 +36,5 @@ def __getattr__(name):
 
 __all__ = ["Ops", "GroupOp", "DType", "dtypes", "UOp", "Walk", "CallInfo", "Metadata", "metadata", "live_nodes",
            "core_name", "UPat", "PatternMatcher", "graph_rewrite", "compute_gradient", "evaluate", "compile", "build",
-           "dumps", "loads", "save", "load", "set_num_threads", "get_num_threads"]
+           "dumps", "loads", "save", "load", "set_num_threads", "get_num_threads",
+           "listing"]

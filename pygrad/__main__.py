@@ -148,12 +148,33 @@ def demo(argv) -> int:
   return 0 if ok else 1
 
 
+def viz(argv) -> int:
+  """Draw the demo model and its gradient with Graphviz (pygrad.viz.render)."""
+  ap = argparse.ArgumentParser(prog="python -m pygrad viz", description="Draw the demo model (" + MODEL + ") and "
+                               "its gradient with Graphviz's dot; the picture's format follows --out's extension.")
+  ap.add_argument("--depth", type=int, default=2, help="layers of the model (default 2)")
+  ap.add_argument("--size", type=int, default=16, help="n of the n x n inputs (default 16)")
+  ap.add_argument("--budget", type=int, default=300, help="nodes drawn before repeated kinds are counted (300)")
+  ap.add_argument("--out", default="pygrad_viz.svg", help="picture file: .svg, .png or .pdf (default pygrad_viz.svg)")
+  a = ap.parse_args(argv)
+  if a.depth < 1 or a.size < 1 or a.budget < 1: ap.error("--depth, --size and --budget must be positive")
+  from pygrad import metadata, viz as _viz
+  with metadata("model"):
+    loss, x, ws = _mlp(a.depth, a.size)
+  grads = loss.gradient(x, *ws)
+  n = len(loss.toposort()), len(__import__("pygrad").UOp.sink(*grads).toposort())
+  title = f"{MODEL}, depth {a.depth}: loss ({n[0]} nodes) and its gradient ({n[1]} nodes)"
+  print(_viz.render([loss, *grads], a.out, a.budget, title))
+  return 0
+
+
 def main(argv=None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   cmds = {"demo": "build, walk, differentiate, check and evaluate a model graph",
           "bench": "the gradient benchmark suite against the pure core, tinygrad and JAX (--quick, --only W1)",
-          "train": "train an MLP on scikit-learn's digits with one compiled SGD step (--steps, --plot FILE.png)"}
-  usage = "usage: python -m pygrad {demo,bench,train} [options] | --version\n\n" + \
+          "train": "train an MLP on scikit-learn's digits with one compiled SGD step (--steps, --plot FILE.png)",
+          "viz": "draw the demo model and its gradient with Graphviz (--depth N, --out FILE)"}
+  usage = "usage: python -m pygrad {" + ",".join(cmds) + "} [options] | --version\n\n" + \
           "\n".join(f"  {k:6} {v}" for k, v in cmds.items())
   if argv[:1] == ["--version"]:
     import pygrad
@@ -167,6 +188,7 @@ def main(argv=None) -> int:
           file=sys.stderr)
     return 2
   if argv[0] == "demo": return demo(argv[1:])
+  if argv[0] == "viz": return viz(argv[1:])
   if argv[0] == "train":
     from .train import main as train_main
     return train_main(argv[1:])

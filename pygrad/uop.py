@@ -348,7 +348,13 @@ class UOp(MathMixin):
   def __copy__(self): return self  # nodes are immutable and hash-consed: a copy is the same node
   def __deepcopy__(self, memo): return self
   def __bool__(self): raise TypeError("a UOp has no truth value: use .where, or compare nodes with `is`")
-  def __repr__(self) -> str: return _repr(self)
+  def __repr__(self) -> str:  # one line: op, type, arg, sources and graph size (pygrad/listing.py)
+    from .listing import summary
+    return summary(self)
+  def listing(self, full: bool = False) -> str:
+    """This graph as text, one line per node (see pygrad.listing)."""
+    from .listing import listing
+    return listing(self, full)
 
   # ---- fields: read-only (a handle that disagreed with its node would give silently wrong results) ----
   op = property(attrgetter("_op"), doc="The op (an Ops member).")
@@ -511,16 +517,6 @@ def _coerce(value, dtype: DType):
     if not lo <= v <= hi: raise ValueError(f"CONST: {v} out of range for {dtype.name}")
     return v
   raise TypeError(f"CONST: dtype {dtype.name} holds no value")
-
-
-def _repr(u: UOp, depth: int = 3) -> str:
-  """A bounded rendering (never recursing on graph depth): nodes below `depth` levels show as `...`."""
-  def one(n: UOp, d: int) -> str:
-    head = f"UOp({n.op!r}, {n.dtype!r}, shape={n.shape}, arg={n.arg!r}"
-    if not n.src: return head + ")"
-    if d == 0: return head + f", src=(...{len(n.src)}))"
-    return head + ", src=(" + ", ".join(one(s, d - 1) for s in n.src[:4]) + (", ..." if len(n.src) > 4 else "") + "))"
-  return one(u, depth)
 
 
 def live_nodes() -> int:
