@@ -163,3 +163,61 @@ def test_simplify_constant_tensor_graph():
   leaf = r
   while leaf.op in (Ops.RESHAPE, Ops.EXPAND): leaf = leaf.src[0]
   assert leaf.op is Ops.CONST and leaf.arg == 25.0
+
+
+@pytest.mark.parametrize("engine", ["numpy", "c"])
+def test_cast_through_a_float_to_a_narrower_int_keeps_its_values(engine):
+  # issue 10 item 5: float -> int saturates while int -> int wraps, so CAST(CAST(int16, float32), int8) is not
+  # CAST(int16, int8): 300 is 127 through float32 and 44 directly
+  import pygrad
+  if engine == "c": pytest.importorskip("pygrad._core")
+  x = UOp.placeholder((4,), dtypes.int16)
+  y = x.cast(F32).cast(dtypes.int8)
+  assert y.simplify() is y
+  a = np.array([300, -300, 5, -128], np.int16)
+  assert pygrad.evaluate(y.simplify(), {x: a}, engine=engine).tolist() == [127, -128, 5, -128]
+  # still folded where the kinds agree or every value fits: int8 -> float32 -> int16, int8 -> int32 -> int16
+  i8 = UOp.placeholder((4,), dtypes.int8)
+  assert i8.cast(F32).cast(dtypes.int16).simplify() is i8.cast(dtypes.int16)
+  assert i8.cast(dtypes.int32).cast(dtypes.int16).simplify() is i8.cast(dtypes.int16)
+  assert x.cast(dtypes.int32).cast(dtypes.int8).simplify() is x.cast(dtypes.int8)
+  h = UOp.placeholder((4,), dtypes.float16)
+  assert h.cast(F32).cast(dtypes.int8).simplify() is h.cast(dtypes.int8)
+
+
+def _never_settles():
+  x, y = x_y()
+  swap = PatternMatcher([(UPat(Ops.ADD, src=(UPat.var("a"), UPat.var("b"))),
+                          lambda a, b: UOp(Ops.ADD, a.dtype, (b, a)))])
+  grow = PatternMatcher([(UPat(Ops.SIN, name="s"), lambda s: s.sin())])
+  count = PatternMatcher([(UPat(Ops.CONST, name="c"), lambda c: UOp.const(c.arg + 1.0))])
+  wrap = PatternMatcher([(UPat(Ops.BUFFER, name="b"), lambda b: b.contiguous())])
+  return (x + y).sin() + UOp.const(1.0), [swap, grow, count, wrap]
+
+
+@pytest.mark.parametrize("bottom_up", [False, True])
+@pytest.mark.parametrize("which", range(4))
+def test_rules_without_a_fixed_point_raise_in_both_modes(bottom_up, which):
+  # issue 10 item 8: ADD(a, b) -> ADD(b, a) hung forever in the default mode
+  root, pms = _never_settles()
+  with pytest.raises(RuntimeError, match="did not reach a fixed point"):
+    graph_rewrite(root, pms[which], bottom_up=bottom_up)
+
+
+@pytest.mark.parametrize("bottom_up", [False, True])
+def test_a_rule_whose_result_contains_its_node_settles_when_ctx_guards_it(bottom_up):
+  x, y = x_y()
+  def wrap(ctx, b):
+    if b in ctx: return None
+    ctx.add(b)
+    return b.contiguous()
+  pm = PatternMatcher([(UPat(Ops.BUFFER, name="b"), wrap)])
+  assert graph_rewrite(x + y, pm, ctx=set(), bottom_up=bottom_up) is x.contiguous() + y.contiguous()
+
+
+def test_long_rewrite_chains_along_depth_are_not_cyclic():
+  # every node of a deep chain is rewritten once: chains of rewrites are counted per node, not along the depth
+  x, _ = x_y()
+  y = x
+  for _ in range(3000): y = y + -0.0
+  assert y.simplify() is x
