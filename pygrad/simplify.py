@@ -98,7 +98,8 @@ def exact(src: DType, mid: DType) -> bool:
 def _cast_cast(x: UOp, mid: UOp, u: UOp) -> UOp | None:
   """CAST(CAST(x, mid), dst) is CAST(x, dst) when mid holds every x exactly and the last cast then treats the value
   as the direct one would: to a float or bool only the value counts, but to an integer a float saturates while an
-  integer wraps, so the kinds must agree unless every x fits in dst (int16 300 -> float32 -> int8 is 127, directly 44)."""
+  integer wraps, so the kinds must agree unless every x fits in dst (int16 300 -> float32 -> int8 is 127, directly
+  44)."""
   src, dst = x.dtype, u.dtype
   if not exact(src, mid.dtype): return None
   if dtypes.is_int(dst) and dtypes.is_float(src) != dtypes.is_float(mid.dtype) and not exact(src, dst): return None
