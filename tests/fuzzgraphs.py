@@ -8,8 +8,8 @@ raise the same error. Inputs carry special values (NaN, inf, -0.0, extremes of e
 
 Budget: CI runs 100 examples per test (about a minute per core on a loaded 2-core machine).
 PYGRAD_FUZZ=long selects the long hypothesis profile (a million examples per test, for hours; run it as a command,
-e.g. `PYGRAD_FUZZ=long nice -n 19 python -m pytest -q -p no:cacheprovider tests/test_fuzz_*.py`); PYGRAD_FUZZ=<n>
-runs n examples per test."""
+e.g. `PYGRAD_FUZZ=long nice -n 19 python -m pytest -q -p no:cacheprovider tests/test_fuzz_engines.py`, one suite at
+a time, PYGRAD_FUZZ_LOG=<file> to count the cases); PYGRAD_FUZZ=<n> runs n examples per test."""
 from __future__ import annotations
 import json, math, os
 import numpy as np
@@ -182,7 +182,10 @@ def _movement(a, r):
 
 
 def build(recipe) -> Built:
-  """The graph of a recipe on this process' core; an error a step raises is recorded and the step skipped."""
+  """The graph of a recipe on this process' core; an error a step raises is recorded and the step skipped.
+  With PYGRAD_FUZZ_LOG=<file>, each call appends a line to that file: how many cases a long run built."""
+  if (log := os.environ.get("PYGRAD_FUZZ_LOG")):
+    with open(log, "a") as f: f.write(os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0] + "\n")
   bufs = [UOp.placeholder(tuple(s), DTYPES[d], name=f"in{i}") for i, (s, d) in enumerate(recipe["inputs"])]
   pool: list = list(bufs)
   nodes, errors = [], []

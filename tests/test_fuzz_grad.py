@@ -104,6 +104,11 @@ def test_gradients_equal_torch_orders_1_and_2(recipe, rseed):
   # cover the low-precision types
   assume(not any(n.dtype in (dtypes.float32, dtypes.float16, dtypes.bfloat16) for n in UOp.sink(*outs).toposort()))
   vals = input_values(recipe, b.bufs)
+  # compared where the forward pass is finite everywhere: at NaN and inf torch's conventions differ from the rules'
+  # (see the xfails below)
+  fwd = [n for n in UOp.sink(*outs).toposort(enter_calls=False)
+         if _float(n) and isinstance(n.device, str) and n.op is not Ops.SINK]
+  assume(all(np.isfinite(v).all() for v in pygrad.evaluate(fwd, vals, engine="numpy")))
   rng = np.random.default_rng(rseed)
   ws = [UOp.placeholder(o.shape, dtypes.float64, name=f"w{i}") for i, o in enumerate(outs)]
   w2 = [UOp.placeholder(x.shape, dtypes.float64, name=f"v{i}") for i, x in enumerate(targets)]
@@ -160,3 +165,14 @@ def test_a_value_through_an_integer_carries_no_gradient(through):
   xv = np.array(2.5)
   assert float(pygrad.evaluate(g, {x: xv}, engine="numpy")) == float(pygrad.evaluate(i.cast(dtypes.float64), {x: xv},
                                                                                      engine="numpy"))
+
+
+@pytest.mark.xfail(strict=True, reason="fuzz finding, gradient.py's MAX rule: against a NaN, torch.maximum passes the "
+                   "whole gradient to both operands (its mask is `where(a == b, g / 2, g)` then zero where a < b), the "
+                   "rule passes none; SPEC 4 asks for torch's value wherever it is finite")
+def test_max_against_nan_gradient_equals_torch():
+  x, y = UOp.placeholder((), dtypes.float64, name="x"), UOp.placeholder((), dtypes.float64, name="y")
+  got = pygrad.evaluate(x.maximum(y).gradient(x, y), {x: np.array(1.0), y: np.array(np.nan)}, engine="numpy")
+  tx, ty = (torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in (1.0, float("nan")))
+  want = [g.item() for g in torch.autograd.grad(torch.maximum(tx, ty), [tx, ty])]
+  assert [float(g) for g in got] == want
