@@ -89,16 +89,17 @@ def chain_worker(n: int) -> dict:
   return {"nodes": made, "bytes_per_node": grown / made, "chain_build_s": t_build}
 
 
-def _per_call(fn, items, reps: int = 5) -> float:
-  """Median seconds per item of `fn(item)` over fresh items each repetition (results kept alive meanwhile)."""
+def _per_call(fn, items, reps: int = 3) -> float:
+  """Median CPU seconds (this thread's: other processes' load does not count) per item of `fn(item)`, over fresh
+  items each repetition, results kept alive meanwhile."""
   ts = []
   for r in range(reps):
     xs = items(r)
     gc.collect()
     gc.disable()
-    t = time.perf_counter()
+    t = time.thread_time()
     out = [fn(x) for x in xs]
-    ts.append((time.perf_counter() - t) / len(xs))
+    ts.append((time.thread_time() - t) / len(xs))
     gc.enable()
     del out, xs
   return statistics.median(ts)
@@ -107,17 +108,16 @@ def _per_call(fn, items, reps: int = 5) -> float:
 def calls_worker(n: int) -> dict:
   """Per-call cost of single-node methods (each call makes a new node from fresh operands, results kept), and of
   the stages one call goes through, each timed alone the way the method runs it: the empty loop, the core's make
-  (the cffi call and the store), a handle (object and fields) with its registration (one handle per live node),
-  arg interning, shape inference (the generic validity check) and a Python scalar made a constant."""
-  import pygrad
+  (the cffi call and the store), the handle object with its fields, the handle's publication in the registry (one
+  handle per live node), arg interning, shape inference (the generic validity check) and a Python scalar made a
+  constant node through the generic path."""
   from pygrad import UOp, Ops, dtypes
   from pygrad import uop as U
   from pygrad.core import CORE
   from pygrad.intern import ARGS
   from pygrad.shapes import INFER
-  n = min(n, 100_000)
+  n = min(n, 20_000)
   b = UOp.placeholder((4, 3), name="b")
-  c1 = UOp.placeholder((1, 3), name="c")
 
   def fresh(shape):
     return lambda r: [UOp.placeholder(shape) for _ in range(n)]
@@ -129,30 +129,47 @@ def calls_worker(n: int) -> dict:
   r["a.reshape(s)"] = _per_call(lambda x: x.reshape((3, 4)), fresh((4, 3)))
   r["a.permute(o)"] = _per_call(lambda x: x.permute((1, 0)), fresh((4, 3)))
   r["a.expand(s)"] = _per_call(lambda x: x.expand((4, 3)), fresh((1, 3)))
-  # stages: the raw core make of an ADD over two live nodes (new node each time), freed afterwards
-  ops = [UOp.placeholder((4, 3)) for _ in range(n)]
-  meta, dt, make = b._m if hasattr(b, "_m") else 0, dtypes.float32.id, CORE.make
+  f32, add, meta, bid = dtypes.float32, Ops.ADD, b._m, b._id
   made: list = []
-  t = time.perf_counter()
-  for x in ops: made.append(make(Ops.ADD, dt, (x._id, b._id), 0, 0, meta))
-  r["stage: core make (cffi call + store)"] = (time.perf_counter() - t) / n
-  # a handle for a node Python has none of yet (object, fields, registry), via the same function walks use
-  t = time.perf_counter()
-  hs = [U.handle(i) for i in made]
-  r["stage: handle + registry (U.handle)"] = (time.perf_counter() - t) / n
-  for i in made: CORE.decref(i)
-  del hs, made, ops
+
+  def make(x):
+    nid = CORE.make2(add, f32.id, x._id, bid, 0, 0, meta)
+    made.append(nid)
+    return nid
+  r["stage: core make (cffi call + store)"] = _per_call(make, fresh((4, 3)))
+  new_style = "_op" in UOp.__slots__
+
+  def obj(nid):
+    o = object.__new__(UOp)
+    if new_style:
+      o._id, o._op, o._dtype, o._arg, o._tag, o._shape, o._device, o._src, o._m = \
+        nid, add, f32, None, None, (4, 3), "CPU", None, meta
+    else:
+      o._id, o.op, o.dtype, o.arg, o.tag, o.shape, o.device, o._src, o._m = \
+        nid, add, f32, None, None, (4, 3), "CPU", None, meta
+    return o
+  r["stage: handle object + fields"] = _per_call(obj, lambda i: made[i * n:(i + 1) * n])
+  wrapped = _per_call(lambda nid: U._wrap(nid, add, f32, None, None, (4, 3), "CPU", meta),
+                      lambda i: made[i * n:(i + 1) * n])
+  r["stage: registry (handle published, one per node)"] = wrapped - r["stage: handle object + fields"]
+  del made
   shapes = [(i % 97 + 1, 3) for i in range(n)]
-  ARGS.get((1, 2))
+  ARGS.get((3, 4))
   r["stage: arg interning (hit)"] = _per_call(lambda s: ARGS.get((3, 4)), lambda _: shapes)
   src2 = (b, b)
   r["stage: shape inference (generic, ADD)"] = _per_call(lambda s: INFER[Ops.ADD](Ops.ADD, None, src2, None),
                                                          lambda _: shapes)
   r["stage: shape inference (generic, RESHAPE)"] = _per_call(
     lambda s: INFER[Ops.RESHAPE](Ops.RESHAPE, None, (b,), (3, 4)), lambda _: shapes)
-  r["stage: Python scalar -> CONST node (hit)"] = _per_call(lambda s: b._operand(2.0), lambda _: shapes)
-  del c1
+  r["stage: Python scalar -> CONST node (generic)"] = _per_call(lambda s: UOp.const(2.0), lambda _: shapes)
   return {k: v * 1e9 for k, v in r.items()}
+
+
+def _pygrad_dir() -> str:
+  """The folder holding the pygrad this interpreter would import (an installed one, PYTHONPATH's, else this tree's)."""
+  import importlib.util
+  spec = importlib.util.find_spec("pygrad")
+  return os.path.dirname(os.path.dirname(spec.origin)) if spec and spec.origin else ROOT
 
 
 CALL_TARGETS = {"a + b": 600, "a.sin()": 600, "a * 2.0": 800, "a.reshape(s)": 800, "a.permute(o)": 800,
@@ -170,13 +187,6 @@ def calls_table(runs, med) -> str:
                  ("PASS" if c <= tgt else "MISS") if tgt else ""))
   head = "| call | C core (ns) | pure core (ns) | pure / C | target | verdict |\n|---|---|---|---|---|---|"
   return head + "\n" + "\n".join("| " + " | ".join(r) + " |" for r in rows)
-
-
-def _pygrad_dir() -> str:
-  """The folder holding the pygrad this interpreter would import (an installed one, PYTHONPATH's, else this tree's)."""
-  import importlib.util
-  spec = importlib.util.find_spec("pygrad")
-  return os.path.dirname(os.path.dirname(spec.origin)) if spec and spec.origin else ROOT
 
 
 def run_worker(core: str, kind: str, n: int) -> dict:

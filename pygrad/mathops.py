@@ -48,6 +48,22 @@ def _bshape(a: tuple, b: tuple) -> tuple:
   return tuple(out)
 
 
+def _binary(op: Ops, reverse: bool = False):
+  """The method for op(self, x) (op(x, self) if reverse). The common single-node cases -- node operands of one
+  dtype and compatible shapes, or a Python scalar of the node's kind -- go straight to one core call (alu2/alu2k);
+  those return None for anything else, which _bin promotes, broadcasts or reports."""
+  if reverse:
+    def method(self, x):
+      r = _alu2(op, x, self) if type(x) is UOp else _alu2k(op, self, x, 1)
+      return self._bin(op, x, True) if r is None else r
+  else:
+    def method(self, x):
+      r = _alu2(op, self, x) if type(x) is UOp else _alu2k(op, self, x, 0)
+      return self._bin(op, x) if r is None else r
+  method.__name__ = method.__qualname__ = f"{op.name.lower()}{' (reflected)' if reverse else ''}"
+  return method
+
+
 class MathMixin:
   __slots__ = ()
   __array_ufunc__ = None  # numpy operands defer to these methods (`array @ x` is then our TypeError, not numpy's)
@@ -96,20 +112,8 @@ class MathMixin:
     return _node(op, (a, b), None) if r is None else r  # the generic path raises the precise error
 
   # ---- arithmetic ----
-  # the common single-node cases (node operands of one dtype and compatible shapes, or a Python scalar of the
-  # node's kind) go straight to one core call; alu2/alu2k return None for anything else, which _bin handles
-  def __add__(self, x):
-    r = _alu2(Ops.ADD, self, x) if type(x) is UOp else _alu2k(Ops.ADD, self, x, 0)
-    return self._bin(Ops.ADD, x) if r is None else r
-  def __radd__(self, x):
-    r = _alu2k(Ops.ADD, self, x, 1)
-    return self._bin(Ops.ADD, x, True) if r is None else r
-  def __mul__(self, x):
-    r = _alu2(Ops.MUL, self, x) if type(x) is UOp else _alu2k(Ops.MUL, self, x, 0)
-    return self._bin(Ops.MUL, x) if r is None else r
-  def __rmul__(self, x):
-    r = _alu2k(Ops.MUL, self, x, 1)
-    return self._bin(Ops.MUL, x, True) if r is None else r
+  __add__, __radd__ = _binary(Ops.ADD), _binary(Ops.ADD, True)
+  __mul__, __rmul__ = _binary(Ops.MUL), _binary(Ops.MUL, True)
   def __sub__(self, x):
     a, b = self._pair(x)
     return a + b.neg()
@@ -141,27 +145,19 @@ class MathMixin:
   def __rmod__(self, x):
     a, b = self._pair(x, True)
     return UOp(Ops.MOD, None, (a, b)) if dtypes.is_int(a.dtype) else a - b * (a / b).floor()
-  def __pow__(self, x): return self._bin(Ops.POW, x)
-  def __rpow__(self, x): return self._bin(Ops.POW, x, True)
-  def pow(self, x) -> UOp: return self._bin(Ops.POW, x)
-  def __and__(self, x): return self._bin(Ops.AND, x)
-  def __rand__(self, x): return self._bin(Ops.AND, x, True)
-  def __or__(self, x): return self._bin(Ops.OR, x)
-  def __ror__(self, x): return self._bin(Ops.OR, x, True)
-  def __xor__(self, x): return self._bin(Ops.XOR, x)
-  def __rxor__(self, x): return self._bin(Ops.XOR, x, True)
-  def __lshift__(self, x): return self._bin(Ops.SHL, x)
-  def __rlshift__(self, x): return self._bin(Ops.SHL, x, True)
-  def __rshift__(self, x): return self._bin(Ops.SHR, x)
-  def __rrshift__(self, x): return self._bin(Ops.SHR, x, True)
-  def __lt__(self, x): return self._bin(Ops.CMPLT, x)
-  def __gt__(self, x): return self._bin(Ops.CMPLT, x, True)
+  __pow__, __rpow__ = _binary(Ops.POW), _binary(Ops.POW, True)
+  pow = _binary(Ops.POW)
+  __and__, __rand__ = _binary(Ops.AND), _binary(Ops.AND, True)
+  __or__, __ror__ = _binary(Ops.OR), _binary(Ops.OR, True)
+  __xor__, __rxor__ = _binary(Ops.XOR), _binary(Ops.XOR, True)
+  __lshift__, __rlshift__ = _binary(Ops.SHL), _binary(Ops.SHL, True)
+  __rshift__, __rrshift__ = _binary(Ops.SHR), _binary(Ops.SHR, True)
+  __lt__, __gt__ = _binary(Ops.CMPLT), _binary(Ops.CMPLT, True)
   def __le__(self, x): return self._bin(Ops.CMPLT, x, True).ne(True)
   def __ge__(self, x): return self._bin(Ops.CMPLT, x).ne(True)
-  def eq(self, x) -> UOp: return self._bin(Ops.CMPEQ, x)
-  def ne(self, x) -> UOp: return self._bin(Ops.CMPNE, x)
+  eq, ne = _binary(Ops.CMPEQ), _binary(Ops.CMPNE)
   def logical_not(self) -> UOp: return self.ne(True)
-  def maximum(self, x) -> UOp: return self._bin(Ops.MAX, x)
+  maximum = _binary(Ops.MAX)
   def minimum(self, x) -> UOp:
     a, b = self._pair(x)
     if dtypes.is_unsigned(a.dtype) or dtypes.is_bool(a.dtype): return (a < b).where(a, b)

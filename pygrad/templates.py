@@ -98,6 +98,17 @@ def _evict() -> None:
 def templated(kind: str, fn):
   """fn (a math method) through templates: see the module docstring."""
   def method(self, *args, **kw):
+    # the common calls first -- no keywords, no operand or one node operand, a program cached -- with the key the
+    # general path below would build, in as few steps as possible
+    if not kw and _state["on"] and not _uop._md_open:
+      d = self._dtype
+      if not args: key = (kind, d.id, self._m)
+      elif len(args) == 1 and type(args[0]) is UOp: key = (kind, d.id, self._m, args[0]._dtype.id, args[0]._m)
+      else: key = None
+      e = _entries.get(key)
+      if type(e) is tuple and e[0] is not None:
+        nid = _run2(e[0], self._id, args[0]._id) if args else _run1(e[0], self._id)
+        if nid >= 0: return _wrap(nid, *e[1:])
     if not _state["on"] or (_uop._md_open and _uop._md_get() is not None) or self._dtype.kind == "v":
       return fn(self, *args, **kw)
     key, ins = [kind, self.dtype.id, self._m], [self]
