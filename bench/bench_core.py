@@ -1,9 +1,10 @@
-"""C core vs pure-Python core, side by side in one run: build, toposort, deepwalk and free of a 1,000,000-node DAG
-(a chain with fan-in, built through UOp methods), and bytes per node of a 1,000,000-node chain held only through its
-last node. Each measurement runs in a fresh subprocess with PYGRAD_CORE set (the core is chosen at import); runs
-alternate the cores and the table reports medians. Writes bench/results/core.md.
+"""C core vs pure-Python core, side by side in one run: the per-call cost of single-node methods and of the stages
+one call goes through (CPU time), the build of `python -m pygrad bench`'s W3 DAG, build, toposort, deepwalk and free
+of a 1,000,000-node DAG (a chain with fan-in, built through UOp methods), and bytes per node of a 1,000,000-node
+chain held only through its last node. Each measurement runs in a fresh subprocess with PYGRAD_CORE set (the core is
+chosen at import); runs alternate the cores and the tables report medians. Writes bench/results/core.md.
 
-  python bench/bench_core.py [--nodes 1000000] [--repeat 3] [--out bench/results]
+  python bench/bench_core.py [--nodes 1000000] [--repeat 3] [--out bench/results] [--calls]
 """
 from __future__ import annotations
 import argparse, gc, json, os, platform, statistics, subprocess, sys, time
@@ -165,6 +166,22 @@ def calls_worker(n: int) -> dict:
   return {k: v * 1e9 for k, v in r.items()}
 
 
+def w3_worker(n: int) -> dict:
+  """The build of `python -m pygrad bench`'s W3 DAG of n ops through UOp methods: wall and CPU seconds (this
+  thread's CPU time is what other processes' load does not inflate)."""
+  from pygrad import bench as B
+  from pygrad import UOp
+  warm = B.w3_script(B.WARMUP["W3"])
+  B.w3_model(B.MethodOps, [UOp.placeholder((4,)) for _ in range(warm[0])], warm)
+  script = B.w3_script(n)
+  leaves = [UOp.placeholder((4,)) for _ in range(script[0])]
+  gc.collect()
+  t, c = time.perf_counter(), time.thread_time()
+  root = B.w3_model(B.MethodOps, leaves, script)
+  t_build, c_build = time.perf_counter() - t, time.thread_time() - c
+  return {"w3_nodes": len(root.toposort()), "w3_build_s": t_build, "w3_build_cpu_s": c_build}
+
+
 def _pygrad_dir() -> str:
   """The folder holding the pygrad this interpreter would import (an installed one, PYTHONPATH's, else this tree's)."""
   import importlib.util
@@ -205,17 +222,17 @@ def main(argv=None) -> int:
   ap.add_argument("--repeat", type=int, default=3)
   ap.add_argument("--out", default=os.path.join(HERE, "results"))
   ap.add_argument("--calls", action="store_true", help="only the per-call breakdown of single-node methods")
-  ap.add_argument("--worker", choices=("dag", "chain", "calls"), help=argparse.SUPPRESS)
+  ap.add_argument("--worker", choices=("dag", "chain", "calls", "w3"), help=argparse.SUPPRESS)
   a = ap.parse_args(argv)
   if a.worker:
     import pygrad
     want = os.environ.get("PYGRAD_CORE")
     if want and pygrad.core_name() != want: raise SystemExit(f"asked for the {want} core, got {pygrad.core_name()}")
-    r = {"dag": dag_worker, "chain": chain_worker, "calls": calls_worker}[a.worker](a.nodes)
+    r = {"dag": dag_worker, "chain": chain_worker, "calls": calls_worker, "w3": w3_worker}[a.worker](a.nodes)
     print("RESULT " + json.dumps(r), flush=True)
     return 0
 
-  kinds = ("calls",) if a.calls else ("calls", "dag", "chain")
+  kinds = ("calls",) if a.calls else ("calls", "w3", "dag", "chain")
   runs: dict[tuple[str, str], list[dict]] = {(c, k): [] for c in CORES for k in kinds}
   t0 = time.perf_counter()
   for rep in range(a.repeat):
@@ -244,7 +261,11 @@ def main(argv=None) -> int:
   n = c["nodes"]
 
   def verdict(ok): return "PASS" if ok else "MISS"
+  w3 = {k: (med(k, "w3", "w3_build_s"), med(k, "w3", "w3_build_cpu_s")) for k in CORES}
   rows = [
+    (f"W3 build, {med('c', 'w3', 'w3_nodes'):,} nodes (s, wall / CPU)", f"{w3['c'][0]:.2f} / {w3['c'][1]:.2f}",
+     f"{w3['python'][0]:.2f} / {w3['python'][1]:.2f}", f"{w3['python'][1] / w3['c'][1]:.2f}x (CPU)",
+     "<= 0.6 s (C), >= 5x", verdict(w3["c"][1] <= 0.6 and w3["python"][1] / w3["c"][1] >= 5)),
     ("DAG nodes (`len(root.toposort())`)", f"{c['nodes']:,}", f"{p['nodes']:,}", "", "", ""),
     ("build via UOp methods, DAG (ns/node)", f"{c['build'] * 1e9:.0f}", f"{p['build'] * 1e9:.0f}",
      f"{p['build'] / c['build']:.2f}x", ">= 1.5x", verdict(p["build"] / c["build"] >= 1.5)),
