@@ -144,8 +144,8 @@ def _gather_in_order(client, futures: list, resubmit, timeout: float, retries: i
                          f"{sorted({w for w in where.values() if w})}; workers now: {_workers(client)})")
     try:
       dist.wait(list(futs.values()), timeout=min(left, 2.0))
-    except TimeoutError:
-      pass
+    except (TimeoutError, dist.client.FuturesCancelledError):
+      pass  # a cancelled chunk (its data went with a worker) is looked at, and resubmitted, below
     done = [i for i, f in futs.items() if f.status == "finished"]
     if done:  # one round trip for every finished chunk
       try:

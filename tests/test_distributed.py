@@ -151,7 +151,10 @@ def test_worker_killed_mid_call(client):
   dp(xs[:2 * n], ws)  # compiled on both workers before the kill
   pids = client.run(os.getpid)
   out: dict = {}
-  t = threading.Thread(target=lambda: out.setdefault("res", dp(xs, ws)))
+  def call():
+    try: out["res"] = dp(xs, ws)
+    except BaseException as e: out["err"] = e  # noqa: BLE001 -- reported by the assertion below
+  t = threading.Thread(target=call)
   runs = lambda: sum(v["runs"] for v in client.run(pd.worker_stats).values())  # noqa: E731
   start = runs()
   t.start()
@@ -162,6 +165,7 @@ def test_worker_killed_mid_call(client):
   os.kill(pids[victim], signal.SIGKILL)
   t.join(timeout=280)
   assert not t.is_alive(), "the call hung after a worker was killed"
+  assert "res" in out, f"the call raised {out.get('err')!r}"
   got = out["res"]
   for g, w_ in zip(got, want): assert np.array_equal(g, w_)
   client.wait_for_workers(2, timeout=120)  # the nanny restarts the killed worker for the other tests
