@@ -1,6 +1,6 @@
 """The IR: hash-consing, the operator table's shape rules and errors, constructors, walks, substitution, lifetime
 (deep chains, leaks, threads). Runs on whichever core the process loaded."""
-import gc, math, random, threading
+import gc, math, os, random, threading
 import numpy as np
 import pytest
 import pygrad
@@ -510,7 +510,10 @@ def test_memory_flat_over_rounds():
     assert live_after_gc() == base, r
     rss.append(proc.memory_info().rss)
   assert len(set(lens)) == 1
-  assert rss[-1] - rss[4] < 8 * 2**20, [m // 2**20 for m in rss]
+  # under AddressSanitizer (.ci/run sets PYGRAD_SANITIZED) freed memory sits in ASan's quarantine instead of being
+  # reused, so RSS grows whatever pygrad does; the live-node checks above still hold there, RSS is checked elsewhere
+  if os.environ.get("PYGRAD_SANITIZED") != "1":
+    assert rss[-1] - rss[4] < 8 * 2**20, [m // 2**20 for m in rss]
 
 
 def test_threads_build_and_drop():
