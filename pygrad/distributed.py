@@ -65,11 +65,6 @@ def _run(key: str, blob: bytes, nout: int, *arrays) -> list:
   return list(res) if isinstance(res, (list, tuple)) else [res]
 
 
-def _take(a, lo: int, hi: int):
-  """Rows lo:hi of an array that already lives on a worker (a batch input passed as a future)."""
-  return a[lo:hi]
-
-
 def _evaluate_part(key: str, blob: bytes, nout: int, engine: str | None, *arrays) -> list:
   """One device's part of a placed graph (a task on that device's worker)."""
   import pygrad
