@@ -7,6 +7,9 @@
 #include "vm.h"
 
 #include "vm_simd.h"
+#if VM_X86
+#include <immintrin.h>
+#endif
 
 #define VM_GEMM_CLONE(SFX) \
   size_t vm_gemm_ws_##SFX(const vm_gemm *g) { \

@@ -62,8 +62,8 @@ VM_TGT static void GFN(micro)(int64_t kc, const GT *ap, const GT *bp, GT *c, int
     memcpy(&b1, bp + p * G_NR + G_VL, sizeof b1);
     for (i = 0; i < G_MR; i++) {
       GT av = ap[p * G_MR + i];
-      acc[i][0] += av * b0;
-      acc[i][1] += av * b1;
+      G_MADD(acc[i][0], av, b0);
+      G_MADD(acc[i][1], av, b1);
     }
   }
   if (mr == G_MR && nr == G_NR && scm == 1) {  /* full tile, contiguous rows: vector stores */
