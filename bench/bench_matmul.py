@@ -1,6 +1,7 @@
 """pygrad's contraction against OpenBLAS (numpy's `@`) at the same thread count: numpy under
 threadpoolctl.threadpool_limits(n) and pygrad.set_num_threads(n), n = 1 and all cores, alternating inside every
-repetition; figures are medians. The shapes of the training issue (n x k x m: C[n, m] = A[n, k] B[k, m]), float32,
+repetition; figures are medians. At more than one thread each engine is timed after the other's threads
+have gone idle (see _timed). The shapes of the training issue (n x k x m: C[n, m] = A[n, k] B[k, m]), float32,
 plus the backward's transposed operands (x.T @ g, g @ w.T, read without a copy) and float64.
 
   env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/bench_matmul.py [--reps N]
@@ -47,6 +48,27 @@ def build(shape, form, npdt, rng):
   return (lambda: prog(A, B)), (lambda: nA @ nB)
 
 
+SETTLE_S = 0.15  # OpenBLAS's idle threads spin ~0.1 s after a call (pygrad's pool < 1 ms): wait that out
+WARM_S, BLOCK_S = 0.01, 0.01
+
+
+def _timed(f, nt: int) -> float:
+  """Seconds per call of f, with the other engine's threads idle: at more than one thread the engine that ran last
+  would otherwise spin on the second core through this one's run (an OpenBLAS call left pygrad's 2-thread 1024^3
+  product as slow as its 1-thread one). After that pause the first calls run up to 2x slow (caches and clocks
+  cold, on either engine), so f first runs untimed for WARM_S, then a block of at least BLOCK_S is timed."""
+  if nt > 1: time.sleep(SETTLE_S)
+  s = time.perf_counter()
+  calls = 0
+  while calls < 2 or time.perf_counter() - s < WARM_S:
+    f()
+    calls += 1
+  k = max(1, int(BLOCK_S * calls / (time.perf_counter() - s)))
+  s = time.perf_counter()
+  for _ in range(k): f()
+  return (time.perf_counter() - s) / k
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(prog="bench_matmul.py")
   ap.add_argument("--reps", type=int, default=31)
@@ -69,9 +91,7 @@ def main(argv=None):
         t = {"pg": [], "np": []}
         for _ in range(reps):
           for key, f in (("pg", pg), ("np", npf)):
-            s = time.perf_counter()
-            f()
-            t[key].append(time.perf_counter() - s)
+            t[key].append(_timed(f, nt))
       res[nt] = {k: statistics.median(v) for k, v in t.items()}
     for nt, r in res.items():
       ratio = r["np"] / r["pg"]

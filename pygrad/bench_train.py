@@ -188,6 +188,9 @@ def engines(work: str, nall: int) -> dict:
   return out
 
 
+SETTLE_S = 0.15
+
+
 def measure(work: str, reps: int, steps: int, nall: int) -> tuple[dict, dict]:
   """({label: median us/step}, {label: first-step loss})"""
   data = mlp_data() if work == "mlp" else w2_data()
@@ -201,6 +204,10 @@ def measure(work: str, reps: int, steps: int, nall: int) -> tuple[dict, dict]:
   for _ in range(reps):
     for label, (run, threads) in runs.items():  # alternate engines inside each repetition
       threads()
+      # the engine that ran last may still spin its idle threads on the other core (OpenBLAS ~0.1 s, OpenMP and
+      # XLA pools less): let them sleep, then wake this engine's own threads and caches with untimed steps
+      time.sleep(SETTLE_S)
+      for _ in range(max(2, steps // 4)): run()
       t = time.perf_counter()
       for _ in range(steps): run()
       times[label].append((time.perf_counter() - t) / steps)
