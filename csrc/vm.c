@@ -725,10 +725,10 @@ static int run_gemm(const vm_kernel *k, char *const *bufp, int32_t nthreads, con
   flops = total * g->n * g->m * (g->k > 0 ? g->k : 1);
   j.rb = g->n; j.cb = g->m;
   if (nthreads < 2 || flops < PAR_MIN_GEMM) nthreads = 1;
-  else if (total < 2 * (int64_t)nthreads) {
+  else if (total < (int64_t)nthreads) {
     /* split the larger side of C: the other operand is packed again by every tile, so it should be the small one.
        Tiles stay multiples of 16 (every micro-tile width divides it) */
-    int64_t parts = 2 * (int64_t)nthreads / total;
+    int64_t parts = (int64_t)nthreads / total;
     if (g->m >= g->n) j.cb = ((g->m + parts - 1) / parts + 15) / 16 * 16;
     else j.rb = ((g->n + parts - 1) / parts + 15) / 16 * 16;
   }

@@ -48,11 +48,15 @@ VM_TGT static void GFN(pack_b)(GT *dst, const GT *b, int64_t kc, int64_t nc, int
   }
 }
 
-/* C[0:mr, 0:nr] (+)= packed A panel x packed B panel over depth kc */
-VM_TGT static void GFN(micro)(int64_t kc, const GT *ap, const GT *bp, GT *c, int64_t scn, int64_t scm, int64_t mr,
-                              int64_t nr, int accum) {
+/* C[0:mr, 0:nr] (+)= A panel x packed B panel over depth kc. A's element (row i, depth p) is ap[i * ars + p * aps]:
+   a packed panel (ars 1, aps MR), or A's own rows when they run along the depth (ars the row stride, aps 1), which
+   spares packing them: rows past mr read row 0 again, and their sums are dropped. */
+VM_TGT static void GFN(micro)(int64_t kc, const GT *ap, int64_t ars, int64_t aps, const GT *bp, GT *c, int64_t scn,
+                              int64_t scm, int64_t mr, int64_t nr, int accum) {
   GT tile[G_MR * G_NR];
+  const GT *ar[G_MR];
   int64_t i, j, p;
+  for (i = 0; i < G_MR; i++) ar[i] = ap + (i < mr ? i : 0) * ars;
 #if defined(__GNUC__)
   GV acc[G_MR][2];
   memset(acc, 0, sizeof acc);
@@ -61,7 +65,7 @@ VM_TGT static void GFN(micro)(int64_t kc, const GT *ap, const GT *bp, GT *c, int
     memcpy(&b0, bp + p * G_NR, sizeof b0);
     memcpy(&b1, bp + p * G_NR + G_VL, sizeof b1);
     for (i = 0; i < G_MR; i++) {
-      GT av = ap[p * G_MR + i];
+      GT av = ar[i][p * aps];
       G_MADD(acc[i][0], av, b0);
       G_MADD(acc[i][1], av, b1);
     }
@@ -89,7 +93,7 @@ VM_TGT static void GFN(micro)(int64_t kc, const GT *ap, const GT *bp, GT *c, int
   for (i = 0; i < G_MR * G_NR; i++) tile[i] = 0;
   for (p = 0; p < kc; p++)
     for (i = 0; i < G_MR; i++)
-      for (j = 0; j < G_NR; j++) tile[i * G_NR + j] += ap[p * G_MR + i] * bp[p * G_NR + j];
+      for (j = 0; j < G_NR; j++) tile[i * G_NR + j] += ar[i][p * aps] * bp[p * G_NR + j];
 #endif
   for (i = 0; i < mr; i++)
     for (j = 0; j < nr; j++) {
@@ -112,6 +116,7 @@ VM_TGT static void GFN(gemm_part)(const vm_gemm *g, const char *a_, const char *
   const GT *a = (const GT *)a_, *b = (const GT *)b_;
   GT *c = (GT *)c_, *apack, *bpack;
   int64_t jc, pc, ic, jr, ir, i, j, mcmax = g->n < G_MC ? g->n : G_MC, kcmax = g->k < G_KC ? g->k : G_KC;
+  int direct = g->sak == 1;  /* A's rows run along the depth: the tile reads them in place (see micro) */
   if (g->k == 0) {
     for (i = i0; i < i1; i++)
       for (j = j0; j < j1; j++) c[i * g->scn + j * g->scm] = 0;
@@ -126,11 +131,13 @@ VM_TGT static void GFN(gemm_part)(const vm_gemm *g, const char *a_, const char *
       GFN(pack_b)(bpack, b + pc * g->sbk + jc * g->sbm, kc, nc, g->sbk, g->sbm);
       for (ic = i0; ic < i1; ic += G_MC) {
         int64_t mc = i1 - ic < G_MC ? i1 - ic : G_MC;
-        GFN(pack_a)(apack, a + ic * g->san + pc * g->sak, mc, kc, g->san, g->sak);
+        const GT *ablk = a + ic * g->san + pc * g->sak;
+        if (!direct) GFN(pack_a)(apack, ablk, mc, kc, g->san, g->sak);
         for (jr = 0; jr < nc; jr += G_NR)
           for (ir = 0; ir < mc; ir += G_MR)
-            GFN(micro)(kc, apack + ir * kc, bpack + jr * kc, c + (ic + ir) * g->scn + (jc + jr) * g->scm, g->scn,
-                       g->scm, mc - ir < G_MR ? mc - ir : G_MR, nc - jr < G_NR ? nc - jr : G_NR, pc > 0);
+            GFN(micro)(kc, direct ? ablk + ir * g->san : apack + ir * kc, direct ? g->san : 1, direct ? 1 : G_MR,
+                       bpack + jr * kc, c + (ic + ir) * g->scn + (jc + jr) * g->scm, g->scn, g->scm,
+                       mc - ir < G_MR ? mc - ir : G_MR, nc - jr < G_NR ? nc - jr : G_NR, pc > 0);
       }
     }
   }
