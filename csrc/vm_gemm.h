@@ -9,6 +9,7 @@
 #define G_KC 256
 #define G_MC 96
 #define G_NC 2048
+#define G_NARROW 16 /* vm.c's run_gemm agrees: a C this narrow is not transposed when its A rows are contiguous */
 
 /* rows [i0, i0+mc) x depth [p0, p0+kc) of A into MR-row panels (zero rows pad the last panel) */
 VM_TGT static void GFN(pack_a)(GT *dst, const GT *a, int64_t mc, int64_t kc, int64_t sn, int64_t sk) {
@@ -102,6 +103,51 @@ VM_TGT static void GFN(micro)(int64_t kc, const GT *ap, int64_t ars, int64_t aps
     }
 }
 
+/* C[i0:i1, j0:j1] (+)= A B over depth [pc, pc+kc) for a narrow C (fewer columns than G_NARROW) whose A rows run
+   along the depth: a tile MR x NR would be mostly padding, so each row of C is one vector (columns in groups of VL)
+   accumulating A[i, p] * B[p, cols] over p, eight rows at a time (eight independent multiply-add chains). The
+   group's B rows are copied, zero padded, into bt first; rows past i1 read row i0 again and are dropped. */
+VM_TGT static void GFN(gemm_narrow)(const vm_gemm *g, const GT *a, const GT *b, GT *c, int64_t i0, int64_t i1,
+                                    int64_t j0, int64_t j1, int64_t pc, int64_t kc, GT *bt) {
+  int64_t jg, i, j, p, r;
+  for (jg = j0; jg < j1; jg += G_VL) {
+    int64_t w = j1 - jg < G_VL ? j1 - jg : G_VL;
+    for (p = 0; p < kc; p++) {
+      for (j = 0; j < w; j++) bt[p * G_VL + j] = b[(pc + p) * g->sbk + (jg + j) * g->sbm];
+      for (; j < G_VL; j++) bt[p * G_VL + j] = 0;
+    }
+    for (i = i0; i < i1; i += 8) {
+      const GT *ar[8];
+      GT t[8][G_VL];
+      int64_t rows = i1 - i < 8 ? i1 - i : 8;
+      for (r = 0; r < 8; r++) ar[r] = a + (i + (r < rows ? r : 0)) * g->san + pc;
+#if defined(__GNUC__)
+      {
+        GV acc[8];
+        memset(acc, 0, sizeof acc);
+        for (p = 0; p < kc; p++) {
+          GV bv;
+          memcpy(&bv, bt + p * G_VL, sizeof bv);
+          for (r = 0; r < 8; r++) G_MADD(acc[r], ar[r][p], bv);
+        }
+        memcpy(t, acc, sizeof t);
+      }
+#else
+      for (r = 0; r < 8; r++)
+        for (j = 0; j < G_VL; j++) t[r][j] = 0;
+      for (p = 0; p < kc; p++)
+        for (r = 0; r < 8; r++)
+          for (j = 0; j < G_VL; j++) t[r][j] += ar[r][p] * bt[p * G_VL + j];
+#endif
+      for (r = 0; r < rows; r++)
+        for (j = 0; j < w; j++) {
+          GT *o = c + (i + r) * g->scn + (jg + j) * g->scm;
+          *o = pc > 0 ? *o + t[r][j] : t[r][j];
+        }
+    }
+  }
+}
+
 /* packing bytes one worker needs for contraction g: an A block of up to MC rows and a B block of up to NC columns,
    both at depth up to KC */
 VM_TGT static size_t GFN(gemm_ws)(const vm_gemm *g) {
@@ -116,7 +162,9 @@ VM_TGT static void GFN(gemm_part)(const vm_gemm *g, const char *a_, const char *
   const GT *a = (const GT *)a_, *b = (const GT *)b_;
   GT *c = (GT *)c_, *apack, *bpack;
   int64_t jc, pc, ic, jr, ir, i, j, mcmax = g->n < G_MC ? g->n : G_MC, kcmax = g->k < G_KC ? g->k : G_KC;
-  int direct = g->sak == 1;  /* A's rows run along the depth: the tile reads them in place (see micro) */
+  /* A's rows run along the depth and each packed block would serve few B panels: the tile reads them in place (see
+     micro). Where a block serves many panels packing pays (rows 4 KB apart also collide in the L1 cache) */
+  int direct = g->sak == 1 && j1 - j0 <= 8 * G_NR;
   if (g->k == 0) {
     for (i = i0; i < i1; i++)
       for (j = j0; j < j1; j++) c[i * g->scn + j * g->scm] = 0;
@@ -124,6 +172,11 @@ VM_TGT static void GFN(gemm_part)(const vm_gemm *g, const char *a_, const char *
   }
   apack = (GT *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
   bpack = apack + ((mcmax + G_MR - 1) / G_MR * G_MR * kcmax + 16) / 16 * 16;
+  if (g->m < G_NARROW && direct) {  /* bpack holds NR >= VL columns by KC rows, so one VL-wide group fits */
+    for (pc = 0; pc < g->k; pc += G_KC)
+      GFN(gemm_narrow)(g, a, b, c, i0, i1, j0, j1, pc, g->k - pc < G_KC ? g->k - pc : G_KC, bpack);
+    return;
+  }
   for (jc = j0; jc < j1; jc += G_NC) {
     int64_t nc = j1 - jc < G_NC ? j1 - jc : G_NC;
     for (pc = 0; pc < g->k; pc += G_KC) {
@@ -149,3 +202,4 @@ VM_TGT static void GFN(gemm_part)(const vm_gemm *g, const char *a_, const char *
 #undef G_KC
 #undef G_MC
 #undef G_NC
+#undef G_NARROW

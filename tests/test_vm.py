@@ -6,6 +6,7 @@ import itertools
 import math
 import numpy as np
 import pytest
+import pygrad
 from pygrad import UOp, Ops, dtypes
 from pygrad.dtype import VALUE_DTYPES
 
@@ -276,6 +277,37 @@ def test_matmul(n, k, m, dt):
   a, b = rng.standard_normal((n, k)).astype(dt.numpy), rng.standard_normal((k, m)).astype(dt.numpy)
   p = program.compile_program(x @ w, [x, w])
   np.testing.assert_allclose(p(a, b), a @ b, rtol=1e-4 if dt is dtypes.float32 else 1e-10, atol=1e-4)
+
+
+@pytest.mark.parametrize("isa", [0, 1, 2])
+@pytest.mark.parametrize("n,k,m", [(37, 300, 10), (130, 64, 15), (9, 600, 3), (128, 256, 10), (64, 520, 1)])
+@pytest.mark.parametrize("dt", (dtypes.float32, dtypes.float64), ids=lambda d: d.name)
+def test_narrow_matmul_on_every_instruction_set(isa, n, k, m, dt):
+  """A C narrower than 16 columns whose A rows are contiguous runs one vector per row (gemm_narrow): column groups
+  wider than one vector, depths past one block, row counts that are no multiple of the 8 rows done at once, and a
+  transposed B (w.T) all give A @ B, on every instruction-set clone, and the same bits on 1 and 2 threads."""
+  from pygrad.engine import vmlib
+  before = pygrad.get_num_threads()
+  try:
+    vmlib.set_isa(isa)
+  except ValueError:
+    pytest.skip("this CPU lacks it")
+  try:
+    rng = np.random.default_rng(n + k + m)
+    x, w, wt = (UOp.placeholder((n, k), dt, "x"), UOp.placeholder((k, m), dt, "w"),
+                UOp.placeholder((m, k), dt, "wt"))
+    a, b = rng.standard_normal((n, k)).astype(dt.numpy), rng.standard_normal((k, m)).astype(dt.numpy)
+    p = program.compile_program([x @ w, x @ wt.T], [x, w, wt])
+    tol = dict(rtol=1e-4, atol=1e-4) if dt is dtypes.float32 else dict(rtol=1e-10, atol=1e-10)
+    outs = []
+    for nt in (1, 2):
+      pygrad.set_num_threads(nt)
+      outs.append(p(a, b, np.ascontiguousarray(b.T)))
+      for o in outs[-1]: np.testing.assert_allclose(o, a @ b, **tol)
+    for o1, o2 in zip(*outs): np.testing.assert_array_equal(o1, o2)
+  finally:
+    vmlib.set_isa(-1)
+    pygrad.set_num_threads(before)
 
 
 def test_matmul_is_a_contraction_without_the_expanded_product():
