@@ -125,6 +125,12 @@ class Program:
     self._arena = self._fixed = None
     self._in_spec = [(u.shape, np.dtype(u.dtype.numpy), u.op is Ops.BUFFER and u.dtype is not dtypes.bfloat16)
                      for u in self.inputs]
+    self._out_spec = [(b.shape, b.stype.numpy) for b in self._out_bufs]
+    # the common program: one C segment and plain array outputs. Its call skips the general step loop and the walk
+    # of nested outputs: the output at position i is buffer `_flat[i][0]` reshaped to `_flat[i][1]`
+    plain = len(self._steps) == 1 and not isinstance(self._steps[0], (CallStep, NumpyKernel)) and \
+        all(o is not None and type(o) is not tuple for o in self._shaped)
+    self._flat = [(o.buf.index, o.shape) for o in self._shaped] if plain else None
 
   def _arena_array(self) -> np.ndarray:
     a = np.empty(self.arena_bytes + _ALIGN, np.uint8)
@@ -156,7 +162,7 @@ class Program:
         ins.append(v)  # already what the VM reads: no conversion, no copy
       else:
         ins.append(self._check(u, v))
-    outs = [np.empty(b.shape, b.stype.numpy) for b in self._out_bufs]
+    outs = [np.empty(shape, dt) for shape, dt in self._out_spec]
     mine = self._lock.acquire(blocking=False)
     try:
       if mine:
@@ -184,11 +190,15 @@ class Program:
         elif isinstance(st, NumpyKernel): st.run(lambda b: self._memory(mem, b))
         else:
           rc = lib.pg_vm_run(st, slots, sizes, n)
-          if rc == lib.PG_ERR_NOMEM: raise MemoryError("pygrad VM: out of memory")
-          if rc < 0: raise RuntimeError(f"pygrad VM: run failed with error {rc}")
+          if rc < 0: raise MemoryError("pygrad VM: out of memory") if rc == lib.PG_ERR_NOMEM else \
+              RuntimeError(f"pygrad VM: run failed with error {rc}")
     finally:
       if mine: self._lock.release()
-    res = [map_nested(o, lambda b: None if b is None else outs[b.buf.index].reshape(b.shape)) for o in self._shaped]
+    if self._flat is not None:
+      res = [outs[i].reshape(shape) for i, shape in self._flat]
+    else:
+      res = [map_nested(o, lambda b: None if b is None else outs[b.buf.index].reshape(b.shape))
+             for o in self._shaped]
     return res[0] if self._single else res
 
   def _memory(self, mem: list, b: Buf) -> np.ndarray:
