@@ -55,8 +55,10 @@ gnu = sys.platform != "win32" or "gcc" in os.environ.get("CC", "") or "clang" in
 # C11 without GNU extensions outside the guarded ISA code (the AVX clones use target attributes and vector types)
 cflags = ["-std=c11", "-Wall", "-Wextra", "-Werror=implicit-function-declaration"] if gnu else []
 ldflags = []
-if os.environ.get("PYGRAD_SANITIZE") == "1":
-  san = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
+if os.environ.get("PYGRAD_SANITIZE") in ("1", "thread"):  # 1: ASan + UBSan; thread: TSan (the VM's thread pool)
+  san = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"] \
+      if os.environ["PYGRAD_SANITIZE"] == "1" else ["-fsanitize=thread"]
+  san.append("-fno-omit-frame-pointer")
   cflags += san + ["-O1", "-g"]
   ldflags += san
 
