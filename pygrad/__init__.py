@@ -1,11 +1,21 @@
 """pygrad: a hash-consed tensor IR with symbolic gradients built by pattern-matched rules, on a C core (cffi) or an
 identical pure-Python core, and a vectorized C interpreter that runs any graph on the CPU."""
+import typing as _typing
 from .ops import Ops, GroupOp
 from .dtype import DType, dtypes
 from .uop import UOp, Walk, CallInfo, Metadata, metadata, live_nodes, core_name
 from .listing import listing  # binds the function over the submodule's name: pygrad.listing(roots)
 
 __version__ = "0.1.0"
+
+if _typing.TYPE_CHECKING:  # what __getattr__ loads on first use, as type checkers should see it
+  from .upat import UPat, PatternMatcher
+  from .rewrite import graph_rewrite
+  from .gradient import compute_gradient
+  from .engine import evaluate, compile
+  from .serialize import build, dumps, loads, save, load
+  from .threads import set_num_threads, get_num_threads
+  from . import gradient, engine, simplify, rewrite, upat, viz
 
 
 def __getattr__(name):

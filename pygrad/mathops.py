@@ -3,10 +3,15 @@ tanh, sigmoid, relu, abs, minimum, mean, softmax, matmul, ...) decompose into pr
 operands numpy-style (RESHAPE + EXPAND) and turn Python scalars into () constants of the other operand's dtype."""
 from __future__ import annotations
 import functools, math
+from typing import TYPE_CHECKING
 from .ops import Ops
 from .dtype import DType, dtypes, promote
 
-UOp = _alu1 = _alu2 = _alu2k = _const = _movement = _node = None  # bound by uop.py once the class exists
+if TYPE_CHECKING:  # the methods' annotations name the class they are mixed into
+  from .uop import UOp
+else:
+  UOp = None  # bound by uop.py once the class exists, as are the node makers below
+_alu1 = _alu2 = _alu2k = _const = _movement = _node = None
 _LN2, _INV_LN2 = math.log(2), 1 / math.log(2)
 
 

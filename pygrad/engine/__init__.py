@@ -2,7 +2,11 @@
 and the C interpreter of pygrad.engine.program); `compile` plans a graph once for many runs on the C interpreter."""
 from __future__ import annotations
 import importlib
+from typing import TYPE_CHECKING, Any, Sequence
 from ..uop import UOp, core_name
+
+if TYPE_CHECKING:
+  from .program import Program
 
 ENGINES = ("numpy", "c")
 _program_mod = None
@@ -39,7 +43,8 @@ def _outputs(outputs) -> tuple[list[UOp], bool]:
   raise TypeError(f"outputs must be a UOp or a list/tuple of UOps, got {type(outputs).__name__}")
 
 
-def evaluate(outputs, inputs: dict | None = None, engine: str | None = None):
+def evaluate(outputs: UOp | Sequence[UOp], inputs: dict[UOp, Any] | None = None,
+             engine: str | None = None) -> Any:
   """The value of `outputs` (a UOp: one numpy array; a list/tuple of UOps: a list of the same length; a TUPLE,
   SINK or FUNCTION output: a tuple), given `inputs`, a dict from BUFFER/DEFINE_VAR nodes to array-likes/scalars.
   Both engines validate every binding the same way and ignore a valid one the outputs do not use. `engine` is
@@ -57,7 +62,7 @@ def evaluate(outputs, inputs: dict | None = None, engine: str | None = None):
   return res[0] if single else list(res)
 
 
-def compile(outputs, inputs):  # noqa: A001 -- the public name of SPEC §5
+def compile(outputs: UOp | Sequence[UOp], inputs: Sequence[UOp]) -> Program:  # noqa: A001 -- SPEC §5's name
   """Plan `outputs` (a UOp or a list of UOps) over `inputs` (the BUFFER/DEFINE_VAR nodes, in the order
   `program(*arrays)` takes them) once; returns the Program of pygrad.engine.program, whose result mirrors
   `outputs` as evaluate's does."""

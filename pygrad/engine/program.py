@@ -3,6 +3,7 @@ lower, place buffers by liveness) and `program(*arrays)` runs it with one call i
 unless the graph has CALLs, whose Python kernels run between segments. `evaluate_c` is compile-and-run-once."""
 from __future__ import annotations
 import threading
+from typing import Any
 import numpy as np
 from ..ops import Ops
 from ..uop import UOp
@@ -152,7 +153,7 @@ class Program:
       sizes[i] = a.nbytes
     return slots, sizes, keep
 
-  def __call__(self, *arrays):
+  def __call__(self, *arrays: Any) -> Any:
     if len(arrays) != len(self.inputs):
       raise ValueError(f"program takes {len(self.inputs)} inputs, got {len(arrays)}")
     ins = []
