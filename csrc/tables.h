@@ -3,6 +3,7 @@
    dtypes, so a change here that Python does not follow fails at import instead of corrupting graphs. */
 #ifndef PG_TABLES_H
 #define PG_TABLES_H
+#include <stdint.h>
 
 /* IR ops, X(name, id): pygrad.ops.Ops */
 #define PG_OPS(X) \
@@ -28,6 +29,15 @@
 #define PG_VM_REDOPS(X) X(NONE, 0) X(ADD, 1) X(MAX, 2) X(MUL, 3) X(DOT, 4)  /* DOT: a sum of the last product */
 #define PG_VM_MAGIC 0x50475650  /* "PGVP" */
 #define PG_VM_VERSION 1
+/* VM limits: vm.c refuses a program past them, and pygrad/engine plans within them (so it never emits such a
+   program): the dims of a kernel's index space; the elements of an index space and the bytes of a buffer (also the
+   bound on sizes, strides and offsets, which keeps every extent sum far from int64 overflow); the registers of one
+   kernel, and the bytes of one worker's register file: 128, plus 16 per register, plus 64 per scalar register and
+   T * 8 rounded up to a multiple of 64 per tile register (T: the kernel's tile size) */
+#define PG_VM_MAXDIM 16
+#define PG_VM_MAXSIZE ((int64_t)1 << 48)
+#define PG_VM_MAXREGS (1 << 24)
+#define PG_VM_MAXREGFILE ((int64_t)1 << 32)
 
 /* the inputs of a gradient template program (grad.c fills them, pygrad/gradfast.py records them), in order:
    a rule's (the node, its sources, its incoming gradient) and an accumulation's (the gradient so far, absent when

@@ -11,7 +11,7 @@
 #include "pygrad.h"
 #include "vm.h"
 
-#define LIM_SIZE ((int64_t)1 << 48)   /* bound on sizes, strides, offsets: keeps extent sums far from overflow */
+#define LIM_SIZE PG_VM_MAXSIZE  /* bound on sizes, strides, offsets: keeps extent sums far from overflow */
 #define LIM_TERM ((int64_t)1 << 56)
 
 static const char *const vm_opnames[] = {
@@ -33,7 +33,9 @@ int vm_ct(int32_t lt) { return lt == VT_F16 || lt == VT_BF16 ? VT_F32 : lt; }
 
 /* bytes of one element of storage type t (VT_BF16 as storage is 2 bytes; internal buffers keep it as float32) */
 int64_t vm_esize(int32_t t) {
-  static const int64_t sz[VT_N] = {1, 1, 2, 4, 8, 1, 2, 4, 8, 2, 2, 4, 8};
+#define VM_SIZE_ENTRY(name, id, vt, size) [id] = size,
+  static const int64_t sz[VT_N] = {PG_DTYPES(VM_SIZE_ENTRY)};
+#undef VM_SIZE_ENTRY
   return t >= 0 && t < VT_N ? sz[t] : 1;
 }
 
@@ -188,7 +190,7 @@ static void read_loop(rd *r, pg_vm *vm, vm_kernel *k) {
   }
   if (numel > LIM_SIZE) rd_fail(r, "index space too large");
   if (k->redmask >> k->ndim) rd_fail(r, "reduce mask names a dim past ndim");
-  k->nregs = (int32_t)rd_get(r, 1, 1 << 20, "register count out of range");
+  k->nregs = (int32_t)rd_get(r, 1, PG_VM_MAXREGS, "register count out of range");
   if (r->err) return;
   k->regs = (vm_regdef *)calloc((size_t)k->nregs, sizeof *k->regs);
   if (!k->regs) { rd_fail(r, "out of memory"); return; }
@@ -199,7 +201,7 @@ static void read_loop(rd *r, pg_vm *vm, vm_kernel *k) {
     if (!is_ct(k->regs[i].ct)) rd_fail(r, "register type is not a compute type");
     ws += k->regs[i].scalar ? 64 : (k->T * 8 + 63) / 64 * 64;
   }
-  if (ws > ((int64_t)1 << 32)) rd_fail(r, "register file too large");
+  if (ws > PG_VM_MAXREGFILE) rd_fail(r, "register file too large");
   k->wsbytes = ws;
   k->nloads = (int32_t)rd_get(r, 0, k->nregs, "load count out of range");
   if (r->err) return;

@@ -8,7 +8,7 @@
 #include "tables.h"
 #include "vm_half.h"
 
-#define VM_MAXDIM 16
+#define VM_MAXDIM PG_VM_MAXDIM
 #define VM_MAXTILE 65536
 #define VM_MAGIC PG_VM_MAGIC
 #define VM_VERSION PG_VM_VERSION

@@ -127,8 +127,10 @@ class MathMixin:
     return a + b.neg()
   def __neg__(self): return self.neg()
   def neg(self) -> UOp:
-    """-x (logical not for bool)."""
+    """-x (logical not for bool). On unsigned ints it wraps modulo 2**bits as numpy and torch do: x * (2**bits - 1),
+    since that constant is -1 modulo 2**bits and MUL wraps (so x - y is x + y * (2**bits - 1) there)."""
     if self.dtype is dtypes.bool: return self.ne(True)
+    if dtypes.is_unsigned(self.dtype): return self * (2 ** (8 * self.dtype.itemsize) - 1)
     return self * -1
   def __truediv__(self, x):
     a, b = self._pair(x)
@@ -196,7 +198,9 @@ class MathMixin:
   def floor(self) -> UOp:
     t = self.trunc()
     return (self < t).where(t - 1, t)
-  def sign(self) -> UOp: return self.ne(0).where((self < 0).where(self.const_like(-1), self.const_like(1)), self.const_like(0))
+  def sign(self) -> UOp:
+    if dtypes.is_unsigned(self.dtype): return self.ne(0).cast(self.dtype)  # no -1 to pick: numpy's 0 or 1
+    return self.ne(0).where((self < 0).where(self.const_like(-1), self.const_like(1)), self.const_like(0))
   def abs(self) -> UOp: return self * self.sign()
   def relu(self) -> UOp: return (self > 0).where(self, 0)
   def sigmoid(self) -> UOp: return (1 + (-self).exp()).reciprocal()
@@ -260,7 +264,10 @@ class MathMixin:
   def max(self, axis=None, keepdim: bool = False) -> UOp: return self._reduce(Ops.MAX, axis, keepdim)
   def min(self, axis=None, keepdim: bool = False) -> UOp:
     if dtypes.is_unsigned(self.dtype) or dtypes.is_bool(self.dtype):
-      raise TypeError(f"min: not defined here for {self.dtype.name}")
+      # x -> x ^ all-ones reverses the order of unsigned ints and bools exactly (where wrapping -x would map 0 to
+      # the bottom of the order, not the top), so the min is the max of the flipped values, flipped back
+      ones = True if dtypes.is_bool(self.dtype) else 2 ** (8 * self.dtype.itemsize) - 1
+      return (self ^ ones).max(axis, keepdim) ^ ones
     return -((-self).max(axis, keepdim))
   def mean(self, axis=None, keepdim: bool = False) -> UOp:
     x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.float32)

@@ -21,6 +21,11 @@ def _nsrc(op, src, n):
   if len(src) != n: _fail(op, src, f"expected {n} source{'s' if n != 1 else ''}, got {len(src)}")
 
 
+def _no_arg(op, src, arg):
+  """The ALU ops, CAST and BITCAST take no arg (SPEC section 2's table): one given is a mistake, never ignored."""
+  if arg is not None: _fail(op, src, f"takes no arg, got {type(arg).__name__} {arg!r:.60}")
+
+
 def _want_dtype(op, src, dtype, got):
   if dtype is not None and dtype is not got:
     _fail(op, src, f"dtype {dtype.name} given, but the result is {got.name}", TypeError)
@@ -83,6 +88,7 @@ def _broadcast(op, src):
 
 def _unary(op, dtype, src, arg):
   _nsrc(op, src, 1)
+  _no_arg(op, src, arg)
   x = src[0]
   if x.dtype is VOID: _fail(op, src, "operand has no value", TypeError)
   if op in GroupOp.Transcendental and not dtypes.is_float(x.dtype):
@@ -94,6 +100,7 @@ def _unary(op, dtype, src, arg):
 
 def _cast(op, dtype, src, arg):
   _nsrc(op, src, 1)
+  _no_arg(op, src, arg)
   if not isinstance(dtype, DType) or dtype is VOID: _fail(op, src, f"target dtype required, got {dtype!r}", TypeError)
   if src[0].dtype is VOID: _fail(op, src, "operand has no value", TypeError)
   if op is Ops.BITCAST and dtype.itemsize != src[0].dtype.itemsize:
@@ -103,6 +110,7 @@ def _cast(op, dtype, src, arg):
 
 def _binary(op, dtype, src, arg):
   _nsrc(op, src, 2)
+  _no_arg(op, src, arg)
   a, b = src
   if a.dtype is not b.dtype: _fail(op, src, "operands must have equal dtypes", TypeError)
   d = a.dtype
@@ -115,6 +123,7 @@ def _binary(op, dtype, src, arg):
 
 def _where(op, dtype, src, arg):
   _nsrc(op, src, 3)
+  _no_arg(op, src, arg)
   c, a, b = src
   if c.dtype is not dtypes.bool: _fail(op, src, "condition must be bool", TypeError)
   if a.dtype is not b.dtype or a.dtype is VOID: _fail(op, src, "branches must have equal value dtypes", TypeError)

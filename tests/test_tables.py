@@ -54,3 +54,18 @@ def test_a_program_with_every_kernel_kind_runs():
   got = evaluate(outs, {a: av, b: bv}, engine="c")
   want = evaluate(outs, {a: av, b: bv}, engine="numpy")
   for g, w in zip(got, want): np.testing.assert_allclose(g, w, rtol=1e-5)
+
+
+@needs_c
+def test_vm_limits_come_from_the_c_table():
+  """The VM's limits (dims, sizes, registers) are csrc/tables.h's, read through cffi: Python's VM_MAXDIM is the
+  number vm.c enforces (a kernel of that many dims is accepted, one more is refused)."""
+  from pygrad.engine import lower, program, vmlib
+  c = TAB["consts"]
+  assert (lower.VM_MAXDIM, lower.VM_MAXSIZE, lower.VM_MAXREGS, lower.VM_MAXREGFILE) == \
+    (c["VM_MAXDIM"][0], c["VM_MAXSIZE"][0], c["VM_MAXREGS"][0], c["VM_MAXREGFILE"][0])
+  head = [program._MAGIC, program._VERSION, 0, 0, 1]
+  def kernel(nd): return [lower.VK_LOOP, nd, 1, 0, 0, 0, 0, *([1] * nd), 1, dtypes.float32.id, 0, 0, 0, 0]
+  vmlib.prepare(head + kernel(lower.VM_MAXDIM))
+  with pytest.raises(ValueError, match="ndim out of range"):
+    vmlib.prepare(head + kernel(lower.VM_MAXDIM + 1))

@@ -205,6 +205,21 @@ def test_construction_errors(case):
   assert name in str(e.value), str(e.value)
 
 
+def test_alu_ops_take_no_arg():
+  """SPEC section 2: the ALU ops, CAST and BITCAST take no arg; one given was silently kept on the node (a distinct
+  node computing the same value). Both cores, by UOp(...) and by pygrad.build's table."""
+  x, c = ph(2, 3), ph(2, 3, dtype=BOOL)
+  for op, src, dt, arg in ((Ops.SIN, (x,), None, 0), (Ops.CAST, (x,), I32, "i"), (Ops.BITCAST, (x,), I32, 1.0),
+                           (Ops.ADD, (x, x), None, 5), (Ops.CMPLT, (x, x), None, (1,)), (Ops.WHERE, (c, x, x), None, 0),
+                           (Ops.MUL, (x, x), None, False)):
+    with pytest.raises(ValueError, match=f"{op.name}: takes no arg"):
+      UOp(op, dt, src, arg)
+    assert UOp(op, dt, src).arg is None
+  with pytest.raises(ValueError, match="ADD: takes no arg"):
+    pygrad.build(np.array([int(Ops.BUFFER), int(Ops.ADD)]), np.array([F32.id] * 2), np.array([[-1, -1], [0, 0]]),
+                 [x.arg, 7])
+
+
 def test_errors_name_the_operands():
   x, y = ph(2, 3), ph(3, 2, dtype=I32)
   with pytest.raises((ValueError, TypeError)) as e:

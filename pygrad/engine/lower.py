@@ -23,7 +23,9 @@ VK_LOOP, VK_GEMM = value("vm_kinds", "LOOP"), value("vm_kinds", "GEMM")
 VR = {None: value("vm_redops", "NONE"), Ops.ADD: value("vm_redops", "ADD"), Ops.MAX: value("vm_redops", "MAX"),
       Ops.MUL: value("vm_redops", "MUL")}
 VR_DOT = value("vm_redops", "DOT")  # a row's sum of products, without the product tile
-VM_MAXDIM = 16  # csrc/vm.h: the most dims a VM kernel's index space may have (tests/test_vm_contract.py checks)
+# the VM's limits (csrc/tables.h): dims of an index space, its elements, registers of one kernel and their bytes
+VM_MAXDIM, VM_MAXSIZE = value("consts", "VM_MAXDIM"), value("consts", "VM_MAXSIZE")
+VM_MAXREGS, VM_MAXREGFILE = value("consts", "VM_MAXREGS"), value("consts", "VM_MAXREGFILE")
 TILE, TILE_REDUCE = 4096, 8192  # elements per tile: registers of a fused group stay in L1/L2
 _CMP = (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ)
 _OPC = {op: OPCODES[op.name] for op in Ops if op.name in OPCODES}
@@ -178,7 +180,8 @@ class Regs(NamedTuple):
 
 def allocate(kn: list[KNode], live: set[KNode], tops: list[KNode], sp: Space) -> Regs:
   """Loads first (one register each, in kernel order), then each ALU node's result, reusing the register of an
-  operand that dies there (not SIN's: its kernel reads the operand after writing). Free registers are kept per
+  operand that dies there (every VM kernel is safe in place: it reads an element before writing that element, and
+  a register is only reused for its own compute type, so element sizes agree). Free registers are kept per
   (dtype, scalarity) on stacks, so allocation is linear in the kernel's size."""
   regs: list[tuple[int, int]] = []
   free: dict[tuple[int, int], list[int]] = {}
@@ -198,11 +201,10 @@ def allocate(kn: list[KNode], live: set[KNode], tops: list[KNode], sp: Space) ->
   for k in kn:
     if k.is_load or k not in live: continue
     sc = all(scalar[s] for s in k.src)
-    if k.op is not Ops.SIN or k.opcode is not None:
-      for s in dict.fromkeys(k.src):  # operands dying here free their registers first: the result may reuse one
-        if last.get(s) is k and s not in pinned and not s.is_load:
-          rs = reg_of[s]
-          free.setdefault(regs[rs], []).append(rs)
+    for s in dict.fromkeys(k.src):  # operands dying here free their registers first: the result may reuse one
+      if last.get(s) is k and s not in pinned and not s.is_load:
+        rs = reg_of[s]
+        free.setdefault(regs[rs], []).append(rs)
     ct = (dtypes.bool if k.op in _CMP and k.opcode is None else compute_dtype(k.dtype)).id
     fl = free.get((ct, sc))
     if fl: r = fl.pop()
@@ -264,9 +266,20 @@ def emit(loop: Loop, sp: Space, kn: list[KNode], tops: list[KNode], live: set[KN
   return words
 
 
+def regfile_fits(words: list[int]) -> bool:
+  """Whether a VK_LOOP kernel's registers fit the VM: their count, and one worker's register file as
+  csrc/tables.h's PG_VM_MAXREGFILE counts it."""
+  nd, T = words[1], words[2]
+  nregs = words[7 + nd]
+  if nregs > VM_MAXREGS: return False
+  nsc = sum(words[9 + nd:9 + nd + 2 * nregs:2])  # (compute type, scalar) pairs
+  return 128 + 16 * nregs + 64 * nsc + (T * 8 + 63) // 64 * 64 * (nregs - nsc) <= VM_MAXREGFILE
+
+
 def lower_loop(loop: Loop) -> tuple[list[int] | None, bool]:
-  """(words, is_fused_group) of one kernel; words None when its index space keeps more than VM_MAXDIM dims after
-  simplification (the program runs such a kernel with numpy: engine/npkernel.py)."""
+  """(words, is_fused_group) of one kernel; words None when the VM cannot take it: an index space of more than
+  VM_MAXDIM dims after simplification, or more registers than the VM holds (the program runs such a kernel with
+  numpy: engine/npkernel.py)."""
   sp = index_space(loop)
   if len(sp.shape) > VM_MAXDIM: return None, any(not k.is_load for k in loop.knodes)
   if loop.redop is not None:
@@ -275,7 +288,9 @@ def lower_loop(loop: Loop) -> tuple[list[int] | None, bool]:
   kn, tops = peephole(loop)
   live = live_nodes(kn, tops)
   rg = allocate(kn, live, tops, sp)
-  return emit(loop, sp, kn, tops, live, rg), any(not k.is_load for k in kn)
+  words = emit(loop, sp, kn, tops, live, rg)
+  if not regfile_fits(words): return None, True
+  return words, any(not k.is_load for k in kn)
 
 
-__all__ = ["lower_loop", "pm_peephole", "TILE", "TILE_REDUCE", "VM_MAXDIM"]
+__all__ = ["lower_loop", "regfile_fits", "pm_peephole", "TILE", "TILE_REDUCE", "VM_MAXDIM", "VM_MAXSIZE"]

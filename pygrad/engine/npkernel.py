@@ -1,7 +1,9 @@
 """The fallback for a planned Loop the VM cannot take: an index space of more than VM_MAXDIM dims even after lowering
-merged what it could (a 17-d permute, a reduce over alternate axes, a pad of a 17-d tensor). The kernel runs between
-C segments, as a CALL does, over the same buffers and views, computing with values.alu: the numpy evaluator's
-results. Rare by construction, so plain numpy is fast enough."""
+merged what it could (a 17-d permute, a reduce over alternate axes, a pad of a 17-d tensor), or more live values
+than the VM's register file holds (engine/lower.py's regfile_fits). The kernel runs between C segments, as a CALL
+does, over the same buffers and views, computing with values.alu: the numpy evaluator's results. Rare by
+construction, so plain numpy is fast enough; a value is dropped after its last use, so memory stays that of the
+values live at once."""
 from __future__ import annotations
 import numpy as np
 from .planner import Loop, KNode
@@ -21,10 +23,15 @@ class NumpyKernel:
     """Run the kernel; memory(buf) is the buffer's storage as a flat, typed numpy array."""
     loop = self.loop
     vals: dict[KNode, np.ndarray] = {}
+    last = {s: k for k in loop.knodes if not k.is_load for s in k.src}
+    keep = {st.src for st in loop.stores}
     with np.errstate(all="ignore"):
       for k in loop.knodes:
         if k.is_load: vals[k] = _read(memory(k.buf), k.view).astype(k.dtype.numpy)
-        else: vals[k] = alu(k.op, k.dtype, [vals[s] for s in k.src], k.sdtype)
+        else:
+          vals[k] = alu(k.op, k.dtype, [vals[s] for s in k.src], k.sdtype)
+          for s in k.src:
+            if last[s] is k and s not in keep: vals.pop(s, None)
       for st in loop.stores:
         v = vals[st.src]
         shape = list(loop.shape)

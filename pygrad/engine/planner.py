@@ -15,6 +15,9 @@ from ..dtype import DType, dtypes
 from .flatten import PNode
 from .views import View, apply
 from .values import const_array, input_name, map_nested
+from ..ids import value
+
+VM_MAXSIZE = value("consts", "VM_MAXSIZE")  # csrc/tables.h: bytes of a VM buffer, elements of an index space
 
 _F16, _BF16 = dtypes.float16, dtypes.bfloat16
 _ALU = GroupOp.ALU | {Ops.CAST, Ops.BITCAST}
@@ -33,12 +36,17 @@ def storage_dtype(dt: DType) -> DType:
 
 class Buf:
   """A buffer: kind "arena" (internal, placed by liveness), "input"/"output" (slot index), or "const" (data)."""
-  __slots__ = ("id", "kind", "index", "stype", "shape", "dtype", "data", "offset")
+  __slots__ = ("id", "kind", "index", "stype", "shape", "dtype", "data", "offset", "node")
 
   def __init__(self, bid, kind, stype: DType, shape, dtype: DType, index=-1, data=None):
     self.id, self.kind, self.stype, self.shape, self.dtype, self.index, self.data = bid, kind, stype, shape, dtype, \
       index, data
-    self.offset = 0
+    self.offset, self.node = 0, None  # node: the PNode whose value it holds, for error messages
+
+  def describe(self) -> str:
+    """What the buffer holds, for error messages: the op (when known), dtype and shape."""
+    op = f"{self.node.op.name} " if self.node is not None else ""
+    return f"{op}{self.dtype.name}{list(self.shape)}"
 
   @property
   def nbytes(self) -> int: return math.prod(self.shape) * self.stype.itemsize
@@ -141,12 +149,19 @@ class Planner:
 
   def _out_buf(self, n: PNode) -> Buf:
     b = self._buf("output", storage_dtype(n.dtype), n.shape, n.dtype, index=self.n_out)
+    b.node = n
     self.n_out += 1
     return b
 
   # ---- materialization decisions (bottom-up) ----
   def _visit(self, n: PNode) -> None:
     op = n.op
+    # every value within the VM's bound (an ALU op's is checked with its operands': its shape is one of theirs and
+    # its compute type no wider)
+    if op not in GroupOp.ALU and n.shape and math.prod(n.shape) * max(compute_dtype(n.dtype).itemsize, 1) > \
+       VM_MAXSIZE:
+      raise ValueError(f"the C interpreter takes values of at most 2**{VM_MAXSIZE.bit_length() - 1} bytes: "
+                       f"{op.name} {n.dtype.name}{list(n.shape)} has {math.prod(n.shape):,} elements")
     if op in (Ops.BUFFER, Ops.DEFINE_VAR, Ops.PARAM):
       b = self.input_bufs.get(n.nid)
       if b is None:
@@ -156,6 +171,7 @@ class Planner:
       n.view = (self._const(n), View.contiguous(()))
     elif op is Ops.CALL:
       n.callbufs = [self._buf("arena", compute_dtype(s.dtype), s.shape, s.dtype) for s in n.src]
+      for s, b in zip(n.src, n.callbufs): b.node = s
       self._job(n.idx, lambda n=n: self._emit_call(n))
     elif op is Ops.AFTER:
       n.view = (n.src[0].callbufs[n.arg], View.contiguous(n.shape))
@@ -187,12 +203,14 @@ class Planner:
       b = n.out_slot = self._out_buf(n)
     else:
       b = self._buf("arena", ct, n.shape, n.dtype)
+      b.node = n
     n.buf, n.mat, n.view = b, True, (b, View.contiguous(n.shape))
     self._job(n.idx, lambda n=n: self._emit_root(n))
 
   def _copy_view(self, view, n: PNode, order) -> Buf:
     """A contiguous copy of a view (a RESHAPE the strides cannot express)."""
     b = self._buf("arena", compute_dtype(n.dtype), n.shape, n.dtype)
+    b.node = n
     self._job(order - 0.5, lambda: self._emit_copy(view, n.dtype, b))
     return b
 

@@ -2,7 +2,7 @@
 lower, place buffers by liveness) and `program(*arrays)` runs it with one call into C per segment -- one segment
 unless the graph has CALLs, whose Python kernels run between segments. `evaluate_c` is compile-and-run-once."""
 from __future__ import annotations
-import threading
+import os, threading
 from typing import Any
 import numpy as np
 from ..ops import Ops
@@ -19,6 +19,25 @@ from .values import input_value, round_bfloat16, bindings, map_nested
 
 _MAGIC, _VERSION = value("consts", "VM_MAGIC"), value("consts", "VM_VERSION")
 _ALIGN = 64
+
+
+def _memory_bytes() -> int | None:
+  """This machine's physical memory, or None where the OS does not say (no check then)."""
+  try: return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (AttributeError, ValueError, OSError): return None
+
+
+def _check_memory(arena_bytes: int, bufs: list[Buf]) -> None:
+  """MemoryError, before anything is allocated, when the program's buffers (the arena at its high-water mark and
+  the outputs) exceed the machine's memory: it names the largest of them."""
+  mem = _memory_bytes()
+  if mem is None: return
+  big = [b for b in bufs if b.kind in ("arena", "output")]
+  total = arena_bytes + sum(b.nbytes for b in big if b.kind == "output")
+  if total <= mem: return
+  top = max(big, key=lambda b: b.nbytes)
+  raise MemoryError(f"pygrad VM: the program's buffers need {total:,} bytes, more than this machine's {mem:,}; the "
+                    f"largest is {top.describe()} ({top.nbytes:,} bytes)")
 
 
 def _place(kernels: list, bufs: list[Buf]) -> int:
@@ -84,6 +103,7 @@ class Program:
     self._shaped = pl.outputs
     self._out_bufs = sorted((b for b in pl.bufs if b.kind == "output"), key=lambda b: b.index)
     self.arena_bytes = _place(pl.kernels, pl.bufs)
+    _check_memory(self.arena_bytes, pl.bufs)
     pool, consts = 0, []
     for b in pl.bufs:
       if b.kind == "const":
