@@ -34,6 +34,7 @@ int pg_store_info(pg_store *st, int32_t id, pg_info *out);
 int32_t pg_store_src(pg_store *st, int32_t id, int32_t *out, int32_t cap);
 int pg_store_set_pdata(pg_store *st, int32_t id, int32_t pdata);
 int64_t pg_store_live(pg_store *st);
+int64_t pg_store_id_bound(pg_store *st);
 int pg_store_arg_register(pg_store *st, int32_t aid);
 int64_t pg_store_arg_drain(pg_store *st, int32_t *out, int64_t cap);
 
@@ -111,12 +112,21 @@ const char *pg_table_entry(int32_t table, int32_t i, int64_t *v0, int64_t *v1);
 #define PG_BUILD_DONE 0
 #define PG_BUILD_ASK 1
 typedef struct pg_build pg_build;
-int pg_serial_export(pg_store *st, const int32_t *ids, int64_t n, int32_t *op, int32_t *dtype, int32_t *arg,
-                     int32_t *tag, int32_t *pdata, int32_t *nsrc, pg_ids **src, int64_t *where);
+/* a node table: n rows (store ids and columns; arg, tag and pdata as 1-based numbers into args, the nargs distinct
+   ids in order of first use) and the rows' sources, m in all, as rows */
+typedef struct pg_table {
+  int64_t n, m, nargs;
+  int32_t *ids, *op, *dtype, *arg, *tag, *pdata, *nsrc, *src, *args;
+} pg_table;
+int pg_serial_table(pg_store *st, const int32_t *roots, int32_t nroots, int32_t *pos, int64_t npos, int64_t base,
+                    pg_table **out);
+void pg_serial_table_free(pg_table *t);
 pg_build *pg_serial_build_new(pg_store *st, int64_t n, const int32_t *op, const int32_t *dtype, const int64_t *start,
-                                const int32_t *src, const int32_t *arg, const int32_t *tag, const int32_t *pdata,
-                                const uint8_t *flags, int32_t nops, int32_t ndtypes, int *err, int64_t *where);
+                              const int32_t *src, const int32_t *arg, const int32_t *tag, const int32_t *pdata,
+                              const int32_t *given, int64_t ngiven, const int32_t *known, const uint8_t *flags,
+                              int32_t nops, int32_t ndtypes, int *err, int64_t *where);
 int pg_serial_build_run(pg_build *b, int64_t *pos);
 int pg_serial_build_set(pg_build *b, int32_t id);
 int32_t pg_serial_build_id(const pg_build *b, int64_t i);
+int pg_serial_build_ids(const pg_build *b, int32_t *out, int64_t n);
 void pg_serial_build_delete(pg_build *b);

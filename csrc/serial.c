@@ -1,8 +1,8 @@
-/* serial.c: graphs as tables, one C call each way. Export turns a toposorted list of live nodes into columns
-   (op, dtype, arg, tag, pdata, source count, sources as table positions); the bulk builder makes the nodes of
-   such a table (pygrad.build, pygrad.loads). Shape/device inference and validation stay in Python: the builder
-   caches, per signature (op, dtype, arg, and each source's dtype and meta), the meta Python inferred for the
-   first node with that signature, and stops to ask Python for every signature it has not seen. */
+/* serial.c: graphs as tables, one C call each way. Export walks the graph under some roots into columns (op,
+   dtype, arg, tag, pdata, source count, sources as table rows), optionally continuing a table; the bulk builder
+   makes the nodes of such a table (pygrad.build, pygrad.loads). Shape/device inference and validation stay in
+   Python: the builder caches, per signature (op, dtype, arg, and each source's dtype and meta), the meta Python
+   inferred for the first node with that signature, and stops to ask Python for every signature it has not seen. */
 #include <stdlib.h>
 #include <string.h>
 #include "store_impl.h"
@@ -10,62 +10,178 @@
 #define FLAG_CACHE 1  /* the op's result depends only on the signature */
 #define FLAG_ASK 2    /* the op's result depends on more (a FUNCTION body, a CALL): Python makes every one */
 
-/* the table columns of nodes ids[0..n), which must be live and closed under sources in topological order */
-int pg_serial_export(pg_store *st, const int32_t *ids, int64_t n, int32_t *op, int32_t *dtype, int32_t *arg,
-                     int32_t *tag, int32_t *pdata, int32_t *nsrc, pg_ids **src, int64_t *where) {
-  int32_t *pos = NULL, *flat = NULL;
-  int64_t i, m = 0, cap = 0;
-  int r = 0;
-  *where = -1;
-  if (n < 0 || (n > 0 && (!ids || !op || !dtype || !arg || !tag || !pdata || !nsrc)) || !src) return PG_ERR_ARG;
+/* free a table pg_serial_table made */
+void pg_serial_table_free(pg_table *t) {
+  if (!t) return;
+  free(t->ids);
+  free(t->op);
+  free(t->dtype);
+  free(t->arg);
+  free(t->tag);
+  free(t->pdata);
+  free(t->nsrc);
+  free(t->src);
+  free(t->args);
+  free(t);
+}
+
+/* number the arg, tag and pdata ids of rows [0, n) in order of first use (row by row: arg, tag, pdata) 1, 2, ...,
+   replacing each column entry by its number (0 stays 0) and listing the ids in t->args: the table's own arg table,
+   in O(n) (an open-addressing map over the ids used, not over the store's whole id range) */
+static int table_number_args(pg_table *t, int64_t n) {
+  uint64_t cap = 16, mask, h;
+  int64_t i, na = 0;
+  int32_t *key, *val, *cols[3];
+  int c;
+  while (cap < (uint64_t)n * 6 + 16) cap *= 2;  /* at most 3n keys: load <= 1/2 */
+  mask = cap - 1;
+  key = (int32_t *)calloc((size_t)cap, sizeof *key);  /* 0: empty (0 is never numbered) */
+  val = (int32_t *)malloc((size_t)cap * sizeof *val);
+  t->args = (int32_t *)malloc((size_t)(n ? 3 * n : 1) * sizeof *t->args);
+  if (!key || !val || !t->args) {
+    free(key);
+    free(val);
+    return PG_ERR_NOMEM;
+  }
+  cols[0] = t->arg, cols[1] = t->tag, cols[2] = t->pdata;
+  for (i = 0; i < n; i++)
+    for (c = 0; c < 3; c++) {
+      int32_t a = cols[c][i];
+      if (a == 0) continue;
+      h = (((uint64_t)(uint32_t)a * 0x9e3779b97f4a7c15ull) >> 20) & mask;
+      while (key[h] && key[h] != a) h = (h + 1) & mask;
+      if (!key[h]) {
+        key[h] = a;
+        val[h] = (int32_t)++na;
+        t->args[na - 1] = a;
+      }
+      cols[c][i] = val[h];
+    }
+  t->nargs = na;
+  free(key);
+  free(val);
+  return 0;
+}
+
+/* a walk frame: a node and the index of its next source */
+typedef struct tframe { int32_t id, i; } tframe;
+
+/* post-order DFS from the roots, sources left to right (pg_walk_toposort's order with enter_calls), skipping nodes
+   pos lists; each new node gets pos[id] = base + its index in *ids. Returns 0 or an error (then pos is as it was). */
+static int table_walk_locked(pg_store *st, const int32_t *roots, int32_t nroots, int32_t *pos, int64_t npos,
+                             int64_t base, int32_t **ids, int64_t *nids, int64_t *nsrc) {
+  tframe *stk = NULL;
+  int32_t *out = NULL, r;
+  int64_t sp = 0, cap = 0, n = 0, ncap = 0, m = 0, j;
+  int err = 0;
+  for (r = 0; r < nroots && !err; r++) {
+    if (pos[roots[r]] >= 0) continue;
+    sp = 0;
+    if (cap == 0) {
+      cap = 256;
+      if (!(stk = (tframe *)malloc((size_t)cap * sizeof *stk))) { err = PG_ERR_NOMEM; break; }
+    }
+    stk[sp].id = roots[r];
+    stk[sp++].i = 0;
+    while (sp) {
+      tframe *f = &stk[sp - 1];
+      const pg_node *nd = pg_node_at(st, (uint32_t)f->id);
+      if (f->i < nd->nsrc) {
+        int32_t c = pg_node_src(nd)[f->i++];
+        if (c >= npos) { err = PG_ERR_ARG; break; }  /* pos too short (made before the roots: not by a race) */
+        if (pos[c] >= 0) continue;  /* listed before, or in an earlier table */
+        if (sp == cap) {
+          tframe *t = (tframe *)realloc(stk, (size_t)cap * 2 * sizeof *t);
+          if (!t) { err = PG_ERR_NOMEM; break; }
+          stk = t;
+          cap *= 2;
+        }
+        stk[sp].id = c;
+        stk[sp++].i = 0;
+      } else {
+        if (n == ncap) {
+          int64_t c2 = ncap ? ncap * 2 : 1024;
+          int32_t *o = (int32_t *)realloc(out, (size_t)c2 * sizeof *o);
+          if (!o) { err = PG_ERR_NOMEM; break; }
+          out = o;
+          ncap = c2;
+        }
+        if (base + n > INT32_MAX) { err = PG_ERR_ARG; break; }  /* rows are int32 */
+        pos[f->id] = (int32_t)(base + n);
+        out[n++] = f->id;
+        m += nd->nsrc;
+        sp--;
+      }
+    }
+  }
+  free(stk);
+  if (err) {
+    for (j = 0; j < n; j++) pos[out[j]] = -1;
+    free(out);
+    return err;
+  }
+  *ids = out;
+  *nids = n;
+  *nsrc = m;
+  return 0;
+}
+
+/* The nodes under roots that pos (one int32 per node id, npos >= pg_store_id_bound once the roots exist) does not
+   list yet (pos[id] < 0), sources before users, as the rows base, base + 1, ... of a table: pos[id] is set to each
+   new node's row and *out gets the rows' columns, with sources as rows (of this table or earlier ones, through pos)
+   and args, tags and pdata numbered in order of first use (t->args lists their ids). One call exports a whole graph
+   (pos all -1, base 0: the rows are pg_walk_toposort's order); a caller that keeps pos across calls appends to one
+   table without listing a node twice (pickle's shared table). On error pos is as it was. */
+int pg_serial_table(pg_store *st, const int32_t *roots, int32_t nroots, int32_t *pos, int64_t npos, int64_t base,
+                    pg_table **out) {
+  pg_table *t;
+  int32_t r, *ids = NULL;
+  int64_t n = 0, m = 0, i, k = 0;
+  int err = 0;
+  if (!out || nroots < 0 || (nroots > 0 && !roots) || npos < 0 || (npos > 0 && !pos) || base < 0) return PG_ERR_ARG;
+  *out = NULL;
   pg_lock_take(&st->lock);
-  if (n > 0 && !(pos = (int32_t *)malloc((size_t)st->nalloc * sizeof *pos))) r = PG_ERR_NOMEM;
-  if (pos) memset(pos, 0xff, (size_t)st->nalloc * sizeof *pos);  /* -1: not listed (yet) */
-  for (i = 0; r == 0 && i < n; i++) {
-    pg_node *nd = pg_node_live(st, ids[i]);
-    const int32_t *s;
-    int32_t k;
-    if (!nd) { r = PG_ERR_BADID; *where = i; break; }
-    s = pg_node_src(nd);
-    if (m + nd->nsrc > cap) {
-      int64_t c = cap ? cap * 2 : 1024;
-      int32_t *f;
-      while (c < m + nd->nsrc) c *= 2;
-      if (!(f = (int32_t *)realloc(flat, (size_t)c * sizeof *f))) { r = PG_ERR_NOMEM; break; }
-      flat = f;
-      cap = c;
+  for (r = 0; r < nroots && !err; r++)
+    if (!pg_node_live(st, roots[r])) err = PG_ERR_BADID;
+    else if (roots[r] >= npos) err = PG_ERR_ARG;
+  if (!err) err = table_walk_locked(st, roots, nroots, pos, npos, base, &ids, &n, &m);
+  if (!err) {
+    size_t nb = (size_t)(n ? n : 1) * sizeof(int32_t);
+    t = (pg_table *)calloc(1, sizeof *t);
+    if (t) {
+      t->op = (int32_t *)malloc(nb), t->dtype = (int32_t *)malloc(nb), t->arg = (int32_t *)malloc(nb);
+      t->tag = (int32_t *)malloc(nb), t->pdata = (int32_t *)malloc(nb), t->nsrc = (int32_t *)malloc(nb);
+      t->src = (int32_t *)malloc((size_t)(m ? m : 1) * sizeof(int32_t));
+      t->ids = ids;
     }
-    for (k = 0; k < nd->nsrc; k++) {
-      int32_t p = pos[s[k]];
-      if (p < 0) { r = PG_ERR_ARG; break; }  /* a source not listed before its user */
-      flat[m++] = p;
+    if (!t || !t->op || !t->dtype || !t->arg || !t->tag || !t->pdata || !t->nsrc || !t->src) {
+      for (i = 0; i < n; i++) pos[ids[i]] = -1;
+      if (t) pg_serial_table_free(t);
+      else free(ids);
+      err = PG_ERR_NOMEM;
+    } else {
+      for (i = 0; i < n; i++) {
+        const pg_node *nd = pg_node_at(st, (uint32_t)ids[i]);
+        const int32_t *s = pg_node_src(nd);
+        int32_t q;
+        t->op[i] = nd->op;
+        t->dtype[i] = nd->dtype;
+        t->arg[i] = nd->arg;
+        t->tag[i] = nd->tag;
+        t->pdata[i] = nd->pdata;
+        t->nsrc[i] = nd->nsrc;
+        for (q = 0; q < nd->nsrc; q++) t->src[k++] = pos[s[q]];
+      }
+      t->n = n;
+      t->m = m;
+      if ((err = table_number_args(t, n)) != 0) {
+        for (i = 0; i < n; i++) pos[ids[i]] = -1;
+        pg_serial_table_free(t);
+      } else *out = t;
     }
-    if (r) { *where = i; break; }
-    if (pos[ids[i]] != -1) { r = PG_ERR_ARG; *where = i; break; }  /* listed twice */
-    pos[ids[i]] = (int32_t)i;
-    op[i] = nd->op;
-    dtype[i] = nd->dtype;
-    arg[i] = nd->arg;
-    tag[i] = nd->tag;
-    pdata[i] = nd->pdata;
-    nsrc[i] = nd->nsrc;
   }
   pg_lock_drop(&st->lock);
-  free(pos);
-  if (r == 0) {
-    pg_ids *o = (pg_ids *)malloc(sizeof *o);
-    if (!o || (!flat && !(flat = (int32_t *)malloc(sizeof *flat)))) {
-      free(o);
-      r = PG_ERR_NOMEM;
-    } else {
-      o->ids = flat;
-      o->n = m;
-      *src = o;
-      return 0;
-    }
-  }
-  free(flat);
-  return r;
+  return err;
 }
 
 /* the signature cache: open addressing over (hash, offset of the key in the pool) */
@@ -77,8 +193,9 @@ struct pg_build {
   const int32_t *op, *dtype, *arg, *tag, *pdata, *src;
   const int64_t *start;         /* node i's sources are src[start[i] .. start[i + 1]) */
   const uint8_t *flags;         /* per op: FLAG_CACHE, FLAG_ASK, or 0 (not an op) */
+  const int32_t *known;         /* per row the meta Python already inferred (and validated), or -1; or NULL */
   int32_t nops, ndtypes;
-  int32_t *ids, *meta;          /* per made node: its store id (one reference held) and meta */
+  int32_t *ids, *meta, *sdt;    /* per made node: its store id (one reference held), meta and dtype */
   int32_t *pool;                /* cached keys, each followed by its meta */
   int64_t npool, poolcap;
   sigslot *slots;
@@ -97,7 +214,7 @@ static uint64_t sig_hash(const pg_build *b, int64_t i) {
   h = (h ^ (uint32_t)b->arg[i]) * 0xff51afd7ed558ccdull;
   for (j = b->start[i]; j < b->start[i + 1]; j++) {
     int32_t s = b->src[j];
-    h = (h ^ ((uint64_t)(uint32_t)b->dtype[s] << 32 | (uint32_t)b->meta[s])) * 0xc4ceb9fe1a85ec53ull;
+    h = (h ^ ((uint64_t)(uint32_t)b->sdt[s] << 32 | (uint32_t)b->meta[s])) * 0xc4ceb9fe1a85ec53ull;
     h ^= h >> 29;
   }
   h ^= (uint64_t)(b->start[i + 1] - b->start[i]);
@@ -112,7 +229,7 @@ static int sig_equal(const pg_build *b, int64_t k, int64_t i) {
   if (key[0] != b->op[i] || key[1] != b->dtype[i] || key[2] != b->arg[i] || key[3] != ns) return 0;
   for (j = 0; j < ns; j++) {
     int32_t s = b->src[b->start[i] + j];
-    if (key[4 + 2 * j] != b->dtype[s] || key[5 + 2 * j] != b->meta[s]) return 0;
+    if (key[4 + 2 * j] != b->sdt[s] || key[5 + 2 * j] != b->meta[s]) return 0;
   }
   return 1;
 }
@@ -162,7 +279,7 @@ static int sig_add(pg_build *b, int64_t i, int32_t meta) {
   b->pool[at + 3] = (int32_t)ns;
   for (j = 0; j < ns; j++) {
     int32_t s = b->src[b->start[i] + j];
-    b->pool[at + 4 + 2 * j] = b->dtype[s];
+    b->pool[at + 4 + 2 * j] = b->sdt[s];
     b->pool[at + 5 + 2 * j] = b->meta[s];
   }
   b->pool[at + 4 + 2 * ns] = meta;
@@ -199,11 +316,15 @@ static int build_hold_locked(pg_build *b, int64_t upto, int hold, int64_t *where
 }
 
 /* a builder over a node table (the arrays are borrowed: the caller keeps them alive and unchanged until
-   pg_serial_build_delete). Checks every op, dtype and source position (sources must come earlier: no cycles) and holds
-   every arg, tag and pdata id; on error returns NULL with *err set and *where the offending node. */
+   pg_serial_build_delete). The first ngiven rows are the live nodes given[0..ngiven) (their columns are not read but
+   must name no sources and no args): a table that continues another. known (or NULL) is per row the meta Python
+   inferred and validated already (the builder makes such a row without asking), or -1. Checks every op, dtype and
+   source position (sources must come earlier: no cycles) and holds every given node and every arg, tag and pdata
+   id; on error returns NULL with *err set and *where the offending node. */
 pg_build *pg_serial_build_new(pg_store *st, int64_t n, const int32_t *op, const int32_t *dtype, const int64_t *start,
-                       const int32_t *src, const int32_t *arg, const int32_t *tag, const int32_t *pdata,
-                       const uint8_t *flags, int32_t nops, int32_t ndtypes, int *err, int64_t *where) {
+                              const int32_t *src, const int32_t *arg, const int32_t *tag, const int32_t *pdata,
+                              const int32_t *given, int64_t ngiven, const int32_t *known, const uint8_t *flags,
+                              int32_t nops, int32_t ndtypes, int *err, int64_t *where) {
   pg_build *b;
   int64_t i, j, maxs = 0;
   uint64_t k;
@@ -211,9 +332,14 @@ pg_build *pg_serial_build_new(pg_store *st, int64_t n, const int32_t *op, const 
   *err = PG_ERR_ARG;
   if (!st || n < 0 || n > PG_MAX_NODES || !start || !flags || nops <= 0 || ndtypes <= 0) return NULL;
   if (n > 0 && (!op || !dtype || !arg || !tag)) return NULL;
+  if (ngiven < 0 || ngiven > n || (ngiven > 0 && !given)) return NULL;
   if (start[0] != 0 || (start[n] > 0 && !src)) return NULL;
   for (i = 0; i < n; i++) {
     *where = i;
+    if (i < ngiven) {
+      if (start[i + 1] != start[i] || arg[i] || tag[i] || (pdata && pdata[i])) return NULL;
+      continue;
+    }
     if (op[i] < 0 || op[i] >= nops || !flags[op[i]]) return NULL;
     if (dtype[i] < 0 || dtype[i] >= ndtypes) return NULL;
     if (start[i + 1] < start[i] || start[i + 1] - start[i] > INT32_MAX) return NULL;
@@ -228,14 +354,15 @@ pg_build *pg_serial_build_new(pg_store *st, int64_t n, const int32_t *op, const 
   b->st = st;
   b->n = n;
   b->op = op, b->dtype = dtype, b->arg = arg, b->tag = tag, b->pdata = pdata, b->src = src, b->start = start;
-  b->flags = flags, b->nops = nops, b->ndtypes = ndtypes;
+  b->flags = flags, b->nops = nops, b->ndtypes = ndtypes, b->known = known;
   b->ids = (int32_t *)malloc((size_t)(n ? n : 1) * sizeof *b->ids);
   b->meta = (int32_t *)malloc((size_t)(n ? n : 1) * sizeof *b->meta);
+  b->sdt = (int32_t *)malloc((size_t)(n ? n : 1) * sizeof *b->sdt);
   b->tmpcap = maxs ? maxs : 1;
   b->tmp = (int32_t *)malloc((size_t)b->tmpcap * sizeof *b->tmp);
   b->mask = 255;
   b->slots = (sigslot *)malloc((b->mask + 1) * sizeof *b->slots);
-  if (!b->ids || !b->meta || !b->tmp || !b->slots) {
+  if (!b->ids || !b->meta || !b->sdt || !b->tmp || !b->slots) {
     pg_serial_build_delete(b);
     return NULL;
   }
@@ -245,6 +372,19 @@ pg_build *pg_serial_build_new(pg_store *st, int64_t n, const int32_t *op, const 
   if (*err == 0) {
     b->held = 1;
     pg_store_retain_locked(st);
+    for (i = 0; i < ngiven; i++) {  /* the given rows count as made: the builder holds each */
+      pg_node *nd = pg_node_live(st, given[i]);
+      if (!nd || nd->rc == UINT32_MAX) {
+        *err = nd ? PG_ERR_NOMEM : PG_ERR_BADID;
+        *where = i;
+        break;
+      }
+      nd->rc++;
+      b->ids[i] = given[i];
+      b->meta[i] = nd->meta;
+      b->sdt[i] = nd->dtype;
+      b->next = i + 1;
+    }
   }
   pg_lock_drop(&st->lock);
   if (*err) {
@@ -272,15 +412,19 @@ int pg_serial_build_run(pg_build *b, int64_t *pos) {
   while (b->next < b->n) {
     int64_t i = b->next, j, ns = b->start[i + 1] - b->start[i];
     int32_t meta, id;
-    if (b->flags[b->op[i]] & FLAG_ASK) { r = PG_BUILD_ASK; break; }
-    meta = sig_find(b, i, sig_hash(b, i));
-    if (meta < 0) { r = PG_BUILD_ASK; break; }
+    if (b->known && b->known[i] >= 0) meta = b->known[i];
+    else {
+      if (b->flags[b->op[i]] & FLAG_ASK) { r = PG_BUILD_ASK; break; }
+      meta = sig_find(b, i, sig_hash(b, i));
+      if (meta < 0) { r = PG_BUILD_ASK; break; }
+    }
     for (j = 0; j < ns; j++) b->tmp[j] = b->ids[b->src[b->start[i] + j]];
     id = pg_store_make_locked(st, b->op[i], b->dtype[i], b->tmp, (int32_t)ns, b->arg[i], b->tag[i], meta);
     if (id < 0) { r = id; break; }
     build_pdata_locked(b, pg_node_at(st, (uint32_t)id), i);
     b->ids[i] = id;
     b->meta[i] = meta;
+    b->sdt[i] = b->dtype[i];
     b->next = i + 1;
   }
   pg_lock_drop(&st->lock);
@@ -305,6 +449,7 @@ int pg_serial_build_set(pg_build *b, int32_t id) {
     build_pdata_locked(b, nd, i);
     b->ids[i] = id;
     b->meta[i] = nd->meta;
+    b->sdt[i] = nd->dtype;
     b->next = i + 1;
     if (b->flags[b->op[i]] & FLAG_CACHE) r = sig_add(b, i, nd->meta);
   }
@@ -316,6 +461,13 @@ int pg_serial_build_set(pg_build *b, int32_t id) {
 int32_t pg_serial_build_id(const pg_build *b, int64_t i) {
   if (i < 0 || i >= b->next) return PG_ERR_ARG;
   return b->ids[i];
+}
+
+/* copy the store ids of made nodes [0, n) to out (n at most the number made); returns 0 or PG_ERR_ARG */
+int pg_serial_build_ids(const pg_build *b, int32_t *out, int64_t n) {
+  if (n < 0 || n > b->next || (n > 0 && !out)) return PG_ERR_ARG;
+  if (n) memcpy(out, b->ids, (size_t)n * sizeof *out);
+  return 0;
 }
 
 /* drop the builder's references and holds (nodes no one else holds are freed) and free it */
@@ -331,6 +483,7 @@ void pg_serial_build_delete(pg_build *b) {
   }
   free(b->ids);
   free(b->meta);
+  free(b->sdt);
   free(b->pool);
   free(b->slots);
   free(b->tmp);

@@ -429,6 +429,15 @@ int64_t pg_store_live(pg_store *st) {
   return r;
 }
 
+/* one past the largest id handed out so far: every live id is below it */
+int64_t pg_store_id_bound(pg_store *st) {
+  int64_t r;
+  pg_lock_take(&st->lock);
+  r = st->nalloc;
+  pg_lock_drop(&st->lock);
+  return r;
+}
+
 /* grow the count array (and its queue, so releasing never allocates) to hold ids below need */
 static int args_grow(pg_store *st, int32_t need) {
   int64_t cap = st->argcap ? st->argcap : 64;

@@ -11,23 +11,31 @@ exists. Nothing here recurses on graph depth or on the nesting of args.
 Callables (a CALL's `fxn`, `grad_fxn`) are written as (module, qualified name) and resolved on load from modules
 already imported; `loads(..., allow_import=True)` may import the named modules, and nothing else ever runs code.
 A callable that cannot be found by its name (a lambda, a local function) is refused when saving: pickle carries
-those (pickle writes them with its own machinery, which users know runs code on load)."""
+those (pickle writes them with its own machinery, which users know runs code on load).
+
+Pickle writes one node table per pickling call, however many UOps (and Walks, and compiled Programs) the pickled
+structure holds: see the pickle section below."""
 from __future__ import annotations
-import importlib, os, struct, sys, zlib
+import importlib, os, struct, sys, threading, weakref, zlib
 import numpy as np
-from .ops import Ops
+from .ops import Ops, GroupOp
 from .dtype import DType, BY_ID
 from .core import CORE, ArgGone
-from .intern import ARGS
+from .intern import ARGS, META
+from .shapes import INFER
 from .uop import UOp, Walk, CallInfo, Metadata, handle
 
 MAGIC = b"PYGRAD\x00G"
 VERSION = 1
-_HEAD = struct.Struct("<8sIIQQQQQBB6x")  # magic, version, flags, nargs, argbytes, n, nsrc, nroots, srcw, argw
+# magic, version, flags, nargs, argbytes, n, nsrc, nroots, srcw, argw, and ngiven: rows before the stored ones that the
+# loader supplies (a piece of pickle's shared table continues the pieces before it; 0 in every file dumps writes)
+_HEAD = struct.Struct("<8sIIQQQQQBBxxI")
 _F_SINGLE = 1                           # flags: one UOp was saved (loads returns it, not a list)
 _NOPS, _NDT = len(Ops), len(BY_ID)
 _ASK = frozenset({Ops.GETTUPLE, Ops.FUNCTION, Ops.CALL, Ops.AFTER})  # inference reads more than the signature
 _FLAGS = np.array([2 if o in _ASK else 1 for o in Ops], np.uint8)
+_IS_LEAF = np.array([o in GroupOp.Leaf for o in Ops], bool)
+_OPS = tuple(Ops)
 _MAX_BIGINT = 1 << 16                   # bytes of one integer arg
 _MAX_NEST = 100                         # tuples in tuples: interning compares args recursively, so bound it
 _I64 = (-(1 << 63), (1 << 63) - 1)
@@ -208,29 +216,62 @@ def _as_roots(roots) -> tuple[list[UOp], bool]:
   return roots, False
 
 
+def _fresh_pos(pos: np.ndarray | None = None) -> np.ndarray:
+  """A row per node id (-1: not in the table) covering every id handed out so far; pos's rows kept, if given."""
+  bound = max(CORE.id_bound(), 1)
+  if pos is not None and len(pos) >= bound: return pos
+  new = np.full(bound if pos is None else max(bound, 2 * len(pos)), -1, np.int32)
+  if pos is not None: new[:len(pos)] = pos
+  return new
+
+
+def _table(root_ids: list[int], pos: np.ndarray, base: int):
+  """(ids, op, dtype, arg, tag, pdata, nsrc, src, args) of the nodes under root_ids that pos does not list yet,
+  sources before users (CORE.toposort's order), as the rows base, base + 1, ...: int32 columns, sources as rows
+  through pos (which gets the new rows), arg/tag/pdata as 1-based numbers into args, their distinct interned ids in
+  order of first use (0: none). With pos all -1 and base 0 that is the whole graph."""
+  if CORE.name == "c":
+    from .core.ccore import ffi, lib
+    out = ffi.new("pg_table **")
+    r = lib.pg_serial_table(CORE._st, ffi.new("int32_t[]", root_ids), len(root_ids),
+                            ffi.from_buffer("int32_t[]", pos), len(pos), base, out)
+    if r == lib.PG_ERR_NOMEM: raise MemoryError("pygrad: out of memory exporting a graph")
+    if r: raise RuntimeError(f"pygrad: export failed ({r})")
+    t = ffi.gc(out[0], lib.pg_serial_table_free)
+    col = lambda p, k: np.frombuffer(ffi.buffer(p, k * 4), np.int32).copy()  # noqa: E731
+    n, m = int(t.n), int(t.m)
+    return (col(t.ids, n), col(t.op, n), col(t.dtype, n), col(t.arg, n), col(t.tag, n), col(t.pdata, n),
+            col(t.nsrc, n), col(t.src, m), col(t.args, int(t.nargs)))
+  new: list[int] = []  # the pure core: PyCore.toposort's walk, skipping the nodes pos lists
+  for root in root_ids:
+    stack = [(root, False)]
+    while stack:
+      nid, leaving = stack.pop()
+      if pos[nid] >= 0: continue
+      if leaving:
+        pos[nid] = base + len(new)
+        new.append(nid)
+        continue
+      stack.append((nid, True))
+      stack.extend((x, False) for x in reversed(CORE.src(nid)))
+  n = len(new)
+  info = [CORE.info(nid) for nid in new]
+  number: dict[int, int] = {}
+  for x in info:  # args numbered in order of first use, row by row: arg, tag, pdata (as serial.c numbers them)
+    for a in (x[3], x[4], x[6]):
+      if a and a not in number: number[a] = len(number) + 1
+  number[0] = 0
+  cols = [np.array([x[k] if k < 3 else number[x[k]] for x in info], np.int32).reshape(n) for k in (0, 1, 3, 4, 6, 2)]
+  src = pos[np.array([s for nid in new for s in CORE.src(nid)], np.int64)].astype(np.int32)
+  return (np.array(new, np.int32).reshape(n), *cols, src, np.array(list(number)[:-1], np.int32))
+
+
 def export(roots: list[UOp]):
   """(ids, op, dtype, arg, tag, pdata, nsrc, src) of every node under roots in toposort order: int32 columns, the
   sources as table positions, args as interned ids."""
-  ids = CORE.toposort([r._id for r in roots], True)
-  n = len(ids)
-  if CORE.name == "c":
-    from .core.ccore import ffi, lib
-    ida = np.asarray(ids, np.int32)
-    cols = [np.empty(n, np.int32) for _ in range(6)]
-    out, where = ffi.new("pg_ids **"), ffi.new("int64_t *")
-    r = lib.pg_serial_export(CORE._st, ffi.from_buffer("int32_t[]", ida), n,
-                             *[ffi.from_buffer("int32_t[]", c) for c in cols], out, where)
-    if r: raise RuntimeError(f"pygrad: export failed ({r}) at row {where[0]}")
-    p = ffi.gc(out[0], lib.pg_ids_free)
-    src = np.frombuffer(ffi.buffer(p.ids, p.n * 4), np.int32).copy() if p.n else np.zeros(0, np.int32)
-    return (ida, *cols, src)
-  pos = {nid: i for i, nid in enumerate(ids)}
-  info = [CORE.info(nid) for nid in ids]
-  srcs = [CORE.src(nid) for nid in ids]
-  cols = [np.array([x[k] for x in info], np.int32).reshape(n) for k in (0, 1, 3, 4, 6)]
-  nsrc = np.array([len(s) for s in srcs], np.int32).reshape(n)
-  src = np.array([pos[s] for ss in srcs for s in ss], np.int32)
-  return (np.array(list(ids), np.int32).reshape(n), *cols, nsrc, src)
+  ids, op, dt, arg, tag, pdata, nsrc, src, args = _table([r._id for r in roots], _fresh_pos(), 0)
+  full = np.concatenate([np.zeros(1, np.int32), args])
+  return ids, op, dt, full[arg], full[tag], full[pdata], nsrc, src
 
 
 # ---- building ----
@@ -245,15 +286,19 @@ def _intern_all(objs: list) -> np.ndarray:
   return np.array([0] + [ARGS.get(o) for o in objs], np.int32)
 
 
-def _build(op, dt, start, src, argref, tagref, pdref, objs: list, roots) -> list[UOp]:
-  """The nodes of a checked table whose arg columns are 1-based references into objs (0: none)."""
+def _build(op, dt, start, src, argref, tagref, pdref, objs: list, roots, given=None):
+  """The nodes of a checked table whose arg columns are 1-based references into objs (0: none): the roots, as UOps.
+  given: the ids of live nodes that are the table's first rows (their columns are zeros); then also the ids of the
+  other rows, as an int32 array."""
   n = len(op)
   for _ in range(64):  # an interned id may be drained between interning and the builder's hold: intern again
     ids = _intern_all(objs)
     try:
-      if CORE.name == "c": return _build_c(op, dt, start, src, ids[argref], ids[tagref],
-                                           None if pdref is None else ids[pdref], objs, argref, tagref, roots)
-      return _build_py(op, dt, start, src, argref, tagref, pdref, objs, ids, roots)
+      if CORE.name == "c":
+        known = _leaf_metas(op, dt, start, argref, objs, 0 if given is None else len(given))
+        return _build_c(op, dt, start, src, ids[argref], ids[tagref], None if pdref is None else ids[pdref], objs,
+                        argref, tagref, roots, given, known)
+      return _build_py(op, dt, start, src, argref, tagref, pdref, objs, ids, roots, given)
     except ArgGone:
       with ARGS.lock: pass  # a concurrent drain finishes forgetting what it marked gone
   raise RuntimeError(f"pygrad.build: args kept being released while building {n} nodes")
@@ -273,12 +318,39 @@ def _ask(i: int, op, dt, start, src, argref, tagref, objs, made) -> UOp:
   return u
 
 
-def _build_c(op, dt, start, src, arg, tag, pdata, objs, argref, tagref, roots) -> list[UOp]:
+def _leaf_metas(op, dt, start, argref, objs, first: int):
+  """Per row the meta (interned shape and device) of a row without sources of a leaf op (BUFFER, CONST,
+  DEFINE_VAR, ...), inferred and validated once per distinct (op, dtype, arg) as UOp(...) would; -1 for other rows
+  (and for the first rows, which are given); None if there are none. Each distinct leaf is then no stop in the
+  builder (BUFFERs and CONSTs are the graph's distinct signatures: otherwise each would be a call back to Python)."""
+  rows = np.flatnonzero(_IS_LEAF[op] & (start[1:] == start[:-1]))
+  rows = rows[rows >= first]
+  if len(rows) == 0: return None
+  key = (argref[rows].astype(np.int64) << 16) | (op[rows].astype(np.int64) << 8) | dt[rows]
+  _, idx, inv = np.unique(key, return_index=True, return_inverse=True)
+  metas = np.empty(len(idx), np.int32)
+  meta_ids = META.ids
+  for k in np.argsort(idx):  # in row order, so an error names the first bad row
+    i = int(rows[idx[k]])
+    o, d, a = _OPS[op[i]], BY_ID[int(dt[i])], int(argref[i])
+    try: got, shape, dev = INFER[o](o, d, (), objs[a - 1] if a else None)
+    except (TypeError, ValueError) as e: raise ValueError(f"node {i}: {e}") from None
+    if got is not d: raise ValueError(f"node {i}: {o.name} has dtype {got.name}, the table says {d.name}")
+    m = meta_ids.get((shape, dev))
+    metas[k] = META.get(shape, dev) if m is None else m
+  known = np.full(len(op), -1, np.int32)
+  known[rows] = metas[inv.reshape(-1)]
+  return known
+
+
+def _build_c(op, dt, start, src, arg, tag, pdata, objs, argref, tagref, roots, given, known):
   from .core.ccore import ffi, lib
   i32 = lambda a: ffi.from_buffer("int32_t[]", a)  # noqa: E731
   err, where, pos = ffi.new("int *"), ffi.new("int64_t *"), ffi.new("int64_t *")
+  ng = 0 if given is None else len(given)
   b = lib.pg_serial_build_new(CORE._st, len(op), i32(op), i32(dt), ffi.from_buffer("int64_t[]", start), i32(src),
                               i32(arg), i32(tag), ffi.NULL if pdata is None else i32(pdata),
+                              i32(given) if ng else ffi.NULL, ng, ffi.NULL if known is None else i32(known),
                               ffi.from_buffer("uint8_t[]", _FLAGS), _NOPS, _NDT, err, where)
   if b == ffi.NULL:
     if err[0] == lib.PG_ERR_ARG_GONE: raise ArgGone()
@@ -298,18 +370,25 @@ def _build_c(op, dt, start, src, arg, tag, pdata, objs, argref, tagref, roots) -
     if r: raise MemoryError("pygrad.build: out of memory") if r == lib.PG_ERR_NOMEM else \
       RuntimeError(f"pygrad.build: core error {r} at row {pos[0]}")
   out = [made(int(i)) for i in roots]
-  ffi.release(b)  # the table's references go now; the roots' handles keep what they reach
+  if given is not None:
+    every = np.empty(len(op), np.int32)
+    if lib.pg_serial_build_ids(b, ffi.from_buffer("int32_t[]", every), len(op)): raise RuntimeError("pygrad.build")
+    ffi.release(b)  # the table's references go now; the roots' handles keep what they reach
+    return out, every[ng:]
+  ffi.release(b)
   return out
 
 
-def _build_py(op, dt, start, src, argref, tagref, pdref, objs, ids, roots) -> list[UOp]:
-  made: list[UOp] = []
-  for i in range(len(op)):
+def _build_py(op, dt, start, src, argref, tagref, pdref, objs, ids, roots, given):
+  made: list[UOp] = [] if given is None else [handle(int(g)) for g in given]
+  for i in range(len(made), len(op)):
     u = _ask(i, op, dt, start, src, argref, tagref, objs, made.__getitem__)
     p = int(pdref[i]) if pdref is not None else 0
     if p and not CORE.info(u._id)[6]: CORE.set_pdata(u._id, int(ids[p]))
     made.append(u)
-  return [made[int(i)] for i in roots]
+  out = [made[int(i)] for i in roots]
+  if given is None: return out
+  return out, np.array([u._id for u in made[len(given):]], np.int32)
 
 
 def _int_col(a, n: int, name: str, lo: int, hi: int) -> np.ndarray:
@@ -395,32 +474,35 @@ def _rows_of(table: np.ndarray, ids) -> np.ndarray:
   return order[np.searchsorted(table, want, sorter=order)]
 
 
-def dumps(roots, _externals=None) -> bytes:
+def dumps(roots) -> bytes:
   """The graph under roots (a UOp or a sequence of UOps) as bytes: see the module docstring for the format."""
   rl, single = _as_roots(roots)
-  ids, op, dt, arg, tag, pdata, nsrc, src = export(rl)
-  n = len(ids)
-  used = np.stack([arg, tag, pdata], 1).ravel()
-  used = used[used != 0]
-  uniq, first = np.unique(used, return_index=True)
-  order = np.argsort(first, kind="stable")  # args in order of first use: the bytes do not depend on interning ids
-  rank = np.empty(len(uniq), np.int64)
-  rank[order] = np.arange(1, len(uniq) + 1)
-  objs = [ARGS.objs[int(a)] for a in uniq[order]]
-  ref = lambda col: np.where(col == 0, 0, rank[np.searchsorted(uniq, col)] if len(uniq) else 0)  # noqa: E731
-  argb = _encode_args(objs, _externals)
-  argw = _width(len(uniq))
-  rows = np.repeat(np.arange(n, dtype=np.int64), nsrc)
+  pos = _fresh_pos()
+  cols = _table([r._id for r in rl], pos, 0)
+  return _encode(cols[1:], pos[np.array([r._id for r in rl], np.int64)], single, 0, None)
+
+
+def _encode(cols, root_rows, single: bool, ngiven: int, externals) -> bytes:
+  """The bytes of a table (op, dtype, arg, tag, pdata, nsrc, src, args) whose first ngiven rows are not stored (the
+  loader supplies them): its columns are the other rows, and sources and roots are rows counting the given ones.
+  Args are numbered in order of first use, so the bytes do not depend on interning ids."""
+  op, dt, arg, tag, pdata, nsrc, src, args = cols
+  n = len(op)
+  objs = [ARGS.objs[a] for a in args.tolist()]
+  argb = _encode_args(objs, externals)
+  argw = _width(len(objs))
+  rows = np.repeat(np.arange(ngiven, ngiven + n, dtype=np.int64), nsrc)
   delta = rows - src
   srcw = _width(int(delta.max()) if len(delta) else 0)
   big = nsrc >= 255
   side = np.nonzero((tag != 0) | (pdata != 0))[0]
-  head = _HEAD.pack(MAGIC, VERSION, _F_SINGLE if single else 0, len(objs), len(argb), n, len(src), len(rl), srcw, argw)
+  head = _HEAD.pack(MAGIC, VERSION, _F_SINGLE if single else 0, len(objs), len(argb), n, len(src), len(root_rows),
+                    srcw, argw, ngiven)
   parts = [head, argb, op.astype(np.uint8).tobytes(), dt.astype(np.uint8).tobytes(),
            np.minimum(nsrc, 255).astype(np.uint8).tobytes(), nsrc[big].astype("<u4").tobytes(),
-           ref(arg).astype(_UTYPE[argw]).tobytes(), delta.astype(_UTYPE[srcw]).tobytes(),
-           _rows_of(ids, [r._id for r in rl]).astype("<u4").tobytes(), _U32.pack(len(side)),
-           np.stack([side, ref(tag[side]), ref(pdata[side])], 1).astype("<u4").tobytes()]
+           arg.astype(_UTYPE[argw]).tobytes(), delta.astype(_UTYPE[srcw]).tobytes(),
+           np.asarray(root_rows).astype("<u4").tobytes(), _U32.pack(len(side)),
+           np.stack([side, tag[side], pdata[side]], 1).astype("<u4").tobytes()]
   body = b"".join(parts)
   return body + _U32.pack(zlib.crc32(body))
 
@@ -431,25 +513,34 @@ def _col(r: _Reader, k: int, dtype, what: str) -> np.ndarray:
   return np.frombuffer(r.take(k * dtype.itemsize, what), dtype)
 
 
-def loads(data, allow_import: bool = False, _externals=None):
+def loads(data, allow_import: bool = False):
   """The graph `dumps` wrote: a UOp if one was saved, else a list of UOps. Bad bytes raise ValueError.
   allow_import: let loading import the modules that saved callables name (otherwise they must be imported)."""
+  return _decode(data, allow_import, None, None)
+
+
+def _decode(data, allow_import: bool, externals, given):
+  """loads, for a table whose first rows are the live nodes given (an int32 array of ids; then the result is
+  (roots, the ids of the stored rows)), with callables written as indices into externals (pickle's)."""
   mv = memoryview(data).cast("B")
   if len(mv) < _HEAD.size + 4: raise ValueError(f"pygrad.loads: {len(mv)} bytes is too short for a pygrad graph")
-  magic, ver, flags, nargs, argbytes, n, m, nroots, srcw, argw = _HEAD.unpack_from(mv, 0)
+  magic, ver, flags, nargs, argbytes, n, m, nroots, srcw, argw, ng = _HEAD.unpack_from(mv, 0)
   if magic != MAGIC: raise ValueError("pygrad.loads: not a pygrad graph (bad magic)")
   if ver != VERSION: raise ValueError(f"pygrad.loads: format version {ver}, this pygrad reads version {VERSION}")
   end = len(mv) - 4
   if zlib.crc32(mv[:end]) != _U32.unpack_from(mv, end)[0]: raise ValueError("pygrad.loads: checksum mismatch")
   if flags & ~_F_SINGLE or srcw not in _UTYPE or argw not in _UTYPE:
     raise ValueError(f"pygrad.loads: bad header (flags {flags}, widths {srcw}/{argw})")
+  if ng != (0 if given is None else len(given)):
+    if given is None: raise ValueError("pygrad.loads: this graph continues another one (a piece of a pickle)")
+    raise ValueError(f"pygrad.loads: a piece continuing {ng} rows was given {len(given)}")
   room = end - _HEAD.size
-  if argbytes > room or nargs > argbytes or n > room // 3 or m > room or nroots > room // 4 or n >= 1 << 31:
+  if argbytes > room or nargs > argbytes or n > room // 3 or m > room or nroots > room // 4 or ng + n >= 1 << 31:
     raise ValueError(f"pygrad.loads: counts larger than the data (args {nargs}, nodes {n}, sources {m}, roots "
                      f"{nroots})")
   if (flags & _F_SINGLE) and nroots != 1: raise ValueError("pygrad.loads: a single-root graph with {nroots} roots")
   r = _Reader(mv, _HEAD.size, _HEAD.size + argbytes)
-  objs = _decode_args(r, nargs, _externals, allow_import)
+  objs = _decode_args(r, nargs, externals, allow_import)
   if r.p != r.end: raise ValueError("pygrad.loads: arg table size does not match its contents")
   r.end = end
   op = _col(r, n, np.uint8, "ops").astype(np.int32)
@@ -467,11 +558,10 @@ def loads(data, allow_import: bool = False, _externals=None):
   if (op >= _NOPS).any(): raise ValueError(f"pygrad.loads: unknown op {int(op[op >= _NOPS][0])}")
   if (dt >= _NDT).any(): raise ValueError(f"pygrad.loads: unknown dtype {int(dt[dt >= _NDT][0])}")
   if (argref > nargs).any(): raise ValueError("pygrad.loads: an arg reference is outside the arg table")
-  start = _starts(ns)
-  src = np.repeat(np.arange(n, dtype=np.int64), ns) - delta
+  src = np.repeat(np.arange(ng, ng + n, dtype=np.int64), ns) - delta
   if m and (src < 0).any(): raise ValueError("pygrad.loads: a source reference points before the first node")
   if (delta == 0).any(): raise ValueError("pygrad.loads: a node is its own source (a cycle)")
-  if len(rts) and rts.max() >= n: raise ValueError("pygrad.loads: a root is outside the node table")
+  if len(rts) and rts.max() >= ng + n: raise ValueError("pygrad.loads: a root is outside the node table")
   tagref, pdref = np.zeros(n, np.int32), np.zeros(n, np.int32)
   if nside:
     rows, tg, pd = side[:, 0], side[:, 1], side[:, 2]
@@ -482,7 +572,12 @@ def loads(data, allow_import: bool = False, _externals=None):
       v = objs[int(p) - 1]
       if type(v) is not tuple or not all(type(x) is Metadata for x in v):
         raise ValueError(f"pygrad.loads: node metadata must be a tuple of Metadata, got {v!r}")
-  out = _build(op, dt, start, np.ascontiguousarray(src, np.int32), argref, tagref, pdref, objs, rts)
+  if ng:  # the given rows come first: no sources, no args
+    z32 = np.zeros(ng, np.int32)
+    op, dt, argref, tagref, pdref = (np.concatenate([z32, c]) for c in (op, dt, argref, tagref, pdref))
+    ns = np.concatenate([np.zeros(ng, np.int64), ns])
+  out = _build(op, dt, _starts(ns), np.ascontiguousarray(src, np.int32), argref, tagref, pdref, objs, rts, given)
+  if given is not None: return out
   return out[0] if flags & _F_SINGLE else out
 
 
@@ -500,30 +595,119 @@ def load(path, allow_import: bool = False):
 
 
 # ---- pickle ----
-def _pickled(roots) -> tuple[bytes, tuple]:
-  ext: list = []
-  return dumps(roots, ext), tuple(ext)
+# One pickling call writes one shared node table, however many UOps it meets: the first UOp's reduce writes a piece
+# holding its graph, a later UOp that adds nodes writes a piece holding only those (its sources in earlier pieces are
+# rows of the table), and a UOp already in the table is a row. A piece refers to the piece before it, and pickle's
+# memo writes each piece once per stream and refers back to it after (also in a stream that meets a piece its memo
+# lacks: then the pieces before it come along, so every stream is complete). The table of a pickling call lives in
+# a per-thread session that exists exactly as long as something holds one of its pieces -- the pickler's memo
+# while the call runs -- so the next call starts a new table.
+_local = threading.local()
+
+
+class _Session:
+  """The table of one pickling call: pos (node id -> row), the rows so far, the UOps that keep its nodes (and so
+  their ids) alive, and a weak reference to its newest piece."""
+  __slots__ = ("pos", "n", "keep", "last", "__weakref__")
+
+  def __init__(self):
+    self.pos, self.n, self.keep, self.last = None, 0, [], None
+
+
+class _Piece:
+  """Rows [base, base + k) of a session's table: pickled as the piece before it, the rows its sources use from the
+  earlier pieces, and the bytes of its nodes (pygrad's format, those rows given)."""
+  __slots__ = ("session", "prev", "imports", "blob", "ext", "__weakref__")
+
+  def __reduce__(self): return _load_piece, (self.prev, self.imports, self.blob, self.ext)
+
+
+def _session() -> _Session:
+  """This thread's open session, or a new one (a session whose newest piece is gone is over)."""
+  ref = getattr(_local, "session", None)
+  s = ref() if ref is not None else None
+  if s is None or s.last is None or s.last() is None:
+    s = _Session()
+    _local.session = weakref.ref(s)
+  return s
 
 
 def reduce_uop(u: UOp):
-  return _unpickle, _pickled(u)
+  s = _session()
+  s.pos = _fresh_pos(s.pos)
+  row = int(s.pos[u._id])
+  if row < 0:
+    base = s.n
+    ids, op, dt, arg, tag, pdata, nsrc, src, args = _table([u._id], s.pos, base)
+    old = src < base
+    imports = np.unique(src[old])
+    local = src.astype(np.int64)
+    local[old] = np.searchsorted(imports, src[old])
+    local[~old] += len(imports) - base
+    ext: list = []
+    try:
+      blob = _encode((op, dt, arg, tag, pdata, nsrc, local, args), [len(imports) + len(ids) - 1], True, len(imports),
+                     ext)
+    except BaseException:
+      s.pos[ids] = -1  # the table stays as it was
+      raise
+    p = _Piece()
+    p.session, p.prev, p.imports, p.blob, p.ext = s, None if s.last is None else s.last(), \
+      imports.astype("<u4").tobytes(), blob, tuple(ext)
+    s.n, s.last = base + len(ids), weakref.ref(p)
+    s.keep.append(u)
+    row = base + len(ids) - 1
+  return _load_row, (s.last(), row)
+
+
+class _Loaded:
+  """The nodes of the pieces loaded so far: their ids by row (shared with the pieces after it while they append in
+  order), and each piece's root, which keeps its rows alive."""
+  __slots__ = ("ids", "end", "root", "prev")
+
+
+def _load_piece(prev, imports: bytes, blob: bytes, ext: tuple) -> _Loaded:
+  if prev is not None and type(prev) is not _Loaded: raise ValueError("pygrad: bad pickle (a piece after a non-piece)")
+  base = 0 if prev is None else prev.end
+  imp = np.frombuffer(imports, "<u4").astype(np.int64)
+  if len(imp) and imp.max() >= base: raise ValueError("pygrad: bad pickle (a piece uses rows not loaded before it)")
+  if prev is None: rows = [np.zeros(0, np.int32), 0]
+  elif prev.ids[1] == base: rows = prev.ids  # the pieces come in order: append to the shared array
+  else: rows = [prev.ids[0][:base].copy(), base]
+  got = _decode(blob, False, list(ext), rows[0][imp])
+  if len(got[0]) != 1: raise ValueError("pygrad: bad pickle (a piece without one root)")
+  new = got[1]
+  end = base + len(new)
+  if end > len(rows[0]):
+    grown = np.empty(max(end, 2 * len(rows[0])), np.int32)
+    grown[:base] = rows[0][:base]
+    rows[0] = grown
+  rows[0][base:end] = new
+  rows[1] = end
+  out = _Loaded()
+  out.ids, out.end, out.root, out.prev = rows, end, got[0][0], prev
+  return out
+
+
+def _load_row(t, row) -> UOp:
+  if type(t) is not _Loaded or type(row) is not int or not 0 <= row < t.end:
+    raise ValueError("pygrad: bad pickle (a node row outside its table)")
+  return handle(int(t.ids[0][row]))
 
 
 def reduce_walk(w: Walk):
-  """A walk pickles as its root's graph and the rows (in that graph's table) of the nodes it lists."""
-  blob, ext = _pickled(w._roots)
+  """A walk pickles as its root (a UOp, in the pickling call's shared table) and the rows of the nodes it lists in
+  its root's toposort."""
   table = np.asarray(CORE.toposort([w._roots._id], True), np.int64)
-  return _unpickle_walk, (blob, ext, _rows_of(table, np.asarray(w.ids, np.int64)).astype("<u4").tobytes())
+  return _unpickle_walk, (w._roots, _rows_of(table, np.asarray(w.ids, np.int64)).astype("<u4").tobytes())
 
 
-def _unpickle(blob: bytes, ext: tuple):
-  return loads(blob, _externals=list(ext))
-
-
-def _unpickle_walk(blob: bytes, ext: tuple, rows: bytes) -> Walk:
-  root = loads(blob, _externals=list(ext))
+def _unpickle_walk(root, rows: bytes) -> Walk:
+  if type(root) is not UOp: raise ValueError("pygrad: bad pickle (a walk without its root)")
   table = np.asarray(CORE.toposort([root._id], True), np.int32)
-  return Walk(table[np.frombuffer(rows, "<u4").astype(np.int64)].tolist(), root)
+  r = np.frombuffer(rows, "<u4").astype(np.int64)
+  if len(r) and r.max() >= len(table): raise ValueError("pygrad: bad pickle (a walk row outside its graph)")
+  return Walk(table[r].tolist(), root)
 
 
 __all__ = ["build", "dumps", "loads", "save", "load", "export", "MAGIC", "VERSION"]

@@ -1,7 +1,7 @@
 """Saving and loading graphs (pygrad.dumps/loads/save/load), pickle and copy of UOps and Walks, and the bulk builder
 pygrad.build: round trips node for node, across cores, and bad input as ValueError."""
 from __future__ import annotations
-import copy, math, os, pickle, struct, subprocess, sys, zlib
+import copy, gc, math, os, pickle, struct, subprocess, sys, zlib
 import numpy as np
 import pytest
 import pygrad
@@ -137,7 +137,7 @@ def test_deep_chain_and_nested_args_do_not_recurse():
   assert pygrad.loads(pygrad.dumps(z)) is z
   args = bytes([7]) + struct.pack("<I", 1)
   args = args * 100000 + bytes([0])
-  hostile = _HEAD.pack(MAGIC, 1, 0, 1, len(args), 0, 0, 0, 1, 1) + args + struct.pack("<I", 0)
+  hostile = _HEAD.pack(MAGIC, 1, 0, 1, len(args), 0, 0, 0, 1, 1, 0) + args + struct.pack("<I", 0)
   with pytest.raises(ValueError, match="nested deeper"):
     pygrad.loads(_reseal(hostile))
 
@@ -208,7 +208,7 @@ def _reseal(body: bytes) -> bytes:
 
 
 def _header(data: bytes, **kw) -> bytes:
-  names = ["magic", "version", "flags", "nargs", "argbytes", "n", "nsrc", "nroots", "srcw", "argw"]
+  names = ["magic", "version", "flags", "nargs", "argbytes", "n", "nsrc", "nroots", "srcw", "argw", "ngiven"]
   vals = dict(zip(names, _HEAD.unpack_from(data, 0)))
   vals.update(kw)
   return _reseal(_HEAD.pack(*[vals[k] for k in names]) + data[_HEAD.size:-4])
@@ -259,7 +259,102 @@ def test_lying_tables_raise_value_error():
     pygrad.loads(_tamper(data, ops_at + n - 1, int(Ops.CONST)))
   with pytest.raises(ValueError, match="unknown arg tag"):
     pygrad.loads(_tamper(data, _HEAD.size, 99))
-  huge = _HEAD.pack(MAGIC, 1, 0, 1, 5, 0, 0, 0, 1, 1) + bytes([7]) + struct.pack("<I", 0xFFFFFFFF)
+  huge = _HEAD.pack(MAGIC, 1, 0, 1, 5, 0, 0, 0, 1, 1, 0) + bytes([7]) + struct.pack("<I", 0xFFFFFFFF)
   huge += struct.pack("<I", 0)
   with pytest.raises(ValueError, match="longer than the data"):
     pygrad.loads(_reseal(huge))
+
+
+# ---- one pickling call, one node table ----
+def _trunk(k: int):
+  """A 2k-node chain over a fixed BUFFER (rebuilt node for node by calling this again) and 300 heads over it."""
+  x = UOp(Ops.BUFFER, dtypes.float32, (), (987654321, (4,), "CPU", "trunk"))
+  y = x
+  for i in range(k): y = (y + x).sin() if i % 2 else y * x
+  return x, y, [(y + float(i)).sum() for i in range(300)]
+
+
+def test_pickle_of_many_uops_writes_their_graph_once():
+  """Regression: each UOp of a container wrote its whole graph again (300 heads over one graph: 300 graphs)."""
+  _, y, heads = _trunk(1000)
+  one = len(pygrad.dumps(heads))
+  data = pickle.dumps(heads)
+  assert len(data) <= one + 160 * len(heads), (len(data), one)
+  assert len(pickle.dumps([y] + heads + [y])) <= len(data) + 400
+  back = pickle.loads(data)
+  assert len(back) == len(heads) and all(a is b for a, b in zip(back, heads))
+  chain = [y]  # every item adds one node: still one table, linear in the items
+  for _ in range(2000): chain.append(chain[-1].exp2())
+  data = pickle.dumps(chain)
+  assert len(data) <= len(pygrad.dumps(chain)) + 160 * len(chain), len(data)
+  assert all(a is b for a, b in zip(pickle.loads(data), chain))
+  assert all(a is b for a, b in zip(pickle.loads(pickle.dumps(chain[::-1])), chain[::-1]))
+
+
+def test_pickle_of_many_uops_loads_the_same_nodes():
+  """Loaded where the graph is not alive, then rebuilt: the same nodes (hash-consing), every one reachable."""
+  _, y, heads = _trunk(400)
+  w = y.toposort()
+  holder = {"heads": heads, "walk": w, "again": (heads[7], [heads[3], y]), "y": y}
+  data = pickle.dumps(holder)
+  del holder, w, heads, y
+  gc.collect()
+  before = pygrad.live_nodes()
+  back = pickle.loads(data)
+  assert pygrad.live_nodes() > before
+  _, y2, heads2 = _trunk(400)
+  assert all(a is b for a, b in zip(back["heads"], heads2)) and back["y"] is y2
+  assert back["again"][0] is heads2[7] and back["again"][1][0] is heads2[3] and back["again"][1][1] is y2
+  assert len(back["walk"]) == len(y2.toposort()) and all(a is b for a, b in zip(back["walk"], y2.toposort()))
+
+
+def test_pickle_calls_do_not_share_tables():
+  """Each pickling call is complete on its own (a later call does not refer to an earlier call's table), also
+  with one Pickler dumping twice (its memo spans both: then one Unpickler loads both) and nested calls."""
+  import io
+  _, y, heads = _trunk(200)
+  a, b = pickle.dumps(heads[:5]), pickle.dumps(heads[5:10])
+  assert [u is v for u, v in zip(pickle.loads(b), heads[5:10])] == [True] * 5
+  assert len(b) <= len(a) + 200 and pickle.loads(a)[0] is heads[0]
+  f = io.BytesIO()
+  p = pickle.Pickler(f)
+  p.dump(heads[:3])
+  p.dump(heads[3:6])
+  f.seek(0)
+  up = pickle.Unpickler(f)
+  assert up.load()[2] is heads[2] and up.load()[2] is heads[5]
+
+  class Nested:  # pickles a UOp inside another pickling call
+    def __reduce__(self): return pickle.loads, (pickle.dumps(heads[9]),)
+  back = pickle.loads(pickle.dumps([heads[1], Nested(), heads[2], heads[9]]))
+  assert back[1] is heads[9] and back[3] is heads[9] and back[2] is heads[2]
+
+
+def test_bad_pickled_pieces_raise_value_error():
+  from pygrad.serialize import _load_piece, _load_row
+  _, y, heads = _trunk(50)
+  r0, r1 = heads[0].__reduce__(), heads[1].__reduce__()  # one session: the second piece continues the first
+  blob = r1[1][0].blob
+  del r0, r1
+  with pytest.raises(ValueError, match="continues another"):  # a piece's bytes alone are not a graph
+    pygrad.loads(blob)
+  with pytest.raises(ValueError, match="outside its table"):
+    _load_row(None, 0)
+  with pytest.raises(ValueError, match="not loaded before"):
+    _load_piece(None, struct.pack("<I", 3), pygrad.dumps(y), ())
+
+
+def test_program_pickles_and_copies():
+  """A compiled program pickles as its graph and inputs and is compiled again on load; copy compiles a twin."""
+  x, w = UOp.placeholder((3, 4), name="x"), UOp.placeholder((4, 2), name="w")
+  outs = [(x @ w).relu().sum(), [x.sin()]]
+  prog = pygrad.compile([outs[0], outs[1][0]], [x, w])
+  single = pygrad.compile(outs[0], [x, w])
+  xv, wv = np.random.default_rng(0).standard_normal((3, 4), np.float32), np.ones((4, 2), np.float32)
+  want = prog(xv, wv)
+  for p in (pickle.loads(pickle.dumps(prog)), copy.copy(prog), copy.deepcopy(prog)):
+    assert p is not prog and p.inputs[0] is x and p.inputs[1] is w and p.stats == prog.stats
+    got = p(xv, wv)
+    assert len(got) == 2 and all(np.array_equal(a, b) for a, b in zip(got, want))
+  back = pickle.loads(pickle.dumps(single))
+  assert np.array_equal(back(xv, wv), single(xv, wv)) and np.asarray(back(xv, wv)).shape == ()

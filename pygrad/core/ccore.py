@@ -171,6 +171,10 @@ class CCore:
 
   def live(self) -> int: return lib.pg_store_live(self._st)
 
+  def id_bound(self) -> int:
+    """One past the largest node id handed out so far (every live id is below it)."""
+    return lib.pg_store_id_bound(self._st)
+
   def arg_register(self, aid: int) -> None:
     r = self._call(lib.pg_store_arg_register, aid)
     if r: _raise(r, "arg_register", aid)

@@ -120,6 +120,10 @@ class PyCore:
 
   def live(self) -> int: return self._live
 
+  def id_bound(self) -> int:
+    """One past the largest node id handed out so far (every live id is below it)."""
+    return len(self._rc)
+
   def arg_register(self, aid: int) -> None:
     with self._lock:
       argrc = self._argrc

@@ -94,6 +94,7 @@ class Program:
   def __init__(self, outputs: UOp | list[UOp], inputs: list[UOp], keep_words: bool = False):
     self._single = isinstance(outputs, UOp)
     outputs = [outputs] if self._single else list(outputs)
+    self._outputs = outputs[0] if self._single else outputs  # what pickle writes: the graph, compiled again on load
     for u in inputs:
       if not isinstance(u, UOp) or u.op not in (Ops.BUFFER, Ops.DEFINE_VAR, Ops.PARAM):
         raise ValueError(f"compile: inputs must be BUFFER or DEFINE_VAR nodes, got {getattr(u, 'op', u)!r}")
@@ -152,6 +153,11 @@ class Program:
     plain = len(self._steps) == 1 and not isinstance(self._steps[0], (CallStep, NumpyKernel)) and \
         all(o is not None and type(o) is not tuple for o in self._shaped)
     self._flat = [(o.buf.index, o.shape) for o in self._shaped] if plain else None
+
+  def __reduce__(self):
+    """A program pickles as its graph and inputs (in pygrad's format, through the UOps' pickling) and is compiled
+    again when loaded: its C programs and arena are this process's memory, and the plan is a function of the graph."""
+    return compile_program, (self._outputs, self.inputs)
 
   def _arena_array(self) -> np.ndarray:
     a = np.empty(self.arena_bytes + _ALIGN, np.uint8)
