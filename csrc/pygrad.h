@@ -121,6 +121,11 @@ typedef struct pg_table {
 int pg_serial_table(pg_store *st, const int32_t *roots, int32_t nroots, int32_t *pos, int64_t npos, int64_t base,
                     pg_table **out);
 void pg_serial_table_free(pg_table *t);
+/* the node sections of pygrad's format for a table (data, size bytes), the rows below its base it uses (imports,
+   ascending) and the widths of its source distances and arg numbers */
+typedef struct pg_blob { uint8_t *data; int64_t size; int32_t *imports; int64_t nimports; int32_t srcw, argw; } pg_blob;
+int pg_serial_encode(const pg_table *t, int64_t base, const int32_t *roots, int32_t nroots, pg_blob **out);
+void pg_serial_blob_free(pg_blob *b);
 pg_build *pg_serial_build_new(pg_store *st, int64_t n, const int32_t *op, const int32_t *dtype, const int64_t *start,
                               const int32_t *src, const int32_t *arg, const int32_t *tag, const int32_t *pdata,
                               const int32_t *given, int64_t ngiven, const int32_t *known, const uint8_t *flags,

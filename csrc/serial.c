@@ -184,6 +184,130 @@ int pg_serial_table(pg_store *st, const int32_t *roots, int32_t nroots, int32_t 
   return err;
 }
 
+/* free what pg_serial_encode made */
+void pg_serial_blob_free(pg_blob *b) {
+  if (!b) return;
+  free(b->data);
+  free(b->imports);
+  free(b);
+}
+
+/* v in w bytes, little-endian, at p; returns p + w */
+static uint8_t *put_le(uint8_t *p, uint32_t v, int32_t w) {
+  int32_t k;
+  for (k = 0; k < w; k++) p[k] = (uint8_t)(v >> (8 * k));
+  return p + w;
+}
+
+/* bytes of the smallest of 1, 2, 4 that hold v */
+static int32_t width_of(int64_t v) { return v < 256 ? 1 : v < 65536 ? 2 : 4; }
+
+/* ascending int32 order, for qsort */
+static int cmp_i32(const void *a, const void *b) {
+  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* the position of v in the sorted a[0..n), which holds it */
+static int64_t find_i32(const int32_t *a, int64_t n, int32_t v) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    int64_t mid = lo + (hi - lo) / 2;
+    if (a[mid] < v) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+/* The node sections of pygrad's format (pygrad/serialize.py: ops, dtypes, source counts, arg numbers, source
+   distances, roots, side table) for table t, whose rows are base, base + 1, ...: sources and roots below base are
+   rows of earlier tables, written as the "given" rows that come first (b->imports lists them, ascending). roots are
+   rows (of t or earlier). Python writes the header and the arg table around it. */
+int pg_serial_encode(const pg_table *t, int64_t base, const int32_t *roots, int32_t nroots, pg_blob **out) {
+  pg_blob *b;
+  int64_t i, j, k = 0, nimp = 0, nbig = 0, nside = 0, maxd = 0, size;
+  int32_t *imp;
+  uint8_t *p;
+  if (!t || !out || base < 0 || nroots < 0 || (nroots > 0 && !roots)) return PG_ERR_ARG;
+  *out = NULL;
+  for (i = 0; i < nroots; i++)
+    if (roots[i] < 0 || roots[i] >= base + t->n) return PG_ERR_ARG;
+  if (!(b = (pg_blob *)calloc(1, sizeof *b))) return PG_ERR_NOMEM;
+  if (!(imp = (int32_t *)malloc((size_t)(t->m + nroots + 1) * sizeof *imp))) {
+    free(b);
+    return PG_ERR_NOMEM;
+  }
+  b->imports = imp;
+  for (i = 0, k = 0; i < t->n; i++) {  /* a table from pg_serial_table, but checked: sources are earlier rows */
+    int32_t q;
+    if (t->nsrc[i] < 0 || t->nsrc[i] > t->m - k) break;
+    for (q = 0; q < t->nsrc[i]; q++, k++)
+      if (t->src[k] < 0 || t->src[k] >= base + i) break;
+    if (q < t->nsrc[i]) break;
+  }
+  if (i < t->n || k != t->m) {
+    pg_serial_blob_free(b);
+    return PG_ERR_ARG;
+  }
+  k = 0;
+  for (j = 0; j < t->m; j++)
+    if (t->src[j] < base) imp[nimp++] = t->src[j];
+  for (i = 0; i < nroots; i++)
+    if (roots[i] < base) imp[nimp++] = roots[i];
+  if (nimp) {
+    qsort(imp, (size_t)nimp, sizeof *imp, cmp_i32);
+    for (i = 1, j = 1; i < nimp; i++)
+      if (imp[i] != imp[j - 1]) imp[j++] = imp[i];
+    nimp = j;
+  }
+  b->nimports = nimp;
+  /* a source's local row: an import's place among the imports, else nimp + (row - base); distance = user - source */
+  for (i = 0; i < t->n; i++) {
+    int32_t q;
+    if (t->nsrc[i] >= 255) nbig++;
+    if (t->tag[i] || t->pdata[i]) nside++;
+    for (q = 0; q < t->nsrc[i]; q++, k++) {
+      int32_t s = t->src[k];
+      int64_t local = s < base ? find_i32(imp, nimp, s) : nimp + (s - base), d = nimp + i - local;
+      if (d > maxd) maxd = d;
+    }
+  }
+  b->srcw = width_of(maxd);
+  b->argw = width_of(t->nargs);
+  size = 3 * t->n + 4 * nbig + (int64_t)b->argw * t->n + (int64_t)b->srcw * t->m + 4 * (int64_t)nroots + 4 + 12 * nside;
+  if (!(b->data = (uint8_t *)malloc((size_t)(size ? size : 1)))) {
+    pg_serial_blob_free(b);
+    return PG_ERR_NOMEM;
+  }
+  p = b->data;
+  for (i = 0; i < t->n; i++) *p++ = (uint8_t)t->op[i];
+  for (i = 0; i < t->n; i++) *p++ = (uint8_t)t->dtype[i];
+  for (i = 0; i < t->n; i++) *p++ = (uint8_t)(t->nsrc[i] < 255 ? t->nsrc[i] : 255);
+  for (i = 0; i < t->n; i++)
+    if (t->nsrc[i] >= 255) p = put_le(p, (uint32_t)t->nsrc[i], 4);
+  for (i = 0; i < t->n; i++) p = put_le(p, (uint32_t)t->arg[i], b->argw);
+  for (i = 0, k = 0; i < t->n; i++) {
+    int32_t q;
+    for (q = 0; q < t->nsrc[i]; q++, k++) {
+      int32_t s = t->src[k];
+      int64_t local = s < base ? find_i32(imp, nimp, s) : nimp + (s - base);
+      p = put_le(p, (uint32_t)(nimp + i - local), b->srcw);
+    }
+  }
+  for (i = 0; i < nroots; i++)
+    p = put_le(p, (uint32_t)(roots[i] < base ? find_i32(imp, nimp, roots[i]) : nimp + (roots[i] - base)), 4);
+  p = put_le(p, (uint32_t)nside, 4);
+  for (i = 0; i < t->n; i++)
+    if (t->tag[i] || t->pdata[i]) {
+      p = put_le(p, (uint32_t)i, 4);
+      p = put_le(p, (uint32_t)t->tag[i], 4);
+      p = put_le(p, (uint32_t)t->pdata[i], 4);
+    }
+  b->size = (int64_t)(p - b->data);
+  *out = b;
+  return 0;
+}
+
 /* the signature cache: open addressing over (hash, offset of the key in the pool) */
 typedef struct sigslot { uint64_t hash; int64_t key; } sigslot;
 

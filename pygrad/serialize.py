@@ -39,10 +39,11 @@ _OPS = tuple(Ops)
 _MAX_BIGINT = 1 << 16                   # bytes of one integer arg
 _MAX_NEST = 100                         # tuples in tuples: interning compares args recursively, so bound it
 _I64 = (-(1 << 63), (1 << 63) - 1)
+_JUST_INT = {int}
 
 # ---- the arg table: tagged values, decoded with an explicit stack ----
 (T_NONE, T_FALSE, T_TRUE, T_INT, T_BIGINT, T_FLOAT, T_STR, T_TUPLE, T_OPS, T_DTYPE, T_META, T_CALLINFO, T_FUNC,
- T_EXTERN, T_BYTES) = range(15)
+ T_EXTERN, T_BYTES, T_INTS) = range(16)  # T_INTS: a non-empty tuple of int64s, packed
 _U32, _I64S, _F64 = struct.Struct("<I"), struct.Struct("<q"), struct.Struct("<d")
 
 
@@ -61,9 +62,23 @@ def _func_ref(f, externals):
                    f"or use pickle, which carries any picklable callable")
 
 
-def _encode_args(objs: list, externals) -> bytes:
+def _encode_args(aids: list[int], externals, cache: dict | None = None) -> bytes:
+  """The arg table of interned ids aids. cache (pickle's session) maps an id to its bytes, for args that name no
+  external (those bytes hold an index into this piece's externals)."""
   out = bytearray()
-  todo = list(reversed(objs))
+  for aid in aids:
+    hit = None if cache is None else cache.get(aid)
+    if hit is not None:
+      out += hit
+      continue
+    at, nx = len(out), 0 if externals is None else len(externals)
+    _encode_arg(ARGS.objs[aid], out, externals)
+    if cache is not None and (externals is None or len(externals) == nx): cache[aid] = bytes(out[at:])
+  return bytes(out)
+
+
+def _encode_arg(x, out: bytearray, externals) -> None:
+  todo = [x]
   while todo:
     x = todo.pop()
     t = type(x)
@@ -80,8 +95,11 @@ def _encode_args(objs: list, externals) -> bytes:
       out.append(T_STR); out += _U32.pack(len(b)); out += b  # noqa: E702
     elif t is bytes: out.append(T_BYTES); out += _U32.pack(len(x)); out += x  # noqa: E702
     elif t is tuple:
-      out.append(T_TUPLE); out += _U32.pack(len(x))  # noqa: E702
-      todo.extend(reversed(x))
+      if x and set(map(type, x)) == _JUST_INT and _I64[0] <= min(x) and max(x) <= _I64[1]:  # shapes: one read
+        out.append(T_INTS); out += _U32.pack(len(x)); out += struct.pack(f"<{len(x)}q", *x)  # noqa: E702
+      else:
+        out.append(T_TUPLE); out += _U32.pack(len(x))  # noqa: E702
+        todo.extend(reversed(x))
     elif t is Ops: out.append(T_OPS); out.append(int(x))  # noqa: E702
     elif isinstance(x, DType): out.append(T_DTYPE); out.append(x.id)  # noqa: E702
     elif t is Metadata:
@@ -96,7 +114,6 @@ def _encode_args(objs: list, externals) -> bytes:
       if ref[0] == T_EXTERN: out += _U32.pack(ref[1])
       else: todo.extend(reversed(ref[1:]))
     else: raise ValueError(f"cannot save an arg of type {t.__name__}: {x!r}")
-  return bytes(out)
 
 
 def _resolve(mod: str, qual: str, allow_import: bool):
@@ -129,63 +146,95 @@ class _Reader:
     self.p = p + k
     return self.b[p:p + k]
 
-  def u8(self, what: str) -> int: return self.take(1, what)[0]
   def u32(self, what: str) -> int: return _U32.unpack(self.take(4, what))[0]
 
 
 def _decode_args(r: _Reader, nargs: int, externals, allow_import: bool) -> list:
-  """nargs values; each tuple/Metadata/CallInfo is a frame on an explicit stack, so nesting costs no recursion."""
+  """nargs values; each tuple/Metadata/CallInfo is a frame on an explicit stack, so nesting costs no recursion. The
+  reads are inlined (this loop runs once per item of every distinct arg of a graph: its cost is the load's)."""
+  b, p = bytes(r.b[r.p:r.end]), 0
+  end = len(b)
   objs: list = []
-  stack: list = []  # [kind, items still wanted, items]
+  stack: list = []  # [kind, items wanted, items]
+  q_at, d_at, u_at = _I64S.unpack_from, _F64.unpack_from, _U32.unpack_from
 
-  def done(v):
-    while stack:
-      fr = stack[-1]
-      fr[2].append(v)
-      if len(fr[2]) < fr[1]: return None
-      stack.pop()
-      v = _finish(fr[0], fr[2], externals, allow_import)
-    objs.append(v)
-    return None
-
+  def cut(what: str) -> ValueError: return ValueError(f"pygrad.loads: truncated data ({what})")
   while len(objs) < nargs:
-    t = r.u8("arg tag")
-    if t == T_NONE: done(None)
-    elif t == T_FALSE: done(False)
-    elif t == T_TRUE: done(True)
-    elif t == T_INT: done(_I64S.unpack(r.take(8, "int arg"))[0])
-    elif t == T_BIGINT:
-      k = r.u32("int size")
-      if k > _MAX_BIGINT: raise ValueError(f"pygrad.loads: an integer arg of {k} bytes is too large")
-      done(int.from_bytes(r.take(k, "int arg"), "little", signed=True))
-    elif t == T_FLOAT: done(_F64.unpack(r.take(8, "float arg"))[0])
-    elif t in (T_STR, T_BYTES):
-      b = bytes(r.take(r.u32("size"), "string arg"))
-      if t == T_BYTES: done(b)
+    if p >= end: raise cut("arg tag")
+    t = b[p]
+    p += 1
+    if t == T_INT:
+      if p + 8 > end: raise cut("int arg")
+      v = q_at(b, p)[0]
+      p += 8
+    elif t == T_INTS or t == T_STR or t == T_BYTES or t == T_TUPLE:
+      if p + 4 > end: raise cut("size")
+      k = u_at(b, p)[0]
+      p += 4
+      if t == T_INTS:
+        if k > (end - p) >> 3: raise cut("int tuple arg")
+        v = struct.unpack_from(f"<{k}q", b, p)
+        p += 8 * k
+      elif t == T_TUPLE:
+        if k > end - p: raise ValueError(f"pygrad.loads: a tuple of {k} items is longer than the data")
+        if k:
+          stack.append([T_TUPLE, k, []])
+          if len(stack) > _MAX_NEST: raise ValueError(f"pygrad.loads: args nested deeper than {_MAX_NEST}")
+          continue
+        v = ()
       else:
-        try: done(b.decode("utf-8", "surrogatepass"))
-        except UnicodeDecodeError: raise ValueError("pygrad.loads: a string arg is not UTF-8") from None
-    elif t == T_TUPLE:
-      k = r.u32("tuple size")
-      if k > r.end - r.p: raise ValueError(f"pygrad.loads: a tuple of {k} items is longer than the data")
-      if k == 0: done(())
-      else: stack.append([T_TUPLE, k, []])
+        if k > end - p: raise cut("string arg")
+        v = b[p:p + k]
+        p += k
+        if t == T_STR:
+          try: v = v.decode("utf-8", "surrogatepass")
+          except UnicodeDecodeError: raise ValueError("pygrad.loads: a string arg is not UTF-8") from None
+    elif t == T_NONE: v = None
+    elif t == T_FALSE: v = False
+    elif t == T_TRUE: v = True
+    elif t == T_FLOAT:
+      if p + 8 > end: raise cut("float arg")
+      v = d_at(b, p)[0]
+      p += 8
+    elif t == T_OPS or t == T_DTYPE:
+      if p >= end: raise cut("op or dtype")
+      v = b[p]
+      p += 1
+      if t == T_OPS:
+        if v >= _NOPS: raise ValueError(f"pygrad.loads: unknown op {v} in an arg")
+        v = _OPS[v]
+      else:
+        if v >= _NDT: raise ValueError(f"pygrad.loads: unknown dtype {v} in an arg")
+        v = BY_ID[v]
+    elif t == T_BIGINT:
+      if p + 4 > end: raise cut("int size")
+      k = u_at(b, p)[0]
+      p += 4
+      if k > _MAX_BIGINT: raise ValueError(f"pygrad.loads: an integer arg of {k} bytes is too large")
+      if k > end - p: raise cut("int arg")
+      v = int.from_bytes(b[p:p + k], "little", signed=True)
+      p += k
+    elif t == T_META or t == T_CALLINFO or t == T_FUNC:
+      stack.append([t, 3 if t == T_META else 5 if t == T_CALLINFO else 2, []])
       if len(stack) > _MAX_NEST: raise ValueError(f"pygrad.loads: args nested deeper than {_MAX_NEST}")
-    elif t == T_OPS:
-      o = r.u8("op")
-      if o >= _NOPS: raise ValueError(f"pygrad.loads: unknown op {o} in an arg")
-      done(Ops(o))
-    elif t == T_DTYPE:
-      d = r.u8("dtype")
-      if d >= _NDT: raise ValueError(f"pygrad.loads: unknown dtype {d} in an arg")
-      done(BY_ID[d])
-    elif t in (T_META, T_CALLINFO, T_FUNC): stack.append([t, {T_META: 3, T_CALLINFO: 5, T_FUNC: 2}[t], []])
+      continue
     elif t == T_EXTERN:
-      i = r.u32("external")
-      if externals is None or i >= len(externals): raise ValueError(f"pygrad.loads: external callable {i} missing")
-      done(externals[i])
+      if p + 4 > end: raise cut("external")
+      k = u_at(b, p)[0]
+      p += 4
+      if externals is None or k >= len(externals): raise ValueError(f"pygrad.loads: external callable {k} missing")
+      v = externals[k]
     else: raise ValueError(f"pygrad.loads: unknown arg tag {t}")
+    while stack:  # v completes frames from the innermost out
+      fr = stack[-1]
+      items = fr[2]
+      items.append(v)
+      if len(items) < fr[1]: break
+      stack.pop()
+      v = tuple(items) if fr[0] == T_TUPLE else _finish(fr[0], items, externals, allow_import)
+    else: objs.append(v)
   if stack: raise ValueError("pygrad.loads: truncated data (an arg is incomplete)")
+  r.p += p
   return objs
 
 
@@ -225,19 +274,25 @@ def _fresh_pos(pos: np.ndarray | None = None) -> np.ndarray:
   return new
 
 
+def _c_table(root_ids: list[int], pos: np.ndarray, base: int):
+  """_table's C table (a pg_table, freed with its handle)."""
+  from .core.ccore import ffi, lib
+  out = ffi.new("pg_table **")
+  r = lib.pg_serial_table(CORE._st, ffi.new("int32_t[]", root_ids), len(root_ids), ffi.from_buffer("int32_t[]", pos),
+                          len(pos), base, out)
+  if r == lib.PG_ERR_NOMEM: raise MemoryError("pygrad: out of memory exporting a graph")
+  if r: raise RuntimeError(f"pygrad: export failed ({r})")
+  return ffi.gc(out[0], lib.pg_serial_table_free)
+
+
 def _table(root_ids: list[int], pos: np.ndarray, base: int):
   """(ids, op, dtype, arg, tag, pdata, nsrc, src, args) of the nodes under root_ids that pos does not list yet,
   sources before users (CORE.toposort's order), as the rows base, base + 1, ...: int32 columns, sources as rows
   through pos (which gets the new rows), arg/tag/pdata as 1-based numbers into args, their distinct interned ids in
   order of first use (0: none). With pos all -1 and base 0 that is the whole graph."""
   if CORE.name == "c":
-    from .core.ccore import ffi, lib
-    out = ffi.new("pg_table **")
-    r = lib.pg_serial_table(CORE._st, ffi.new("int32_t[]", root_ids), len(root_ids),
-                            ffi.from_buffer("int32_t[]", pos), len(pos), base, out)
-    if r == lib.PG_ERR_NOMEM: raise MemoryError("pygrad: out of memory exporting a graph")
-    if r: raise RuntimeError(f"pygrad: export failed ({r})")
-    t = ffi.gc(out[0], lib.pg_serial_table_free)
+    from .core.ccore import ffi
+    t = _c_table(root_ids, pos, base)
     col = lambda p, k: np.frombuffer(ffi.buffer(p, k * 4), np.int32).copy()  # noqa: E731
     n, m = int(t.n), int(t.m)
     return (col(t.ids, n), col(t.op, n), col(t.dtype, n), col(t.arg, n), col(t.tag, n), col(t.pdata, n),
@@ -477,26 +532,64 @@ def _rows_of(table: np.ndarray, ids) -> np.ndarray:
 def dumps(roots) -> bytes:
   """The graph under roots (a UOp or a sequence of UOps) as bytes: see the module docstring for the format."""
   rl, single = _as_roots(roots)
-  pos = _fresh_pos()
-  cols = _table([r._id for r in rl], pos, 0)
-  return _encode(cols[1:], pos[np.array([r._id for r in rl], np.int64)], single, 0, None)
+  return _write([r._id for r in rl], _fresh_pos(), 0, single, None)[0]
 
 
-def _encode(cols, root_rows, single: bool, ngiven: int, externals) -> bytes:
+def _write(root_ids: list[int], pos: np.ndarray, base: int, single: bool, externals, cache=None):
+  """(bytes, imports, count): the nodes under root_ids that pos does not list yet, written as rows base, base + 1,
+  ... of a table (pos gets their rows), in pygrad's format; the rows below base that they use (imports, ascending)
+  are the blob's given rows, which the loader supplies. On error pos is as it was."""
+  if CORE.name == "c":
+    from .core.ccore import ffi, lib
+    t = _c_table(root_ids, pos, base)
+    try:
+      rows = [int(pos[r]) for r in root_ids]
+      out = ffi.new("pg_blob **")
+      r = lib.pg_serial_encode(t, base, ffi.new("int32_t[]", rows), len(rows), out)
+      if r: raise MemoryError("pygrad: out of memory writing a graph") if r == lib.PG_ERR_NOMEM else \
+        RuntimeError(f"pygrad: encode failed ({r})")
+      b = ffi.gc(out[0], lib.pg_serial_blob_free)
+      n, m, nargs, ng = int(t.n), int(t.m), int(t.nargs), int(b.nimports)
+      argb = _encode_args(ffi.unpack(t.args, nargs), externals, cache)
+      head = _HEAD.pack(MAGIC, VERSION, _F_SINGLE if single else 0, nargs, len(argb), n, m, len(rows), b.srcw, b.argw,
+                        ng)
+      body = b"".join([head, argb, ffi.buffer(b.data, b.size)])
+      imports = np.frombuffer(ffi.buffer(b.imports, 4 * ng), np.int32).copy()
+    except BaseException:
+      pos[np.frombuffer(ffi.buffer(t.ids, 4 * t.n), np.int32)] = -1
+      raise
+    return body + _U32.pack(zlib.crc32(body)), imports, n
+  ids, op, dt, arg, tag, pdata, nsrc, src, args = _table(root_ids, pos, base)
+  try:
+    old = src < base
+    rows = pos[np.array(root_ids, np.int64)].astype(np.int64)
+    imports = np.unique(np.concatenate([src[old], rows[rows < base]]))
+    local = src.astype(np.int64)
+    local[old] = np.searchsorted(imports, src[old])
+    local[~old] += len(imports) - base
+    rows = np.where(rows < base, np.searchsorted(imports, rows), rows + len(imports) - base)
+    blob = _encode((op, dt, arg, tag, pdata, nsrc, local, args), rows, single, len(imports), externals, cache)
+  except BaseException:
+    pos[ids] = -1
+    raise
+  return blob, imports.astype(np.int32), len(ids)
+
+
+def _encode(cols, root_rows, single: bool, ngiven: int, externals, cache=None) -> bytes:
   """The bytes of a table (op, dtype, arg, tag, pdata, nsrc, src, args) whose first ngiven rows are not stored (the
   loader supplies them): its columns are the other rows, and sources and roots are rows counting the given ones.
-  Args are numbered in order of first use, so the bytes do not depend on interning ids."""
+  Args are numbered in order of first use, so the bytes do not depend on interning ids. (The pure core's writer:
+  csrc/serial.c's pg_serial_encode writes the same bytes.)"""
   op, dt, arg, tag, pdata, nsrc, src, args = cols
   n = len(op)
-  objs = [ARGS.objs[a] for a in args.tolist()]
-  argb = _encode_args(objs, externals)
-  argw = _width(len(objs))
+  argb = _encode_args(args.tolist(), externals, cache)
+  argw = _width(len(args))
   rows = np.repeat(np.arange(ngiven, ngiven + n, dtype=np.int64), nsrc)
   delta = rows - src
   srcw = _width(int(delta.max()) if len(delta) else 0)
   big = nsrc >= 255
   side = np.nonzero((tag != 0) | (pdata != 0))[0]
-  head = _HEAD.pack(MAGIC, VERSION, _F_SINGLE if single else 0, len(objs), len(argb), n, len(src), len(root_rows),
+  head = _HEAD.pack(MAGIC, VERSION, _F_SINGLE if single else 0, len(args), len(argb), n, len(src), len(root_rows),
                     srcw, argw, ngiven)
   parts = [head, argb, op.astype(np.uint8).tobytes(), dt.astype(np.uint8).tobytes(),
            np.minimum(nsrc, 255).astype(np.uint8).tobytes(), nsrc[big].astype("<u4").tobytes(),
@@ -607,11 +700,11 @@ _local = threading.local()
 
 class _Session:
   """The table of one pickling call: pos (node id -> row), the rows so far, the UOps that keep its nodes (and so
-  their ids) alive, and a weak reference to its newest piece."""
-  __slots__ = ("pos", "n", "keep", "last", "__weakref__")
+  their ids, and their args' ids) alive, a weak reference to its newest piece, and the bytes of args written."""
+  __slots__ = ("pos", "n", "keep", "last", "args", "__weakref__")
 
   def __init__(self):
-    self.pos, self.n, self.keep, self.last = None, 0, [], None
+    self.pos, self.n, self.keep, self.last, self.args = None, 0, [], None, {}
 
 
 class _Piece:
@@ -637,26 +730,14 @@ def reduce_uop(u: UOp):
   s.pos = _fresh_pos(s.pos)
   row = int(s.pos[u._id])
   if row < 0:
-    base = s.n
-    ids, op, dt, arg, tag, pdata, nsrc, src, args = _table([u._id], s.pos, base)
-    old = src < base
-    imports = np.unique(src[old])
-    local = src.astype(np.int64)
-    local[old] = np.searchsorted(imports, src[old])
-    local[~old] += len(imports) - base
     ext: list = []
-    try:
-      blob = _encode((op, dt, arg, tag, pdata, nsrc, local, args), [len(imports) + len(ids) - 1], True, len(imports),
-                     ext)
-    except BaseException:
-      s.pos[ids] = -1  # the table stays as it was
-      raise
+    blob, imports, k = _write([u._id], s.pos, s.n, True, ext, s.args)
     p = _Piece()
     p.session, p.prev, p.imports, p.blob, p.ext = s, None if s.last is None else s.last(), \
       imports.astype("<u4").tobytes(), blob, tuple(ext)
-    s.n, s.last = base + len(ids), weakref.ref(p)
+    s.n, s.last = s.n + k, weakref.ref(p)
     s.keep.append(u)
-    row = base + len(ids) - 1
+    row = s.n - 1
   return _load_row, (s.last(), row)
 
 
