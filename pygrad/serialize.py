@@ -21,7 +21,7 @@ import numpy as np
 from .ops import Ops, GroupOp
 from .dtype import DType, BY_ID
 from .core import CORE, ArgGone
-from .intern import ARGS, META
+from .intern import ARGS, META, argkey, _INTS
 from .shapes import INFER
 from .uop import UOp, Walk, CallInfo, Metadata, handle
 
@@ -40,6 +40,7 @@ _MAX_BIGINT = 1 << 16                   # bytes of one integer arg
 _MAX_NEST = 100                         # tuples in tuples: interning compares args recursively, so bound it
 _I64 = (-(1 << 63), (1 << 63) - 1)
 _JUST_INT = {int}
+_NONE_KEY = (type(None), None)
 
 # ---- the arg table: tagged values, decoded with an explicit stack ----
 (T_NONE, T_FALSE, T_TRUE, T_INT, T_BIGINT, T_FLOAT, T_STR, T_TUPLE, T_OPS, T_DTYPE, T_META, T_CALLINFO, T_FUNC,
@@ -149,13 +150,15 @@ class _Reader:
   def u32(self, what: str) -> int: return _U32.unpack(self.take(4, what))[0]
 
 
-def _decode_args(r: _Reader, nargs: int, externals, allow_import: bool) -> list:
-  """nargs values; each tuple/Metadata/CallInfo is a frame on an explicit stack, so nesting costs no recursion. The
-  reads are inlined (this loop runs once per item of every distinct arg of a graph: its cost is the load's)."""
+def _decode_args(r: _Reader, nargs: int, externals, allow_import: bool) -> tuple[list, list]:
+  """nargs values and their interning keys (intern.argkey's, built along: computing them after would walk each arg
+  again); each tuple/Metadata/CallInfo is a frame on an explicit stack, so nesting costs no recursion. The reads are
+  inlined (this loop runs once per item of every distinct arg of a graph: its cost is the load's)."""
   b, p = bytes(r.b[r.p:r.end]), 0
   end = len(b)
   objs: list = []
-  stack: list = []  # [kind, items wanted, items]
+  keys: list = []
+  stack: list = []  # [kind, items wanted, items, their keys]
   q_at, d_at, u_at = _I64S.unpack_from, _F64.unpack_from, _U32.unpack_from
 
   def cut(what: str) -> ValueError: return ValueError(f"pygrad.loads: truncated data ({what})")
@@ -167,6 +170,7 @@ def _decode_args(r: _Reader, nargs: int, externals, allow_import: bool) -> list:
       if p + 8 > end: raise cut("int arg")
       v = q_at(b, p)[0]
       p += 8
+      key = (int, v)
     elif t == T_INTS or t == T_STR or t == T_BYTES or t == T_TUPLE:
       if p + 4 > end: raise cut("size")
       k = u_at(b, p)[0]
@@ -175,13 +179,14 @@ def _decode_args(r: _Reader, nargs: int, externals, allow_import: bool) -> list:
         if k > (end - p) >> 3: raise cut("int tuple arg")
         v = struct.unpack_from(f"<{k}q", b, p)
         p += 8 * k
+        key = (_INTS, v)
       elif t == T_TUPLE:
         if k > end - p: raise ValueError(f"pygrad.loads: a tuple of {k} items is longer than the data")
         if k:
-          stack.append([T_TUPLE, k, []])
+          stack.append([T_TUPLE, k, [], []])
           if len(stack) > _MAX_NEST: raise ValueError(f"pygrad.loads: args nested deeper than {_MAX_NEST}")
           continue
-        v = ()
+        v, key = (), (_INTS, ())
       else:
         if k > end - p: raise cut("string arg")
         v = b[p:p + k]
@@ -189,13 +194,15 @@ def _decode_args(r: _Reader, nargs: int, externals, allow_import: bool) -> list:
         if t == T_STR:
           try: v = v.decode("utf-8", "surrogatepass")
           except UnicodeDecodeError: raise ValueError("pygrad.loads: a string arg is not UTF-8") from None
-    elif t == T_NONE: v = None
-    elif t == T_FALSE: v = False
-    elif t == T_TRUE: v = True
+        key = (type(v), v)
+    elif t == T_NONE: v, key = None, _NONE_KEY
+    elif t == T_FALSE: v, key = False, (bool, False)
+    elif t == T_TRUE: v, key = True, (bool, True)
     elif t == T_FLOAT:
       if p + 8 > end: raise cut("float arg")
       v = d_at(b, p)[0]
       p += 8
+      key = argkey(v)
     elif t == T_OPS or t == T_DTYPE:
       if p >= end: raise cut("op or dtype")
       v = b[p]
@@ -206,6 +213,7 @@ def _decode_args(r: _Reader, nargs: int, externals, allow_import: bool) -> list:
       else:
         if v >= _NDT: raise ValueError(f"pygrad.loads: unknown dtype {v} in an arg")
         v = BY_ID[v]
+      key = (type(v), v)
     elif t == T_BIGINT:
       if p + 4 > end: raise cut("int size")
       k = u_at(b, p)[0]
@@ -214,8 +222,9 @@ def _decode_args(r: _Reader, nargs: int, externals, allow_import: bool) -> list:
       if k > end - p: raise cut("int arg")
       v = int.from_bytes(b[p:p + k], "little", signed=True)
       p += k
+      key = (int, v)
     elif t == T_META or t == T_CALLINFO or t == T_FUNC:
-      stack.append([t, 3 if t == T_META else 5 if t == T_CALLINFO else 2, []])
+      stack.append([t, 3 if t == T_META else 5 if t == T_CALLINFO else 2, [], []])
       if len(stack) > _MAX_NEST: raise ValueError(f"pygrad.loads: args nested deeper than {_MAX_NEST}")
       continue
     elif t == T_EXTERN:
@@ -224,18 +233,27 @@ def _decode_args(r: _Reader, nargs: int, externals, allow_import: bool) -> list:
       p += 4
       if externals is None or k >= len(externals): raise ValueError(f"pygrad.loads: external callable {k} missing")
       v = externals[k]
+      key = argkey(v)
     else: raise ValueError(f"pygrad.loads: unknown arg tag {t}")
     while stack:  # v completes frames from the innermost out
       fr = stack[-1]
       items = fr[2]
       items.append(v)
+      fr[3].append(key)
       if len(items) < fr[1]: break
       stack.pop()
-      v = tuple(items) if fr[0] == T_TUPLE else _finish(fr[0], items, externals, allow_import)
-    else: objs.append(v)
+      if fr[0] == T_TUPLE:
+        v = tuple(items)
+        key = (_INTS, v) if set(map(type, items)) == _JUST_INT else (tuple, *fr[3])
+      else:
+        v = _finish(fr[0], items, externals, allow_import)
+        key = argkey(v)
+    else:
+      objs.append(v)
+      keys.append(key)
   if stack: raise ValueError("pygrad.loads: truncated data (an arg is incomplete)")
   r.p += p
-  return objs
+  return objs, keys
 
 
 def _finish(kind: int, items: list, externals, allow_import: bool):
@@ -336,18 +354,21 @@ def _starts(nsrc: np.ndarray) -> np.ndarray:
   return st
 
 
-def _intern_all(objs: list) -> np.ndarray:
-  """Interned ids of objs, with 0 (None) in front: row k + 1 is objs[k]."""
-  return np.array([0] + [ARGS.get(o) for o in objs], np.int32)
+def _intern_all(objs: list, keys: list | None) -> np.ndarray:
+  """Interned ids of objs (whose interning keys are keys, where known), with 0 (None) in front: row k + 1 is
+  objs[k]."""
+  if keys is None: return np.array([0] + [ARGS.get(o) for o in objs], np.int32)
+  get, get_key = ARGS.get, ARGS.get_key
+  return np.array([0] + [0 if o is None else get_key(k, o) for o, k in zip(objs, keys)], np.int32)
 
 
-def _build(op, dt, start, src, argref, tagref, pdref, objs: list, roots, given=None):
+def _build(op, dt, start, src, argref, tagref, pdref, objs: list, roots, given=None, keys=None):
   """The nodes of a checked table whose arg columns are 1-based references into objs (0: none): the roots, as UOps.
   given: the ids of live nodes that are the table's first rows (their columns are zeros); then also the ids of the
   other rows, as an int32 array."""
   n = len(op)
   for _ in range(64):  # an interned id may be drained between interning and the builder's hold: intern again
-    ids = _intern_all(objs)
+    ids = _intern_all(objs, keys)
     try:
       if CORE.name == "c":
         known = _leaf_metas(op, dt, start, argref, objs, 0 if given is None else len(given))
@@ -385,14 +406,22 @@ def _leaf_metas(op, dt, start, argref, objs, first: int):
   _, idx, inv = np.unique(key, return_index=True, return_inverse=True)
   metas = np.empty(len(idx), np.int32)
   meta_ids = META.ids
+  seen: dict = {}  # a BUFFER's validity and meta follow from (dtype, shape, device): the rest of its arg is a name
   for k in np.argsort(idx):  # in row order, so an error names the first bad row
     i = int(rows[idx[k]])
     o, d, a = _OPS[op[i]], BY_ID[int(dt[i])], int(argref[i])
-    try: got, shape, dev = INFER[o](o, d, (), objs[a - 1] if a else None)
+    arg = objs[a - 1] if a else None
+    fast = o is Ops.BUFFER and type(arg) is tuple and len(arg) >= 3 and type(arg[1]) is tuple and \
+      type(arg[2]) is str and set(map(type, arg[1])) <= _JUST_INT
+    if fast and (d, arg[1], arg[2]) in seen:
+      metas[k] = seen[d, arg[1], arg[2]]
+      continue
+    try: got, shape, dev = INFER[o](o, d, (), arg)
     except (TypeError, ValueError) as e: raise ValueError(f"node {i}: {e}") from None
     if got is not d: raise ValueError(f"node {i}: {o.name} has dtype {got.name}, the table says {d.name}")
     m = meta_ids.get((shape, dev))
     metas[k] = META.get(shape, dev) if m is None else m
+    if fast: seen[d, arg[1], arg[2]] = metas[k]
   known = np.full(len(op), -1, np.int32)
   known[rows] = metas[inv.reshape(-1)]
   return known
@@ -633,7 +662,7 @@ def _decode(data, allow_import: bool, externals, given):
                      f"{nroots})")
   if (flags & _F_SINGLE) and nroots != 1: raise ValueError("pygrad.loads: a single-root graph with {nroots} roots")
   r = _Reader(mv, _HEAD.size, _HEAD.size + argbytes)
-  objs = _decode_args(r, nargs, externals, allow_import)
+  objs, keys = _decode_args(r, nargs, externals, allow_import)
   if r.p != r.end: raise ValueError("pygrad.loads: arg table size does not match its contents")
   r.end = end
   op = _col(r, n, np.uint8, "ops").astype(np.int32)
@@ -669,7 +698,8 @@ def _decode(data, allow_import: bool, externals, given):
     z32 = np.zeros(ng, np.int32)
     op, dt, argref, tagref, pdref = (np.concatenate([z32, c]) for c in (op, dt, argref, tagref, pdref))
     ns = np.concatenate([np.zeros(ng, np.int64), ns])
-  out = _build(op, dt, _starts(ns), np.ascontiguousarray(src, np.int32), argref, tagref, pdref, objs, rts, given)
+  out = _build(op, dt, _starts(ns), np.ascontiguousarray(src, np.int32), argref, tagref, pdref, objs, rts, given,
+               keys)
   if given is not None: return out
   return out[0] if flags & _F_SINGLE else out
 

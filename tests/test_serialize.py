@@ -186,6 +186,10 @@ def test_build_many_nodes_shares_signatures():
   ([Ops.BUFFER, Ops.SIN], [11, 3], [[-1], [0]], [(0, (2,), "CPU", None), None], "node 1: SIN"),
   ([Ops.CONST], [11], [[-1]], [1], "node 0: CONST"),
   ([Ops.BUFFER, Ops.SINK], [11, 11], [[-1], [0]], [(0, (2,), "CPU", None), None], "node 1: SINK has dtype void"),
+  ([Ops.BUFFER, Ops.BUFFER], [11, 11], [[-1], [-1]], [(0, (2,), "CPU", None), (1, (2,), 5, None)],
+   "node 1: BUFFER: device must be a str"),
+  ([Ops.BUFFER, Ops.BUFFER], [11, 11], [[-1], [-1]], [(0, (1, 2), "CPU", None), (1, (True, 2), "CPU", None)],
+   "node 1: BUFFER: arg must be a tuple of ints"),  # equal to (1, 2) but not of ints: no shortcut
 ])
 def test_build_rejects_bad_tables(ops, dts, srcs, args, match):
   with pytest.raises(ValueError, match=match):
