@@ -49,17 +49,18 @@ SPECIAL_F = [0.0, -0.0, 1.0, -1.0, 0.5, 2.0, 1e-8, -1e30, 65504.0, 1e300, math.i
 INEXACT = {Ops.SIN, Ops.LOG2, Ops.EXP2, Ops.POW}
 
 
-def recipes(max_steps: int = 24, float_inputs: bool = False):
+def recipes(max_steps: int = 24, float_inputs: bool | str = False):
   """The hypothesis strategy of recipes: 1-3 inputs of rank 0-3 and any dtype, then steps. float_inputs (for
-  gradients): inputs mostly float64, and int32; float values and constants ordinary
+  gradients): inputs mostly float64 (or the float dtype named), and int32; float values and constants ordinary
   (no NaN, inf, or exact zeros: see test_fuzz_grad.py)."""
   shape = st.lists(st.integers(1, 4), min_size=0, max_size=3).map(tuple)
-  names = ["float64"] * 4 + ["int32"] if float_inputs else sorted(DTYPES)
+  fname = float_inputs if isinstance(float_inputs, str) else "float64"
+  names = [fname] * 4 + ["int32"] if float_inputs else sorted(DTYPES)
   inp = st.tuples(shape, st.sampled_from(names))
   step = st.tuples(st.sampled_from(KINDS), st.lists(st.integers(0, 1 << 16), min_size=8, max_size=8))
   return st.fixed_dictionaries({"inputs": st.lists(inp, min_size=1, max_size=3),
                                 "steps": st.lists(step, min_size=4, max_size=max_steps),
-                                "seed": st.integers(0, 1 << 30), "plain": st.just(float_inputs)})
+                                "seed": st.integers(0, 1 << 30), "plain": st.just(bool(float_inputs))})
 
 
 class Built:
