@@ -40,6 +40,7 @@ _MAX_BIGINT = 1 << 16                   # bytes of one integer arg
 _MAX_NEST = 100                         # tuples in tuples: interning compares args recursively, so bound it
 _I64 = (-(1 << 63), (1 << 63) - 1)
 _JUST_INT = {int}
+_SMALL = 32  # a pickle piece of at most this many new nodes is built node by node: the bulk builder's setup costs more
 _NONE_KEY = (type(None), None)
 
 # ---- the arg table: tagged values, decoded with an explicit stack ----
@@ -370,7 +371,7 @@ def _build(op, dt, start, src, argref, tagref, pdref, objs: list, roots, given=N
   for _ in range(64):  # an interned id may be drained between interning and the builder's hold: intern again
     ids = _intern_all(objs, keys)
     try:
-      if CORE.name == "c":
+      if CORE.name == "c" and (given is None or n - len(given) > _SMALL):
         known = _leaf_metas(op, dt, start, argref, objs, 0 if given is None else len(given))
         return _build_c(op, dt, start, src, ids[argref], ids[tagref], None if pdref is None else ids[pdref], objs,
                         argref, tagref, roots, given, known)
