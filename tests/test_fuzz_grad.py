@@ -3,8 +3,8 @@ pygrad's gradients of orders 1 and 2 equal torch.autograd's wherever torch's are
 primitive graph: FUNCTIONs inlined, every float node translated op for op in its own dtype, and every value
 that carries no gradient (integer and bool nodes, casts from them, BITCAST, DETACH) taken from pygrad's reference
 engine. Inputs and constants are ordinary values (no NaN, inf or exact zeros: at those points torch's conventions
-differ from the rules', see the xfail below); float64 graphs, and float32 ones (inputs in float32, compared within
-float32's tolerance), are compared (float16/bfloat16 are not: see the test for why).
+are left to the corner tests, test_gradient_corners.py); float64 graphs, and float32 ones (inputs in float32,
+compared within float32's tolerance), are compared (float16/bfloat16 are not: see the test for why).
 Budget and long mode: fuzzgraphs.py."""
 from __future__ import annotations
 import numpy as np
@@ -103,8 +103,8 @@ def _gradients_equal_torch(recipe, rseed, low):
   skip = {dtypes.float16, dtypes.bfloat16} | ({dtypes.float32} if low is dtypes.float64 else set())
   assume(not any(n.dtype in skip for n in UOp.sink(*outs).toposort()))
   vals = input_values(recipe, b.bufs)
-  # compared where the forward pass is finite everywhere: at NaN and inf torch's conventions differ from the rules'
-  # (see the xfails below)
+  # compared where the forward pass is finite everywhere: NaN and inf are the corner tests' (the two below and
+  # test_gradient_corners.py)
   fwd = [n for n in UOp.sink(*outs).toposort(enter_calls=False)
          if _float(n) and isinstance(n.device, str) and n.op is not Ops.SINK]
   assume(all(np.isfinite(v).all() for v in pygrad.evaluate(fwd, vals, engine="numpy")))
@@ -153,11 +153,9 @@ def test_float32_gradients_equal_torch_orders_1_and_2(recipe, rseed):
   _gradients_equal_torch(recipe, rseed, dtypes.float32)
 
 
-@pytest.mark.xfail(strict=True, reason="fuzz finding, gradient.py's POW rule (the seeds' rule): torch masks d/dbase "
-                   "with where(exp == 0, 0, ...), so at exp == 0 d2(b**e)/(db de) is 0 in torch but 1/b in pygrad, and "
-                   "at b = -1 or +-inf d2(b**e)/(de db) is finite in torch but NaN in pygrad; SPEC 4 asks for torch's "
-                   "value wherever it is finite")
 def test_pow_second_order_at_exponent_zero_equals_torch():
+  # fuzz finding: torch masks d/dbase with where(exp == 0, 0, ...), so at exp == 0 d2(b**e)/(db de) is 0 in torch;
+  # the seeds' rule gave 1/b, and NaN at b = -1 or +-inf for d2(b**e)/(de db), where torch's is finite (SPEC 4)
   b, e = UOp.placeholder((), dtypes.float64, name="b"), UOp.placeholder((), dtypes.float64, name="e")
   db, de = b.pow(e).gradient(b, e)
   got = pygrad.evaluate([db.gradient(e)[0], de.gradient(b)[0]], {b: np.array(2.0), e: np.array(0.0)}, engine="numpy")
@@ -181,10 +179,9 @@ def test_a_value_through_an_integer_carries_no_gradient(through):
                                                                                      engine="numpy"))
 
 
-@pytest.mark.xfail(strict=True, reason="fuzz finding, gradient.py's MAX rule: against a NaN, torch.maximum passes the "
-                   "whole gradient to both operands (its mask is `where(a == b, g / 2, g)` then zero where a < b), the "
-                   "rule passes none; SPEC 4 asks for torch's value wherever it is finite")
 def test_max_against_nan_gradient_equals_torch():
+  # fuzz finding: against a NaN, torch.maximum passes the whole gradient to both operands (its mask is
+  # `where(a == b, g / 2, g)` then zero where a < b); the seeds' rule passed none (SPEC 4: torch's value where finite)
   x, y = UOp.placeholder((), dtypes.float64, name="x"), UOp.placeholder((), dtypes.float64, name="y")
   got = pygrad.evaluate(x.maximum(y).gradient(x, y), {x: np.array(1.0), y: np.array(np.nan)}, engine="numpy")
   tx, ty = (torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in (1.0, float("nan")))

@@ -179,3 +179,87 @@ def test_gradient_result_is_a_proper_mapping():
   with pytest.raises(KeyError): a[UOp.placeholder((3,), F64)]
   other = compute_gradient((x * 3).sum(), root.const_like(1.0), {x})
   assert a != other and not (a == other)
+
+
+# ---- POW and MAX at their special points, against torch, orders 1 to 3 (SPEC 4: torch's value wherever it is
+# finite). Every mixed partial is compared: the directions are all sequences of the two operands.
+POW_BASES = [2.0, 0.5, 3.0, -1.0, -2.0, 0.0, -0.0, float("inf"), float("-inf"), float("nan")]
+POW_EXPS = [0.0, 1.0, 2.0, 3.0, -1.0, -2.0, 0.5, 2.5]
+MAX_PAIRS = [(1.0, float("nan")), (float("nan"), 1.0), (float("nan"), float("nan")), (1.0, 2.0), (2.0, 1.0),
+             (1.5, 1.5), (float("inf"), 1.0), (float("-inf"), float("-inf"))]
+
+
+def _orders(f, names, order: int):
+  """{direction sequence: derivative graph} for every sequence of up to `order` of the two placeholders."""
+  a, b = (UOp.placeholder((), F64, name=n) for n in names)
+  out, level = {}, {(): f(a, b)}
+  for _ in range(order):
+    nxt = {}
+    for seq, g in level.items():
+      for i, d in enumerate(g.gradient(a, b)): nxt[seq + (i,)] = d
+    out.update(nxt)
+    level = nxt
+  return a, b, out
+
+
+def _torch_orders(f, av: float, bv: float, order: int):
+  ta, tb = (torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in (av, bv))
+  out, level = {}, {(): f(ta, tb)}
+  for _ in range(order):
+    nxt = {}
+    for seq, g in level.items():
+      ds = (None, None) if not g.requires_grad else \
+        torch.autograd.grad(g, [ta, tb], create_graph=True, allow_unused=True)
+      for i, d in enumerate(ds): nxt[seq + (i,)] = torch.zeros((), dtype=torch.float64) if d is None else d
+    out.update(nxt)
+    level = nxt
+  return {k: v.item() for k, v in out.items()}
+
+
+def _check_against_torch(f, tf, names, points, engine, order=3):
+  a, b, graphs = _orders(f, names, order)
+  seqs = list(graphs)
+  bad = []
+  for av, bv in points:
+    got = _ev([graphs[s] for s in seqs], {a: np.array(av), b: np.array(bv)}, engine)
+    want = _torch_orders(tf, av, bv, order)
+    for s, g in zip(seqs, got):
+      w = want[s]
+      if np.isfinite(w) and not abs(float(g) - w) <= 1e-12 * max(1.0, abs(w)):
+        bad.append(f"d/d{''.join(names[i] for i in s)} at {names[0]}={av}, {names[1]}={bv}: {float(g)} vs torch {w}")
+  assert not bad, "\n".join(bad[:20])
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed (optional test dependency)")
+@pytest.mark.parametrize("engine", ENGINES)
+def test_pow_orders_1_to_3_at_special_points_match_torch(engine):
+  pts = [(b, e) for b in POW_BASES for e in POW_EXPS]
+  _check_against_torch(lambda b, e: b.pow(e), torch.pow, ("b", "e"), pts, engine)
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed (optional test dependency)")
+@pytest.mark.parametrize("engine", ENGINES)
+def test_maximum_orders_1_to_3_against_nan_and_ties_match_torch(engine):
+  _check_against_torch(lambda x, y: x.maximum(y), torch.maximum, ("x", "y"), MAX_PAIRS, engine)
+
+
+def test_pow_mixed_second_order_at_exponent_zero_values():
+  # torch's values: d2(b**e)/(db de) at e = 0 is 0 in the d/db-then-d/de order (the rule selects 0 at e == 0; the
+  # seeds' rule gave 1/b) and 1/b in the other; at b = -1 and b = inf the NaN of log2(b) no longer reaches the
+  # second (it was NaN); the first is NaN there in torch too
+  b, e = UOp.placeholder((), F64, name="b"), UOp.placeholder((), F64, name="e")
+  db, de = b.pow(e).gradient(b, e)
+  dbe, deb = db.gradient(e)[0], de.gradient(b)[0]
+  for engine in ENGINES:
+    for bv, want in ((2.0, [0.0, 0.5]), (-1.0, [np.nan, -1.0]), (float("inf"), [np.nan, 0.0])):
+      got = _ev([dbe, deb], {b: np.array(bv), e: np.array(0.0)}, engine)
+      np.testing.assert_array_equal(np.array([float(g) for g in got]), want, err_msg=f"b={bv} on {engine}")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_maximum_against_nan_passes_the_gradient_to_both(engine):
+  x, y = UOp.placeholder((), F64, name="x"), UOp.placeholder((), F64, name="y")
+  gx, gy = x.maximum(y).gradient(x, y)
+  for xv, yv, want in ((1.0, np.nan, [1.0, 1.0]), (1.0, 2.0, [0.0, 1.0]), (3.0, 3.0, [0.5, 0.5])):
+    got = _ev([gx, gy], {x: np.array(xv), y: np.array(yv)}, engine)
+    assert [float(g) for g in got] == want

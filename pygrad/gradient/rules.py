@@ -90,11 +90,17 @@ pm_gradient = PatternMatcher([
   (UPat(Ops.TRUNC), lambda ctx: (ctx.const_like(0),)),
   (UPat((Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ)), lambda: (None, None)),
   (UPat(Ops.ADD), lambda ctx: (ctx, ctx)),
+  # d/db is 0 where e == 0 by selection, not by multiplying with e (as PyTorch): the seeds' first-order values, and
+  # differentiated again it is torch's: d2/(db de) = 0 at e == 0 (the seeds' rule, like JAX, gives 1/b there), and a
+  # non-finite gradient arriving there on a second-order path (log2(b) at b < 0 or b = +-inf) no longer turns the 0
+  # into NaN (SPEC 4: torch's value wherever it is finite)
   (UPat(Ops.POW, name="ret", src=(UPat.var("b"), UPat.var("e"))), lambda ctx, ret, b, e:
-    (ctx * (b.eq(0) & e.eq(0)).where(e, e * b.pow(e - 1)),
+    (e.eq(0).where(0, ctx * (e * b.pow(e - 1))),
      ctx * b.eq(0).where((e < 0).where(ret.const_like(-math.inf), 0), ret * b.log2() * _LN2))),
+  # ties split evenly as in the seeds; written as "all of it unless the other is larger", so against a NaN (no
+  # comparison holds) both operands get the gradient, as in PyTorch (the seeds' rule, like JAX, passes none; SPEC 4)
   (UPat(Ops.MAX, src=(UPat.var("x"), UPat.var("y"))), lambda ctx, x, y:
-    ((x > y).where(ctx, x.eq(y).where(ctx * 0.5, 0)), (x < y).where(ctx, x.eq(y).where(ctx * 0.5, 0)))),
+    ((x < y).where(0, x.eq(y).where(ctx * 0.5, ctx)), (x > y).where(0, x.eq(y).where(ctx * 0.5, ctx)))),
   (UPat(Ops.MUL, name="ret"), lambda ctx, ret: (ret.src[1] * ctx, ret.src[0] * ctx)),
   (UPat(Ops.WHERE, name="ret"), lambda ctx, ret:
     (None, ret.src[0].where(ctx, ctx.const_like(0)), ret.src[0].where(ctx.const_like(0), ctx))),
