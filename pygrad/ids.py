@@ -1,27 +1,13 @@
 """The ids Python and the C core must agree on -- op ids, dtype ids and sizes, the VM's kernel kinds, reduce ops and
 program magic, and the input order of gradient templates -- come from one table, csrc/tables.h. The compiled module
-serves it (pg_table_entry); whenever that module is loaded, `tables()` reads it once and checks it against `Ops` and
-`dtypes`, so a C table that Python does not follow fails at import with ImportError instead of corrupting graphs.
+serves it (pg_table_entry, read by the core layer: pygrad/core/clib.py); whenever that module is loaded, `tables()`
+reads it once and checks it against `Ops` and `dtypes`, so a C table that Python does not follow fails at import
+with ImportError instead of corrupting graphs.
 The pure-Python core needs no compiled module: there, ops.py and dtype.py are the tables and nothing is checked."""
 from __future__ import annotations
 import functools
 from .ops import Ops
 from .dtype import BY_ID
-
-_NAMES = ("ops", "dtypes", "vm_kinds", "vm_redops", "consts", "tpl_rule_inputs", "tpl_acc_inputs")
-
-
-def _read(ffi, lib) -> dict[str, dict[str, tuple[int, int]]]:
-  """Every table of the compiled module: {table: {entry name: (value, second value)}} in table order."""
-  out: dict[str, dict[str, tuple[int, int]]] = {}
-  v0, v1 = ffi.new("int64_t *"), ffi.new("int64_t *")
-  for t, name in enumerate(_NAMES):
-    rows, i = {}, 0
-    while (p := lib.pg_table_entry(t, i, v0, v1)) != ffi.NULL:
-      rows[ffi.string(p).decode()] = (v0[0], v1[0])
-      i += 1
-    out[name] = rows
-  return out
 
 
 def check(tab: dict[str, dict[str, tuple[int, int]]]) -> None:
@@ -38,9 +24,8 @@ def check(tab: dict[str, dict[str, tuple[int, int]]]) -> None:
 @functools.cache
 def tables() -> dict[str, dict[str, tuple[int, int]]]:
   """The compiled module's tables, checked (ImportError if that module is not built or disagrees with Python)."""
-  from ._core import ffi, lib
-  if not hasattr(lib, "pg_table_entry"): raise ImportError("pygrad._core predates csrc/tables.c; rebuild it")
-  tab = _read(ffi, lib)
+  from .core.clib import read_tables
+  tab = read_tables()
   check(tab)
   return tab
 

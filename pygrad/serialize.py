@@ -297,8 +297,8 @@ def _c_table(root_ids: list[int], pos: np.ndarray, base: int):
   """_table's C table (a pg_table, freed with its handle)."""
   from .core.ccore import ffi, lib
   out = ffi.new("pg_table **")
-  r = lib.pg_serial_table(CORE._st, ffi.new("int32_t[]", root_ids), len(root_ids), ffi.from_buffer("int32_t[]", pos),
-                          len(pos), base, out)
+  r = CORE.serial_table(ffi.new("int32_t[]", root_ids), len(root_ids), ffi.from_buffer("int32_t[]", pos),
+                        len(pos), base, out)
   if r == lib.PG_ERR_NOMEM: raise MemoryError("pygrad: out of memory exporting a graph")
   if r: raise RuntimeError(f"pygrad: export failed ({r})")
   return ffi.gc(out[0], lib.pg_serial_table_free)
@@ -433,10 +433,10 @@ def _build_c(op, dt, start, src, arg, tag, pdata, objs, argref, tagref, roots, g
   i32 = lambda a: ffi.from_buffer("int32_t[]", a)  # noqa: E731
   err, where, pos = ffi.new("int *"), ffi.new("int64_t *"), ffi.new("int64_t *")
   ng = 0 if given is None else len(given)
-  b = lib.pg_serial_build_new(CORE._st, len(op), i32(op), i32(dt), ffi.from_buffer("int64_t[]", start), i32(src),
-                              i32(arg), i32(tag), ffi.NULL if pdata is None else i32(pdata),
-                              i32(given) if ng else ffi.NULL, ng, ffi.NULL if known is None else i32(known),
-                              ffi.from_buffer("uint8_t[]", _FLAGS), _NOPS, _NDT, err, where)
+  b = CORE.serial_build_new(len(op), i32(op), i32(dt), ffi.from_buffer("int64_t[]", start), i32(src),
+                            i32(arg), i32(tag), ffi.NULL if pdata is None else i32(pdata),
+                            i32(given) if ng else ffi.NULL, ng, ffi.NULL if known is None else i32(known),
+                            ffi.from_buffer("uint8_t[]", _FLAGS), _NOPS, _NDT, err, where)
   if b == ffi.NULL:
     if err[0] == lib.PG_ERR_ARG_GONE: raise ArgGone()
     if err[0] == lib.PG_ERR_NOMEM: raise MemoryError(f"pygrad.build: out of memory for {len(op)} nodes")

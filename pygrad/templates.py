@@ -13,23 +13,21 @@ PYGRAD_BUILD_TEMPLATES=0, and for operands that are not nodes or Python scalars.
 cached; a full cache evicts (see _evict), so one-shot signatures never keep later ones out.
 """
 from __future__ import annotations
-import functools, os
+import os
 from .ops import Ops
 from .core import CORE
 from .intern import argkey
 from . import uop as _uop
 from .uop import UOp, _wrap
 
-if CORE.name != "c": raise ImportError("templates need the C core")
-from ._core import ffi, lib  # noqa: E402
+if not CORE.programs: raise ImportError("templates need a core with template programs (the C core)")
 
-_st = CORE._st
 LIMIT = 4096       # signatures cached at most (met once or with a program); then the cache evicts
 _SEEN = object()   # a signature met once: the second meeting records it
 _DIRECT = object()  # a signature whose body failed on placeholders: the direct path raises the real error
 _entries: dict = {}
 _state = {"on": os.environ.get("PYGRAD_BUILD_TEMPLATES", "1") != "0"}
-_run1, _run2 = functools.partial(lib.pg_prog_run1, _st), functools.partial(lib.pg_prog_run2, _st)
+_run1, _run2, _run = CORE.prog_run1, CORE.prog_run2, CORE.prog_run
 
 
 def placeholder(i: int, like: UOp) -> UOp:
@@ -53,11 +51,8 @@ def program(inputs: list[UOp], outputs: list[UOp | None]) -> list[int]:
 
 
 def compile_program(inputs: list[UOp], outputs: list[UOp | None]):
-  """The checked C program (it holds the arg ids it names, so the recorded graph may die)."""
-  words = program(inputs, outputs)
-  p = lib.pg_prog_new(_st, ffi.new("int32_t[]", words), len(words))
-  if p == ffi.NULL: raise RuntimeError("pygrad: template program rejected by the C core")
-  return ffi.gc(p, lib.pg_prog_delete)  # (a program keeps its store alive in C)
+  """The checked core program (it holds the arg ids it names, so the recorded graph may die)."""
+  return CORE.prog_new(program(inputs, outputs))
 
 
 def set_enabled(on: bool) -> bool:
@@ -141,10 +136,7 @@ def templated(kind: str, fn):
     n = len(ins)
     if n == 1: nid = _run1(p, self._id)
     elif n == 2: nid = _run2(p, self._id, ins[1]._id)
-    else:
-      out = ffi.new("int32_t[1]")
-      nid = lib.pg_prog_run(_st, p, ffi.new("int32_t[]", [u._id for u in ins]), n, out, 1)
-      if nid == 0: nid = out[0]
+    else: nid = _run(p, [u._id for u in ins])
     if nid < 0: return fn(self, *args, **kw)  # cannot happen for live operands; the direct path says what is wrong
     return _wrap(nid, *e[1:])
   method.__name__, method.__qualname__, method.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__

@@ -552,7 +552,7 @@ _UNARY_OK, _BINARY_OUT = _tables()
 from . import mathops as _mathops  # noqa: E402
 _META0 = META.get((), None)
 _mathops._bind(UOp, alu1, alu2, alu2k, const, movement, node)
-if CORE.name == "c":  # multi-node methods instantiate cached programs in one C call (pygrad/templates.py)
+if CORE.programs:  # multi-node methods instantiate cached programs in one C call (pygrad/templates.py)
   from . import templates as _templates  # noqa: E402
   _templates.install(UOp)
 __all__ = ["UOp", "Walk", "CallInfo", "Metadata", "metadata", "current_metadata", "handle", "rebuild", "alu1", "alu2",

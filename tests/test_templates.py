@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import pygrad
 from pygrad import UOp, Ops, dtypes
+from pygrad.core import CORE
 
 if pygrad.core_name() != "c": pytest.skip("method templates are the C core's", allow_module_level=True)
 
@@ -131,14 +132,13 @@ def test_no_nodes_kept_and_arg_ids_held(T):
   gc.collect()
   assert pygrad.live_nodes() == base
   ARGS.drain()  # arg ids only the program names now, such as the reshape to (7, 1, 11), are held by it
-  from pygrad._core import lib
   prog = T._entries[("__matmul__", F32.id, x._m, F32.id, w._m)][0]
-  nid = lib.pg_prog_run2(T._st, prog, x._id, w._id)
+  nid = CORE.prog_run2(prog, x._id, w._id)
   assert nid >= 0, "the program's arg ids were drained"
   y = x @ w
   assert pygrad.uop.handle(nid) is y and y is direct(T, lambda: x @ w)
   assert any(u.op is Ops.RESHAPE and u.arg == (7, 1, 11) for u in y.toposort())
-  lib.pg_store_decref(T._st, nid)
+  CORE.decref(nid)
   del y
   gc.collect()
   assert pygrad.live_nodes() == base

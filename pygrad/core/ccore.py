@@ -5,7 +5,7 @@ import functools, operator, sys
 from collections.abc import Sequence
 from typing import Iterator
 from .pycore import ArgGone
-from .._core import ffi, lib
+from .clib import ffi, lib
 from ..ids import tables
 
 tables()  # the C table of op and dtype ids must match Ops and dtypes (ImportError if not)
@@ -148,6 +148,10 @@ class CCore:
     self.make1 = functools.partial(make1, st)
     self.make2 = functools.partial(make2, st)
     self.make2k = functools.partial(lib.pg_store_make2k, st)
+    # template programs over one or two inputs (the math methods' hot path, pygrad/templates.py): the new node's id
+    # with one reference for the caller, or a negative code (the caller then builds the nodes directly)
+    self.prog_run1 = functools.partial(lib.pg_prog_run1, st)
+    self.prog_run2 = functools.partial(lib.pg_prog_run2, st)
 
   def info(self, nid: int) -> tuple[int, int, int, int, int, int, int]:
     """(op, dtype, nsrc, arg, tag, meta, pdata) of a node."""
@@ -207,6 +211,35 @@ class CCore:
     r = self._call(lib.pg_walk_deepwalk, root, ta, nt, 1 if enter_calls else 0, w, p)
     if r: _raise(r, "deepwalk", root)
     return Ids(w[0]), Ids(p[0])
+
+  # ---- template programs (csrc/prog.c; PyCore has none): pygrad/templates.py records them ----
+  programs = True
+
+  def prog_new(self, words: list[int]):
+    """A checked program (layout in csrc/prog.h) holding the arg ids it names, freed with its handle; ValueError if
+    the words are not one."""
+    try:
+      p = lib.pg_prog_new(self._st, ffi.new("int32_t[]", words), len(words))
+    except (OverflowError, TypeError) as e:
+      raise ValueError(f"pygrad C core: program words must be int32: {e}") from None
+    if p == ffi.NULL: raise ValueError("pygrad C core: template program rejected (bad words, dead ids or memory)")
+    return ffi.gc(p, lib.pg_prog_delete)  # (a program keeps its store alive in C)
+
+  def prog_run(self, prog, inputs) -> int:
+    """The program's one output over any number of inputs (prog_run1/prog_run2 for one or two): the new node's id
+    with one reference for the caller, or a negative code."""
+    out = ffi.new("int32_t[1]")
+    r = lib.pg_prog_run(self._st, prog, ffi.new("int32_t[]", inputs), len(inputs), out, 1)
+    return out[0] if r == 0 else r
+
+  # ---- node tables (csrc/serial.c; PyCore has none): pygrad/serialize.py's C path, with this store ----
+  def serial_table(self, *args):
+    """pg_serial_table on this store (the arguments after the store, as cffi objects)."""
+    return lib.pg_serial_table(self._st, *args)
+
+  def serial_build_new(self, *args):
+    """pg_serial_build_new on this store (the arguments after the store, as cffi objects)."""
+    return lib.pg_serial_build_new(self._st, *args)
 
   # ---- gradient runs (csrc/grad.c; PyCore has none) ----
   grad_runs = True

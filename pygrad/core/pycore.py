@@ -141,7 +141,9 @@ class PyCore:
       self._dead.clear()
       return out
 
-  # ---- gradient runs: only the C core has them (pygrad.gradient then runs every rule directly) ----
+  # ---- template programs and gradient runs: only the C core has them (math methods then build their nodes
+  # directly, and pygrad.gradient runs every rule directly) ----
+  programs = False
   grad_runs = False
 
   # ---- walks ----

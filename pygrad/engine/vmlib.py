@@ -4,7 +4,7 @@ from __future__ import annotations
 from ..ids import tables
 
 try:
-  from .._core import ffi, lib
+  from ..core.clib import ffi, lib
 except ImportError as e:  # no compiled core at all
   raise ImportError(f"pygrad's compiled module is not built ({e}); install with `pip install -e .`") from e
 if not hasattr(lib, "pg_vm_prepare"):
