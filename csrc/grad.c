@@ -5,7 +5,11 @@
    accumulation of gradients run here too; whenever a template is missing, or a node needs Python (which ops and
    which gradients do is data Python passes in: pygrad/gradient/rules.py states it once), pg_grad_run returns and
    says why, and Python answers and calls it again. The cache holds at most `limit` templates: past that, the half
-   used least recently is dropped (with the arg ids it held), so ever-new shapes do not grow a process. */
+   used least recently is dropped (with the arg ids it held), so ever-new shapes do not grow a process.
+   A node with metadata (pdata) passes it on as Python's driver does (pygrad/gradient/direct.py): every node of its
+   rule's result, down to the node, its sources and its gradient, gets the backward copies of the node's metadata
+   merged into its own. Which pdata id a merge gives is Python's answer (NEED_META), kept per run by (the node's
+   pdata, the result node's pdata): a model's few metadata pairs are asked once each. */
 #include <stdlib.h>
 #include <string.h>
 #include "prog.h"
@@ -31,6 +35,10 @@ struct pg_tcache {
   uint64_t clock;  /* counts lookups: the recency order of templates */
 };
 
+/* (a node's metadata, a result node's metadata) -> the merged metadata; every id held; md 0 marks an empty slot */
+typedef struct mdent { int32_t md, cur, merged; } mdent;
+typedef struct mdmap { mdent *e; uint32_t mask, n; } mdmap;
+
 /* node id -> gradient id, open addressing; both sides hold one reference */
 typedef struct gmap {
   int32_t *keys, *vals;
@@ -42,12 +50,16 @@ struct pg_grad {
   int32_t *walk;
   int64_t nwalk, pos;
   uint8_t py_node[NOPS], py_grad[NOPS];  /* ops of nodes / of gradients that Python handles */
-  int32_t check_pdata;
+  int32_t carry_pdata;         /* carry metadata to rule results (else nodes are taken as having none) */
   gmap map;
   int32_t stage, j, nlg;       /* stage 1: accumulating lg[j..] of walk[pos] */
   int32_t lg[TPL_MAXSRC];
   int32_t *vals;               /* instantiation scratch */
   int32_t nvals;
+  int32_t *md, *mdmerged, nmd, capmd;  /* stage 1: result nodes still to get walk[pos]'s metadata (nmd > 0) */
+  int32_t *offs;               /* scratch: instruction offsets of a template, then reachability marks */
+  int32_t noffs;
+  mdmap memo;
 };
 
 /* FNV-style mix of a key: templates are few, lookups many */
@@ -306,9 +318,9 @@ static int gmap_put(pg_store *st, gmap *m, int32_t key, int32_t val) {
 
 /* a run over a reverse walk, starting from {root: root_grad}. py_node[op]: a node of that op is Python's step;
    py_grad[op]: a gradient of that op is Python's to step with or to accumulate (ops >= nops: Python's too);
-   check_pdata: a node with side data (metadata) is Python's step */
+   carry_pdata: a node's side data (metadata) is carried onto its rule's result (see the top of this file) */
 pg_grad *pg_grad_new(pg_store *st, const int32_t *walk, int64_t nwalk, int32_t root, int32_t root_grad,
-                     const uint8_t *py_node, const uint8_t *py_grad, int32_t nops, int32_t check_pdata) {
+                     const uint8_t *py_node, const uint8_t *py_grad, int32_t nops, int32_t carry_pdata) {
   pg_grad *g;
   int64_t i;
   int ok = 1;
@@ -325,7 +337,7 @@ pg_grad *pg_grad_new(pg_store *st, const int32_t *walk, int64_t nwalk, int32_t r
   memcpy(g->py_grad, py_grad, (size_t)nops);
   g->nwalk = nwalk;
   g->pos = nwalk - 1;
-  g->check_pdata = check_pdata;
+  g->carry_pdata = carry_pdata;
   pg_lock_take(&st->lock);
   pg_store_retain_locked(st);  /* released by pg_grad_delete, on this function's failure too */
   for (i = 0; ok && i < nwalk; i++)
@@ -357,6 +369,12 @@ void pg_grad_delete(pg_grad *g) {
       }
     for (j = 0; g->stage == 1 && j < g->nlg; j++)
       if (g->lg[j] >= 0) pg_store_decref_locked(g->st, g->lg[j]);
+    for (i = 0; g->memo.e && i <= g->memo.mask; i++)
+      if (g->memo.e[i].md) {
+        pg_store_arg_release_locked(g->st, g->memo.e[i].md);
+        pg_store_arg_release_locked(g->st, g->memo.e[i].cur);
+        pg_store_arg_release_locked(g->st, g->memo.e[i].merged);
+      }
     pg_lock_drop(&g->st->lock);
   }
   pg_store_release(g->st);
@@ -364,6 +382,10 @@ void pg_grad_delete(pg_grad *g) {
   free(g->map.vals);
   free(g->walk);
   free(g->vals);
+  free(g->md);
+  free(g->mdmerged);
+  free(g->offs);
+  free(g->memo.e);
   free(g);
 }
 
@@ -423,7 +445,115 @@ static int need_template(pg_stop *out, const int32_t *key, int32_t nkey, int why
 /* advance past the node at pos */
 static void next_node(pg_grad *g) {
   g->stage = 0;
+  g->nmd = 0;
   g->pos--;
+}
+
+/* ---- metadata ---- */
+
+/* the memo slot of (md, cur): its own, or the empty one where it would go */
+static uint32_t memo_slot(const mdmap *m, int32_t md, int32_t cur) {
+  uint32_t i = (((uint32_t)md * 2654435761u) ^ ((uint32_t)cur * 40503u)) & m->mask;
+  while (m->e[i].md && (m->e[i].md != md || m->e[i].cur != cur)) i = (i + 1) & m->mask;
+  return i;
+}
+
+/* the merged metadata of (md, cur), or -1 if Python has not said yet */
+static int32_t memo_get(const mdmap *m, int32_t md, int32_t cur) {
+  uint32_t s;
+  if (!m->e) return -1;
+  s = memo_slot(m, md, cur);
+  return m->e[s].md ? m->e[s].merged : -1;
+}
+
+/* room for one more entry at load <= 1/2 */
+static int memo_reserve(mdmap *m) {
+  mdmap nm;
+  uint32_t i;
+  if (m->e && 2 * (m->n + 1) <= m->mask + 1) return 0;
+  if (m->mask >= (1u << 28)) return PG_ERR_NOMEM;
+  nm.mask = m->e ? m->mask * 2 + 1 : 15;
+  nm.n = m->n;
+  nm.e = (mdent *)calloc((size_t)nm.mask + 1, sizeof *nm.e);
+  if (!nm.e) return PG_ERR_NOMEM;
+  for (i = 0; m->e && i <= m->mask; i++)
+    if (m->e[i].md) nm.e[memo_slot(&nm, m->e[i].md, m->e[i].cur)] = m->e[i];
+  free(m->e);
+  *m = nm;
+  return 0;
+}
+
+/* grow an int32 scratch array to hold at least n (doubling) */
+static int grow_i32(int32_t **a, int32_t *cap, int32_t n) {
+  int32_t *p, c = *cap ? *cap : 16;
+  if (n <= *cap) return 0;
+  while (c < n) c = c > INT32_MAX / 2 ? n : 2 * c;
+  p = (int32_t *)realloc(*a, (size_t)c * sizeof *p);
+  if (!p) return PG_ERR_NOMEM;
+  *a = p;
+  *cap = c;
+  return 0;
+}
+
+/* room for n nodes in g->md and their merged metadata in g->mdmerged */
+static int grow_md(pg_grad *g, int32_t n) {
+  int32_t cap = g->capmd, r;
+  if (n <= cap) return 0;
+  if ((r = grow_i32(&g->md, &cap, n)) != 0) return r;
+  cap = g->capmd;
+  if ((r = grow_i32(&g->mdmerged, &cap, n)) != 0) return r;  /* md is larger than capmd says: harmless */
+  g->capmd = cap;
+  return 0;
+}
+
+/* after instantiating prog (ids in g->vals): the nodes that take the node's metadata, into g->md. They are the
+   nodes a walk from the results reaches without passing an input (the node, its sources, its gradient) -- the
+   walk Python's driver makes -- found backwards over the program, whose instructions come sources first. A node
+   two instructions became is listed twice (merging twice gives the same). */
+static int meta_nodes(pg_grad *g, const int32_t *prog) {
+  int32_t nin = prog[0], ninstr = prog[1], nout = prog[2], i, p = PG_PROG_HDR, k, r;
+  int32_t *mark;
+  g->nmd = 0;
+  if (ninstr == 0) return 0;
+  if ((r = grow_i32(&g->offs, &g->noffs, 2 * ninstr)) != 0) return r;
+  mark = g->offs + ninstr;
+  for (i = 0; i < ninstr; i++) {
+    g->offs[i] = p;
+    mark[i] = 0;
+    p += PG_PROG_INSTR + prog[p + 5];
+  }
+  for (i = 0; i < nout; i++)
+    if (prog[p + i] >= nin) mark[prog[p + i] - nin] = 1;
+  for (i = ninstr - 1; i >= 0; i--) {
+    int32_t id = g->vals[nin + i], q = g->offs[i], stop = 0;
+    if (!mark[i]) continue;
+    for (k = 0; k < nin; k++) stop |= g->vals[k] == id;
+    if (stop) continue;  /* a result node that is one of the inputs: the walk ends there */
+    if ((r = grow_md(g, g->nmd + 1)) != 0) return r;
+    g->md[g->nmd++] = id;
+    for (k = 0; k < prog[q + 5]; k++)
+      if (prog[q + PG_PROG_INSTR + k] >= nin) mark[prog[q + PG_PROG_INSTR + k] - nin] = 1;
+  }
+  return 0;
+}
+
+/* give the nodes of g->md the node's metadata md merged into theirs: all or nothing, so that a stop for Python
+   (NEED_META, the first pair without an answer) leaves every node as it was */
+static int carry_meta(pg_grad *g, int32_t md, pg_stop *out) {
+  int32_t i, r;
+  for (i = 0; i < g->nmd; i++) {
+    int32_t cur = pg_node_at(g->st, (uint32_t)g->md[i])->pdata, m = memo_get(&g->memo, md, cur);
+    if (m < 0) {
+      out->md = md;
+      out->mdcur = cur;
+      return PG_GRAD_NEED_META;
+    }
+    g->mdmerged[i] = m;
+  }
+  for (i = 0; i < g->nmd; i++)
+    if ((r = pg_store_set_pdata_locked(g->st, g->md[i], g->mdmerged[i])) != 0) return r;
+  g->nmd = 0;
+  return 0;
 }
 
 /* a template's inputs in tables.h's order (PG_TPL_*_INPUTS), appended to inputs[ni++] */
@@ -455,8 +585,8 @@ static int run_locked(pg_grad *g, pg_tcache *tc, pg_stop *out) {
       out->node = nid;
       out->ctx = gid;
       if (n->op < 0 || n->op >= NOPS || g->py_node[n->op] || n->nsrc > TPL_MAXSRC || ctx->op < 0 ||
-          ctx->op >= NOPS || g->py_grad[ctx->op] || (g->check_pdata && n->pdata))
-        return PG_GRAD_PY_STEP;                               /* FUNCTION, GETTUPLE, metadata, ... */
+          ctx->op >= NOPS || g->py_grad[ctx->op])
+        return PG_GRAD_PY_STEP;                               /* FUNCTION, GETTUPLE, ... */
       nkey = rule_key(st, n, ctx, key);
       t = tcache_find(tc, key, nkey);
       if (!t) return need_template(out, key, nkey, PG_GRAD_NEED_RULE);
@@ -467,6 +597,12 @@ static int run_locked(pg_grad *g, pg_tcache *tc, pg_stop *out) {
       g->nlg = n->nsrc;
       g->stage = 1;
       g->j = 0;
+      if (g->carry_pdata && n->pdata && (r = meta_nodes(g, t->prog)) != 0) return r;
+    }
+    if (g->nmd) {
+      out->pos = g->pos;
+      out->node = nid;
+      if ((r = carry_meta(g, n->pdata, out)) != 0) return r;
     }
     src = pg_node_src(n);
     out->pos = g->pos;
@@ -555,6 +691,35 @@ int pg_grad_consume(pg_grad *g) {
   g->j++;
   pg_lock_drop(&g->st->lock);
   return 0;
+}
+
+/* Python's answer to NEED_META: `merged` is the pdata id of the metadata `mdcur` (0: none) with the backward copies
+   of `md` merged in. The run holds the three ids while it keeps the answer. */
+int pg_grad_meta_add(pg_grad *g, int32_t md, int32_t mdcur, int32_t merged) {
+  int r = 0;
+  uint32_t s;
+  if (!g || md <= 0 || mdcur < 0 || merged < 0) return PG_ERR_ARG;
+  pg_lock_take(&g->st->lock);
+  if (memo_get(&g->memo, md, mdcur) >= 0) goto done;  /* answered already */
+  if ((r = memo_reserve(&g->memo)) != 0) goto done;
+  if ((r = pg_store_arg_hold_locked(g->st, md)) != 0) goto done;
+  if ((r = pg_store_arg_hold_locked(g->st, mdcur)) != 0) {
+    pg_store_arg_release_locked(g->st, md);
+    goto done;
+  }
+  if ((r = pg_store_arg_hold_locked(g->st, merged)) != 0) {  /* drained since Python interned it: it interns again */
+    pg_store_arg_release_locked(g->st, md);
+    pg_store_arg_release_locked(g->st, mdcur);
+    goto done;
+  }
+  s = memo_slot(&g->memo, md, mdcur);
+  g->memo.e[s].md = md;
+  g->memo.e[s].cur = mdcur;
+  g->memo.e[s].merged = merged;
+  g->memo.n++;
+done:
+  pg_lock_drop(&g->st->lock);
+  return r;
 }
 
 /* how many nodes have a gradient */

@@ -60,25 +60,28 @@ int32_t pg_prog_run2(pg_store *st, const pg_prog *p, int32_t in0, int32_t in1);
 #define PG_GRAD_NEED_ACC 2
 #define PG_GRAD_PY_STEP 3
 #define PG_GRAD_PY_ACC 4
+#define PG_GRAD_NEED_META 5
 
 typedef struct pg_tcache pg_tcache;
 typedef struct pg_grad pg_grad;
 /* why a run stopped: the walk position, the node and its gradient, and for accumulations the source k, its
-   gradient so far (prev, or -1) and the new one (v); key is the missing template's key */
-typedef struct pg_stop { int64_t pos; int32_t node, ctx, k, prev, v, nkey; int32_t key[16]; } pg_stop;
+   gradient so far (prev, or -1) and the new one (v); key is the missing template's key; for NEED_META the node's
+   metadata (md, a pdata id) and that of a node of its rule's result (mdcur, 0 for none) */
+typedef struct pg_stop { int64_t pos; int32_t node, ctx, k, prev, v, md, mdcur, nkey; int32_t key[16]; } pg_stop;
 
 pg_tcache *pg_tcache_new(pg_store *st, int32_t limit);
 void pg_tcache_delete(pg_tcache *tc);
 int pg_tcache_add(pg_store *st, pg_tcache *tc, const int32_t *key, int32_t nkey, const int32_t *prog, int32_t nprog);
 int64_t pg_tcache_count(pg_tcache *tc);
 pg_grad *pg_grad_new(pg_store *st, const int32_t *walk, int64_t nwalk, int32_t root, int32_t root_grad,
-                     const uint8_t *py_node, const uint8_t *py_grad, int32_t nops, int32_t check_pdata);
+                     const uint8_t *py_node, const uint8_t *py_grad, int32_t nops, int32_t carry_pdata);
 void pg_grad_delete(pg_grad *g);
 int pg_grad_run(pg_grad *g, pg_tcache *tc, pg_stop *out);
 int32_t pg_grad_get(pg_grad *g, int32_t node);
 int pg_grad_set(pg_grad *g, int32_t node, int32_t grad);
 int pg_grad_skip(pg_grad *g);
 int pg_grad_consume(pg_grad *g);
+int pg_grad_meta_add(pg_grad *g, int32_t md, int32_t mdcur, int32_t merged);
 int64_t pg_grad_count(pg_grad *g);
 int64_t pg_grad_items(pg_grad *g, int32_t *keys, int32_t *vals, int64_t cap);
 

@@ -400,22 +400,26 @@ int32_t pg_store_src(pg_store *st, int32_t id, int32_t *out, int32_t cap) {
   return r;
 }
 
+/* pg_store_set_pdata with the lock held (the gradient run carries metadata onto the nodes it makes) */
+int pg_store_set_pdata_locked(pg_store *st, int32_t id, int32_t pdata) {
+  pg_node *n = pg_node_live(st, id);
+  int32_t old;
+  if (!n) return PG_ERR_BADID;
+  if (!arg_ok(st, pdata)) return PG_ERR_ARG;
+  if (pdata && st->argrc[pdata] < 0) return PG_ERR_ARG_GONE;  /* drained: the caller interns it again */
+  if (pdata && st->argrc[pdata] == INT32_MAX) return PG_ERR_NOMEM;
+  old = n->pdata;
+  if (pdata) st->argrc[pdata]++;
+  n->pdata = pdata;
+  if (old) count_release(st, old);
+  return 0;
+}
+
 /* attach side data (a counted id, 0 for none) to a node, releasing the previous one */
 int pg_store_set_pdata(pg_store *st, int32_t id, int32_t pdata) {
-  pg_node *n;
-  int r = 0;
+  int r;
   pg_lock_take(&st->lock);
-  n = pg_node_live(st, id);
-  if (!n) r = PG_ERR_BADID;
-  else if (!arg_ok(st, pdata)) r = PG_ERR_ARG;
-  else if (pdata && st->argrc[pdata] < 0) r = PG_ERR_ARG_GONE;  /* drained: the caller interns it again */
-  else if (pdata && st->argrc[pdata] == INT32_MAX) r = PG_ERR_NOMEM;
-  else {
-    int32_t old = n->pdata;
-    if (pdata) st->argrc[pdata]++;
-    n->pdata = pdata;
-    if (old) count_release(st, old);
-  }
+  r = pg_store_set_pdata_locked(st, id, pdata);
   pg_lock_drop(&st->lock);
   return r;
 }

@@ -72,6 +72,7 @@ static PG_INLINE const int32_t *pg_node_src(const pg_node *n) {
 int32_t pg_store_make_locked(pg_store *st, int32_t op, int32_t dtype, const int32_t *src, int32_t nsrc, int32_t arg,
                              int32_t tag, int32_t meta);
 int pg_store_decref_locked(pg_store *st, int32_t id);
+int pg_store_set_pdata_locked(pg_store *st, int32_t id, int32_t pdata);
 /* hold an arg/tag id for a C structure (0 or an error code), and release it */
 int pg_store_arg_hold_locked(pg_store *st, int32_t aid);
 void pg_store_arg_release_locked(pg_store *st, int32_t aid);

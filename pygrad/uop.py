@@ -280,12 +280,17 @@ def _attach_current(u: UOp) -> None:
   if md is not None: _attach_metadata(u, md, only_if_none=True)
 
 
+def merge_metadata(cur: tuple, md: tuple) -> tuple:
+  """A node's metadata `cur` with `md` attached: what it had, then what is new, in order."""
+  return cur + tuple(m for m in md if m not in cur)
+
+
 def _attach_metadata(u: UOp, md: tuple, only_if_none: bool = False) -> None:
   global _md_count
   _md_count += 1
   cur = u.metadata
   if only_if_none and cur: return
-  new = cur + tuple(m for m in md if m not in cur)
+  new = merge_metadata(cur, md)
   while True:
     pid = _args_get(new)
     try:

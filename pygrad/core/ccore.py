@@ -249,9 +249,10 @@ class CCore:
     return TemplateCache(self._st, limit)
 
   def grad_run(self, walk: Ids, root: int, root_grad: int, py_node: bytes, py_grad: bytes,
-               check_pdata: bool) -> GradRun:
-    """A gradient run in C over a reverse walk (a deepwalk's walk), from {root: root_grad}; see GradRun."""
-    return GradRun(self._st, walk, root, root_grad, py_node, py_grad, check_pdata)
+               carry_pdata: bool) -> GradRun:
+    """A gradient run in C over a reverse walk (a deepwalk's walk), from {root: root_grad}; see GradRun.
+    carry_pdata: nodes' metadata is carried onto their rules' results (else no node is looked at for any)."""
+    return GradRun(self._st, walk, root, root_grad, py_node, py_grad, carry_pdata)
 
   def _call(self, fn, *args):
     """fn(store, *args), with ids outside int32 reported like any other bad id."""
@@ -284,21 +285,22 @@ class GradRun:
   """A reverse walk run in C: it instantiates cached templates and accumulates gradients, and stops (`resume`'s
   result) when Python must act: NEED_RULE / NEED_ACC (a template of `key()` is missing), PY_STEP (the node `node`
   with gradient `ctx` is Python's step; then `skip`), PY_ACC (accumulate `v` into the source `k`, whose gradient so
-  far is `prev`, -1 for none; then `consume`). The run holds a reference on every node and gradient it maps."""
+  far is `prev`, -1 for none; then `consume`), NEED_META (the merge of the node's metadata `md` into a result node's
+  metadata `mdcur` is unknown: `meta_add`). The run holds a reference on every node and gradient it maps."""
   DONE, NEED_RULE, NEED_ACC = lib.PG_GRAD_DONE, lib.PG_GRAD_NEED_RULE, lib.PG_GRAD_NEED_ACC
-  PY_STEP, PY_ACC = lib.PG_GRAD_PY_STEP, lib.PG_GRAD_PY_ACC
+  PY_STEP, PY_ACC, NEED_META = lib.PG_GRAD_PY_STEP, lib.PG_GRAD_PY_ACC, lib.PG_GRAD_NEED_META
   __slots__ = ("_p", "stop", "__weakref__")
 
-  def __init__(self, st, walk, root: int, root_grad: int, py_node: bytes, py_grad: bytes, check_pdata: bool):
+  def __init__(self, st, walk, root: int, root_grad: int, py_node: bytes, py_grad: bytes, carry_pdata: bool):
     if len(py_node) != len(py_grad): raise ValueError("grad_run: the two op masks differ in length")
     wa, nw = _id_array(walk.numpy() if isinstance(walk, Ids) else walk)
     try:
-      p = lib.pg_grad_new(st, wa, nw, root, root_grad, py_node, py_grad, len(py_node), 1 if check_pdata else 0)
+      p = lib.pg_grad_new(st, wa, nw, root, root_grad, py_node, py_grad, len(py_node), 1 if carry_pdata else 0)
     except (OverflowError, TypeError) as e:
       raise ValueError(f"pygrad C core: grad_run: ids must be int32: {e}") from None
     if p == ffi.NULL: raise ValueError("pygrad C core: cannot start a gradient run (bad ids, masks or memory)")
     self._p = ffi.gc(p, lib.pg_grad_delete)  # (the run keeps the store alive in C)
-    self.stop = ffi.new("pg_stop *")  # why it stopped: node, ctx, k, prev, v (ids), key()
+    self.stop = ffi.new("pg_stop *")  # why it stopped: node, ctx, k, prev, v (ids), md, mdcur (pdata ids), key()
 
   def resume(self, tc: TemplateCache) -> int:
     r = lib.pg_grad_run(self._p, tc._p, self.stop)
@@ -322,6 +324,13 @@ class GradRun:
 
   def consume(self) -> None:
     if lib.pg_grad_consume(self._p) < 0: raise ValueError("pygrad C core: gradient run: nothing to consume")
+
+  def meta_add(self, md: int, mdcur: int, merged: int) -> None:
+    """Answer NEED_META: `merged` is the pdata id of `mdcur`'s metadata with `md`'s backward copies merged in
+    (ArgGone if that id was drained meanwhile: intern it again)."""
+    try: r = lib.pg_grad_meta_add(self._p, md, mdcur, merged)
+    except (OverflowError, TypeError): r = lib.PG_ERR_ARG
+    if r < 0: _raise(r, "gradient run metadata", md, mdcur, merged)
 
   def __len__(self) -> int: return int(lib.pg_grad_count(self._p))
 

@@ -12,10 +12,17 @@ from .rules import accumulate, call_gradient, check_captured, check_rule_result
 def _noop() -> UOp: return UOp(Ops.NOOP)
 
 
+def backward_metadata(fwd: tuple) -> tuple:
+  """The metadata a node's gradient nodes get: copies of the node's, marked backward (as in the seeds)."""
+  return tuple(dataclasses.replace(m, backward=True) for m in fwd)
+
+
 def _copy_metadata(t0: UOp, v: UOp, ctx: UOp) -> None:
+  """Every node of the rule result v, down to t0, its sources and its gradient ctx, gets t0's backward metadata (the
+  C driver does the same walk in csrc/grad.c)."""
   fwd = t0.metadata
   if not fwd: return
-  bwd = tuple(dataclasses.replace(m, backward=True) for m in fwd)
+  bwd = backward_metadata(fwd)
   stop = [t0._id, ctx._id, *(s._id for s in t0.src)]
   for nid in CORE.toposort([v._id], True, stop): _uop._attach_metadata(handle(nid), bwd)
 

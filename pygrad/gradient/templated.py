@@ -3,20 +3,23 @@ truth), but each rule runs once per distinct signature of the matched node -- op
 shape/device of the node, of its sources and of the incoming gradient -- on placeholder nodes. Its result graph
 becomes a template program that the core instantiates, hash-consing every node, for every later node with that
 signature; the reverse walk and the accumulation of gradients run in C as well. Nodes that need Python
-(rules.PY_NODE_OPS, gradients of rules.PY_GRAD_OPS, metadata) are handed back to the direct driver's `step`, so the
-graphs are node for node the ones the direct driver builds. Templates belong to the rule set that made them (a
-cache per rule set) and the cache holds at most LIMIT of them, dropping the least recently used."""
+(rules.PY_NODE_OPS, gradients of rules.PY_GRAD_OPS) are handed back to the direct driver's `step`, so the
+graphs are node for node the ones the direct driver builds. A node's metadata is carried onto its rule's result in
+C, as the direct driver's step does it; C asks here (NEED_META) only what a merge of two metadata tuples gives,
+once per distinct pair in a run. Templates belong to the rule set that made them (a cache per rule set) and the
+cache holds at most LIMIT of them, dropping the least recently used."""
 from __future__ import annotations
 import os, threading
 from collections.abc import Mapping
 from ..ops import Ops
-from ..core import CORE
+from ..core import CORE, ArgGone
+from ..intern import ARGS
 from ..uop import UOp, handle
 from .. import uop as _uop
 from ..templates import placeholder as _placeholder, program as _program
 from ..ids import order
 from .rules import PY_NODE_OPS, PY_GRAD_OPS, accumulate, check_rule_result
-from .direct import step, path_test
+from .direct import step, path_test, backward_metadata
 
 LIMIT = 16384  # templates per cache: a few hundred cover a model; past it the least recently used go
 _PY_NODE = bytes(1 if o in PY_NODE_OPS else 0 for o in Ops)
@@ -27,7 +30,8 @@ _lock = threading.Lock()
 
 def enabled() -> bool:
   """Templates are on unless PYGRAD_GRAD_TEMPLATES=0 (the direct path, for comparisons) or a metadata block is open
-  (nodes made there get its metadata, which C instantiation would not attach)."""
+  (every node the rules make there, kept or not, gets the block's metadata, which C instantiation would not attach;
+  metadata that nodes carry is carried in C)."""
   return os.environ.get("PYGRAD_GRAD_TEMPLATES", "1") != "0" and _uop.current_metadata() is None
 
 
@@ -67,6 +71,19 @@ def _acc_template(tc, key, k: UOp, prev: UOp | None, v: UOp) -> None:
   tc.add(key, _program(inputs, [out]))
 
 
+def _merge_metadata(run, md: int, cur: int) -> None:
+  """Answer NEED_META: the pdata id of metadata `cur` (0: none) with the backward copies of `md` merged in, as
+  direct.step attaches them."""
+  merged = _uop.merge_metadata(ARGS.objs[cur] or (), backward_metadata(ARGS.objs[md]))
+  while True:
+    pid = ARGS.get(merged)
+    try:
+      run.meta_add(md, cur, pid)
+      return
+    except ArgGone:  # drained between interning and the run's hold: intern it again
+      ARGS.forget(pid)
+
+
 class GradMap(Mapping):
   """compute_gradient's result on the C driver: a read-only mapping node -> gradient over the run's C map, whose
   handles are made on first use (every Mapping method: lookups, iteration, len, ==, keys/items/values)."""
@@ -101,7 +118,7 @@ def walk(root: UOp, root_grad: UOp, targets, pm, enter_calls: bool):
   tc = template_cache(pm)
   run = CORE.grad_run(wk, root._id, root_grad._id, _PY_NODE, _PY_GRAD, bool(_uop._md_count))
   stop, on_path = run.stop, path_test(path_ids)
-  DONE, NEED_RULE, NEED_ACC, PY_STEP = run.DONE, run.NEED_RULE, run.NEED_ACC, run.PY_STEP
+  DONE, NEED_RULE, NEED_ACC, PY_STEP, NEED_META = run.DONE, run.NEED_RULE, run.NEED_ACC, run.PY_STEP, run.NEED_META
 
   def get(u: UOp):
     gid = run.get(u._id)
@@ -118,6 +135,7 @@ def walk(root: UOp, root_grad: UOp, targets, pm, enter_calls: bool):
     elif r == PY_STEP:
       yield from step(handle(stop.node), handle(stop.ctx), get, put, targets, on_path, pm)
       run.skip()
+    elif r == NEED_META: _merge_metadata(run, stop.md, stop.mdcur)
     else:  # PY_ACC
       k = handle(stop.k)
       put(k, accumulate(handle(stop.prev) if stop.prev >= 0 else None, handle(stop.v), k))
