@@ -153,6 +153,7 @@ def _gather_in_order(client, futures: list, resubmit, timeout: float, retries: i
     for i, f in list(futs.items()):
       if f.status in ("error", "cancelled", "lost"):
         exc = _exception(f)
+        if exc is None: continue  # Dask re-ran the chunk meanwhile and it finished: collected on the next pass
         if not _worker_loss(exc): raise exc
         tries[i] += 1
         if tries[i] > retries:
