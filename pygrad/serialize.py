@@ -17,6 +17,7 @@ Pickle writes one node table per pickling call, however many UOps (and Walks, an
 structure holds: see the pickle section below."""
 from __future__ import annotations
 import importlib, os, struct, sys, threading, weakref, zlib
+from typing import Sequence
 import numpy as np
 from .ops import Ops, GroupOp
 from .dtype import DType, BY_ID
@@ -559,7 +560,7 @@ def _rows_of(table: np.ndarray, ids) -> np.ndarray:
   return order[np.searchsorted(table, want, sorter=order)]
 
 
-def dumps(roots) -> bytes:
+def dumps(roots: UOp | Sequence[UOp]) -> bytes:
   """The graph under roots (a UOp or a sequence of UOps) as bytes: see the module docstring for the format."""
   rl, single = _as_roots(roots)
   return _write([r._id for r in rl], _fresh_pos(), 0, single, None)[0]
@@ -636,7 +637,7 @@ def _col(r: _Reader, k: int, dtype, what: str) -> np.ndarray:
   return np.frombuffer(r.take(k * dtype.itemsize, what), dtype)
 
 
-def loads(data, allow_import: bool = False):
+def loads(data: bytes | bytearray | memoryview, allow_import: bool = False) -> UOp | list[UOp]:
   """The graph `dumps` wrote: a UOp if one was saved, else a list of UOps. Bad bytes raise ValueError.
   allow_import: let loading import the modules that saved callables name (otherwise they must be imported)."""
   return _decode(data, allow_import, None, None)
@@ -705,7 +706,7 @@ def _decode(data, allow_import: bool, externals, given):
   return out[0] if flags & _F_SINGLE else out
 
 
-def save(path, roots) -> None:
+def save(path: str | os.PathLike[str], roots: UOp | Sequence[UOp]) -> None:
   """Write dumps(roots) to path (written to a temporary name first, so a crash never leaves half a file)."""
   data = dumps(roots)
   tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
@@ -713,7 +714,7 @@ def save(path, roots) -> None:
   os.replace(tmp, path)
 
 
-def load(path, allow_import: bool = False):
+def load(path: str | os.PathLike[str], allow_import: bool = False) -> UOp | list[UOp]:
   """The graph saved at path (see loads)."""
   with open(path, "rb") as f: return loads(f.read(), allow_import)
 
