@@ -25,6 +25,7 @@ from .core import CORE, ArgGone
 from .intern import ARGS, META, argkey, _INTS
 from .shapes import INFER
 from .uop import UOp, Walk, CallInfo, Metadata, handle
+from . import uop as _uop
 
 MAGIC = b"PYGRAD\x00G"
 VERSION = 1
@@ -369,6 +370,7 @@ def _build(op, dt, start, src, argref, tagref, pdref, objs: list, roots, given=N
   given: the ids of live nodes that are the table's first rows (their columns are zeros); then also the ids of the
   other rows, as an int32 array."""
   n = len(op)
+  if pdref is not None and pdref.any(): _uop._md_count += 1  # the gradient copies metadata only once some exists
   for _ in range(64):  # an interned id may be drained between interning and the builder's hold: intern again
     ids = _intern_all(objs, keys)
     try:

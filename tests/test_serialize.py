@@ -64,6 +64,23 @@ def test_metadata_and_args_survive_a_fresh_process(tmp_path):
     assert r.stdout.split()[0] == core
 
 
+def test_metadata_of_a_loaded_graph_reaches_its_gradient(tmp_path):
+  # a fresh process that made no metadata itself: the gradient must still see (and copy) the loaded graph's
+  path = tmp_path / "loss.pgr"
+  pygrad.save(path, sample()[0])
+  script = ("import sys, pygrad\nfrom pygrad import Ops\n"
+            f"loss = pygrad.load({str(path)!r})\n"
+            "xs = [u for u in loss.toposort() if u.op is Ops.BUFFER]\n"
+            "gs = loss.gradient(*xs)\n"
+            "assert any(m.name == 'fwd' and m.backward for g in gs for u in g.toposort() for m in u.metadata)\n")
+  for core in ("c", "python"):
+    if core == "c" and pygrad.core_name() != "c": continue
+    env = {**os.environ, "PYGRAD_CORE": core, "PYTHONPATH": os.path.dirname(HERE)}
+    r = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
 def test_both_cores_write_the_same_bytes(tmp_path):
   """Saved on this core, loaded on the pure core and saved again: the same bytes (so the same nodes), and back."""
   g = sample()
