@@ -1,6 +1,7 @@
 """pygrad as tinygrad's gradient engine, against tinygrad's own, side by side in one run.
 
     python bench/bench_tinygrad.py [--reps 3] [--w1 2000] [--w2 32] [--out bench/results/tinygrad.md]
+    TRACEMETA=0 python bench/bench_tinygrad.py    # no tinygrad metadata: bench/results/tinygrad_tracemeta0.md
 
 For each workload (pygrad.bench's W1 residual MLP chain and W2 transformer block stack, built with tinygrad's
 Tensor API on unrealized Tensor.empty inputs), on the same graph, alternating: tinygrad's own compute_gradient, and
@@ -8,6 +9,10 @@ pygrad.interop.tinygrad.compute_gradient split into its phases (convert in, deri
 conversions on their own, every node: from_tinygrad of the whole forward graph and to_tinygrad back (a fresh
 conversion, rebuilding every node through tinygrad's hash-consing). Nothing is realized. Medians of --reps runs,
 after a warm-up derivation of a tiny instance (both engines' per-process caches primed).
+
+tinygrad's Tensor API records metadata (the Tensor method that made a node) unless TRACEMETA=0; both engines then
+copy it onto the gradient (tinygrad by a toposort per edge, pygrad by running the rules of nodes with metadata in
+Python instead of instantiating its C templates), so the two settings are measured apart.
 """
 from __future__ import annotations
 import argparse, gc, os, platform, statistics, sys, time
@@ -22,6 +27,7 @@ from pygrad import bench as pb  # noqa: E402
 import pygrad.interop.tinygrad as pt  # noqa: E402
 
 TG_OWN = tg_gradient.compute_gradient
+TRACEMETA = os.environ.get("TRACEMETA", "1")
 
 
 def build(wl: str, size: int):
@@ -66,7 +72,8 @@ def main() -> None:
   ap.add_argument("--reps", type=int, default=3)
   ap.add_argument("--w1", type=int, default=2000, help="W1 depth")
   ap.add_argument("--w2", type=int, default=32, help="W2 blocks")
-  ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "tinygrad.md"))
+  ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" /
+                                      ("tinygrad.md" if TRACEMETA == "1" else f"tinygrad_tracemeta{TRACEMETA}.md")))
   a = ap.parse_args()
   if pygrad.core_name() != "c": print("note: pygrad runs its pure-Python core here", file=sys.stderr)
   for wl in ("W1", "W2"):  # warm-up: patterns compiled, gradient templates cached, in both engines
@@ -86,8 +93,10 @@ def write(a, rows) -> None:
   us = 1e6
   lines = [
     "# pygrad as tinygrad's gradient engine", "",
-    f"`python bench/bench_tinygrad.py --reps {a.reps} --w1 {a.w1} --w2 {a.w2}` on {platform.machine()}, "
-    f"Python {platform.python_version()}, tinygrad 0.14.0, pygrad {pygrad.core_name()} core, "
+    f"`{'' if TRACEMETA == '1' else f'TRACEMETA={TRACEMETA} '}python bench/bench_tinygrad.py --reps {a.reps} "
+    f"--w1 {a.w1} --w2 {a.w2}` on {platform.machine()}, "
+    f"Python {platform.python_version()}, tinygrad 0.14.0 (TRACEMETA={TRACEMETA}: metadata "
+    f"{'recorded' if TRACEMETA != '0' else 'off'}), pygrad {pygrad.core_name()} core, "
     f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Medians of {a.reps} runs; each run builds the graph "
     "afresh (tinygrad Tensor API, unrealized inputs) and times both engines on it, one after the other. The "
     "machine was shared with other jobs: absolute times are under load, the ratios are side by side.", "",

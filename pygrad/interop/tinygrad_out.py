@@ -1,0 +1,209 @@
+"""pygrad -> tinygrad: a pygrad graph's node table (one export call) made into tinygrad UOps (see
+pygrad/interop/tinygrad.py)."""
+from __future__ import annotations
+import math
+import numpy as np
+from pygrad import UOp, Ops
+import pygrad.uop as _pg_uop
+from pygrad.core import CORE
+from pygrad.intern import ARGS, META
+from pygrad.serialize import export, _rows_of
+from .tinygrad_tables import TMetadata, TOps, TUOp, _AFTER, _ASSIGN, _BCAST, _BITCAST, _BUFFER, _CALL, _CAST, _CONST, \
+  _CONTIGUOUS, _COPY, _DEFINE_VAR, _EXPAND, _EXPANDOP, _FLIP, _FUNCTION, _GETTUPLE, _IDENT, _INFO, _MD_OUT, _NOOP, \
+  _PAD, _PARAM, _PERMUTE, _REDUCE, _REDUCEOP, _RESHAPE, _SHRINK, _SINK, _TALU_I, _TDT_I, _TG, _TOPS, _TUPLE, _WEAK, \
+  _tcallinfo, _tg_metadata, shape_to_shape_arg
+
+_args_objs, _meta_vals, _core_info = ARGS.objs, META.vals, CORE.info
+
+
+class _Out:
+  """One conversion pygrad -> tinygrad over the node table of the roots' graph (one export call), seeded with the
+  nodes a conversion the other way made (pygrad id -> tinygrad node), which map back without being rebuilt."""
+
+  def __init__(self, known=None):
+    self.known: dict = known if known is not None else {}
+    self.shapes: dict = {}  # static shape -> tinygrad's shape operand
+    self.consts: dict = {}  # (dtype id, arg id) -> tinygrad CONST
+    self.reduced: dict = {}  # REDUCE_AXIS row -> (tinygrad REDUCE, its shape, the keepdim shape)
+
+  def convert(self, roots: list) -> list:
+    """The tinygrad nodes of `roots`, rows in topological order; nodes known already, and nodes only they reach,
+    are not converted."""
+    for r in roots:
+      if not isinstance(r, UOp): raise TypeError(f"to_tinygrad: expected a pygrad UOp, got {type(r).__name__}")
+    if not roots: return []
+    known = self.known
+    ids, op, dt, arg, tag, pdata, nsrc, src = export(roots)
+    n = len(ids)
+    need = set(CORE.toposort([r._id for r in roots], True, list(known))) if known else None
+    start = np.zeros(n + 1, np.int64)
+    np.cumsum(nsrc, out=start[1:])
+    self.ids, self.op, self.dt, self.arg, self.tag = ids.tolist(), op.tolist(), dt.tolist(), arg.tolist(), tag.tolist()
+    self.start, self.src = stl, srcl = start.tolist(), src.tolist()
+    self.out = out = [None] * n
+    idl, opl, dtl, tagl, pdl, objs = self.ids, self.op, self.dt, self.tag, pdata.tolist(), _args_objs
+    md = _pg_uop._md_count and pdata.any()
+    one, lazy, reduced, talu, tdt = self._one, self._lazy, self.reduced, _TALU_I, _TDT_I
+    for i in range(n):
+      nid = idl[i]
+      t = known.get(nid)
+      if t is not None:
+        out[i] = t
+        continue
+      if need is not None and nid not in need: continue  # only nodes known already use it
+      o = opl[i]
+      if o in talu and not tagl[i]:  # the hot path: an ALU op
+        src = tuple([out[j] if out[j] is not None else lazy(j) for j in srcl[stl[i]:stl[i + 1]]])
+        # the dtype is given unless every operand is weak (then tinygrad's promotion decides, as it did before)
+        t = out[i] = TUOp(talu[o], None if all(s.dtype in _WEAK for s in src) else tdt[dtl[i]], src)
+      else:
+        tg = objs[tagl[i]] if tagl[i] else None
+        # the helper of a pair, or an explicit broadcast: made only if asked for on its own (see _lazy)
+        if tg is not None and (tg == _BCAST or tg == _EXPAND and o == _RESHAPE or tg == _REDUCE and o == _REDUCEOP):
+          continue
+        if o == _REDUCEOP and tg is None:  # its keepdim reshape is made only if a user needs it (see _reshaped)
+          t = self._reduce(i)
+        else: t = out[i] = one(i, o, tg)
+      if md and pdl[i] and t not in _tg_metadata: _tg_metadata[t] = self._md(pdl[i])
+    return [self._get(int(i)) for i in _rows_of(ids, [r._id for r in roots])]
+
+  @staticmethod
+  def _md(pid: int) -> tuple:
+    got = _MD_OUT.get(pid)
+    md = _args_objs[pid]
+    if got is None or got[0] is not md:
+      if len(_MD_OUT) >= 4096: _MD_OUT.clear()
+      got = _MD_OUT[pid] = (md, tuple(TMetadata(m.name, m.backward) for m in md))
+    return got[1]
+
+  def _srcs(self, i: int) -> list: return self.src[self.start[i]:self.start[i + 1]]
+
+  def _shape(self, i: int) -> tuple: return _meta_vals[_core_info(self.ids[i])[5]][0]
+
+  def _get(self, i: int) -> TUOp:
+    t = self.out[i]
+    return t if t is not None else self._lazy(i)
+
+  def _lazy(self, i: int) -> TUOp:
+    """The tinygrad node of a helper row asked for on its own (bounded: helpers sit at most two deep), or of a
+    REDUCE_AXIS whose keepdim shape a user needs."""
+    tg, x, a = _args_objs[self.tag[i]], self.src[self.start[i]], _args_objs[self.arg[i]]
+    if i in self.reduced: ret = self._reshaped(i, self.reduced[i][2])
+    elif tg == _BCAST: ret = self._get(x)
+    elif tg == _EXPAND: ret = self._mop(self._get(x), TOps.RESHAPE, a)
+    else:
+      xt = self._get(x)
+      ret = self._mop(TUOp(TOps.REDUCE, xt.dtype, (xt,), (getattr(TOps, a[0].name), len(a[1]))), TOps.RESHAPE,
+                      self._shape(i))
+    self.out[i] = ret
+    return ret
+
+  def _shape_arg(self, shape: tuple) -> TUOp:
+    got = self.shapes.get(shape)
+    if got is None: got = self.shapes[shape] = shape_to_shape_arg(shape)
+    return got
+
+  def _mop(self, x: TUOp, op, arg) -> TUOp:
+    """tinygrad's x._mop(op, arg) for static arguments, made directly: its symbolic simplify of the shape operands
+    changes nothing on ints, and costs more than the node (the round-trip tests check the nodes are tinygrad's)."""
+    if op is TOps.PERMUTE or op is TOps.FLIP: return TUOp(op, x.dtype, (x,), arg)
+    if op is TOps.RESHAPE: return TUOp(op, x.dtype, (x, self._shape_arg(arg)))
+    if not arg: return x
+    if op is TOps.EXPAND: return TUOp(op, x.dtype, (x, self._shape_arg(arg)))
+    return TUOp(op, x.dtype, (x, self._shape_arg(tuple(a for a, _ in arg)), self._shape_arg(tuple(b for _, b in arg))))
+
+  def _expand(self, r: int, shape: tuple) -> TUOp:
+    """pygrad's EXPAND of row r (size-1 axes grow in place) as tinygrad's: drop those axes, prepend them grown,
+    permute back."""
+    src = self._shape(r)
+    grow = [i for i, (a, b) in enumerate(zip(src, shape)) if a != b]
+    rest = [i for i in range(len(shape)) if i not in grow]
+    y = self._mop(self._reshaped(r, tuple(src[i] for i in rest)), TOps.EXPAND, tuple(shape[i] for i in grow))
+    order = grow + rest
+    perm = tuple(order.index(j) for j in range(len(shape)))
+    return y if perm == tuple(range(len(shape))) else self._mop(y, TOps.PERMUTE, perm)
+
+  def _reduce(self, i: int) -> TUOp:
+    """pygrad's REDUCE_AXIS (axes kept) as tinygrad's: reduced axes permuted to the front and reduced (dropped).
+    Remembered with its shape and the keepdim shape, which a reshape is made to only if a user needs it."""
+    x, rop, axes = self.src[self.start[i]], *_args_objs[self.arg[i]]
+    src = self._shape(x)
+    x = self._get(x)
+    red = [a for a in sorted(axes) if src[a] != 1]
+    rest = [k for k in range(len(src)) if k not in red]
+    if red:
+      perm = tuple(red + rest)
+      if perm != tuple(range(len(src))): x = self._mop(x, TOps.PERMUTE, perm)
+      x = TUOp(TOps.REDUCE, x.dtype, (x,), (getattr(TOps, rop.name), len(red)))
+    self.reduced[i] = (x, tuple(src[k] for k in rest), tuple(1 if k in axes else s for k, s in enumerate(src)))
+    return x
+
+  def _reshaped(self, r: int, shape: tuple) -> TUOp:
+    """Row r's tinygrad node reshaped to `shape` (a REDUCE_AXIS's reduce, not its keepdim reshape)."""
+    got = self.reduced.get(r)
+    if got is None: return self._mop(self._get(r), TOps.RESHAPE, shape)
+    return got[0] if got[1] == shape else self._mop(got[0], TOps.RESHAPE, shape)
+
+  def _one(self, i: int, o: int, tag) -> TUOp:
+    if type(tag) is tuple and tag[0] == _TG: return tag[1]
+    a = _args_objs[self.arg[i]]
+    get = self._get
+    if o in _TALU_I:
+      src = tuple(get(j) for j in self._srcs(i))
+      # the dtype is given unless every operand is weak (then tinygrad's promotion decides, as it did before)
+      for s in src:
+        if s.dtype not in _WEAK: return TUOp(_TALU_I[o], _TDT_I[self.dt[i]], src)
+      return TUOp(_TALU_I[o], src=src)
+    if o == _CONST:
+      k = (self.dt[i], self.arg[i])
+      got = self.consts.get(k)
+      if got is None: got = self.consts[k] = TUOp.const(a, _TDT_I[k[0]])
+      return got
+    if o == _RESHAPE:
+      r = self.src[self.start[i]]
+      if tag == _REDUCE and self.op[r] == _REDUCEOP and _args_objs[self.tag[r]] == _REDUCE:
+        xt, ra = get(self.src[self.start[r]]), _args_objs[self.arg[r]]
+        return TUOp(TOps.REDUCE, xt.dtype, (xt,), (getattr(TOps, ra[0].name), len(ra[1])))
+      return self._reshaped(r, a)
+    if o == _EXPANDOP:
+      r = self.src[self.start[i]]
+      if tag == _EXPAND:
+        inner = self.src[self.start[r]]
+        return self._mop(get(inner), TOps.EXPAND, a[:len(a) - len(self._shape(inner))])
+      return self._expand(r, a)
+    srcs = self._srcs(i)
+    x = get(srcs[0]) if srcs else None
+    if o == _PERMUTE: return self._mop(x, TOps.PERMUTE, a)
+    if o == _FLIP: return self._mop(x, TOps.FLIP, a)
+    if o == _PAD: return self._mop(x, TOps.PAD, tuple((b, s + b + e) for (b, e), s in zip(a, self._shape(srcs[0]))))
+    if o == _SHRINK: return self._mop(x, TOps.SHRINK, tuple((b, e - b) for b, e in a))
+    if o == _CAST or o == _BITCAST:
+      d = _TDT_I[self.dt[i]]
+      return TUOp(TOps.CAST if o == _CAST else TOps.BITCAST, d, (x,), d)
+    if o == _CONTIGUOUS and type(tag) is tuple and tag[0] == _ASSIGN:
+      view = tag[1]
+      return view.after(view.store(x))
+    if o in _IDENT: return TUOp(_TOPS[o], x.dtype, (x,))
+    if o == _COPY: return TUOp(TOps.COPY, src=(x,), arg=a)
+    if o == _BUFFER:
+      if isinstance(a[0], TUOp): return a[0]
+      shape, n = a[1], math.prod(a[1])
+      # a pygrad input becomes the same tinygrad BUFFER in every conversion: its slot is derived from the unique id
+      slot = _SLOT0 - a[0] if type(a[0]) is int else None
+      b = TUOp.new_buffer(a[2], n, _TDT_I[self.dt[i]], num=slot)
+      return b if shape == (n,) else self._mop(b, TOps.RESHAPE, shape)
+    if o == _DEFINE_VAR: return TUOp.variable(a[0], a[1], a[2], _TDT_I[self.dt[i]])
+    if o == _PARAM: return TUOp.param(a[0], _TDT_I[self.dt[i]], a[1], a[2])
+    if o == _NOOP: return TUOp(TOps.NOOP)
+    if o == _TUPLE: return TUOp.maketuple(*(get(j) for j in srcs))
+    if o == _SINK: return TUOp.sink(*(get(j) for j in srcs))
+    if o == _GETTUPLE: return TUOp(TOps.GETTUPLE, src=(x,), arg=a)
+    if o == _AFTER: return x.after(get(srcs[1]))
+    if o == _FUNCTION or o == _CALL:
+      info = tag[1] if type(tag) is tuple and tag[0] == _INFO else _tcallinfo(Ops(o).name, a)
+      if o == _CALL: raise ValueError(f"to_tinygrad: CALL {a.name!r} has a pygrad kernel; tinygrad cannot run it")
+      return TUOp(TOps.FUNCTION, src=tuple(get(j) for j in srcs), arg=info)
+    raise ValueError(f"to_tinygrad: pygrad op {Ops(o).name} has no tinygrad counterpart")
+
+
+_SLOT0 = -(1 << 48)  # below tinygrad's own slots (counters from 0, and -id(buffer) for adopted storage)

@@ -1,0 +1,159 @@
+"""The tables pygrad's tinygrad interop works from (pygrad/interop/tinygrad.py explains the encodings): dtypes, the
+ops both IRs share, the tags of pygrad nodes that encode a tinygrad node differently, which sources of a tinygrad
+node are values, and tinygrad's calls as pygrad calls (a tinygrad grad_fxn called from pygrad's derivation)."""
+from __future__ import annotations
+import threading
+from pygrad import Ops, dtypes, CallInfo
+
+try:
+  from tinygrad.uop.ops import UOp as TUOp, Ops as TOps, CallInfo as TCallInfo, all_metadata as _tg_metadata
+  from tinygrad.uop.ops import ParamArg, shape_to_shape_arg
+  from tinygrad.dtype import dtypes as tdtypes, AddrSpace
+  from tinygrad.helpers import Metadata as TMetadata
+  import tinygrad.mixin.gradient as _tg_gradient
+except ImportError as e:  # pragma: no cover - exercised only where tinygrad is missing
+  raise ImportError("pygrad.interop.tinygrad needs tinygrad 0.14.0 (pip install 'pygrad[tinygrad]')") from e
+
+# ---- tables ----
+
+_DT = {tdtypes.bool: dtypes.bool, tdtypes.int8: dtypes.int8, tdtypes.int16: dtypes.int16, tdtypes.int32: dtypes.int32,
+       tdtypes.int64: dtypes.int64, tdtypes.uint8: dtypes.uint8, tdtypes.uint16: dtypes.uint16,
+       tdtypes.uint32: dtypes.uint32, tdtypes.uint64: dtypes.uint64, tdtypes.float16: dtypes.float16,
+       tdtypes.bfloat16: dtypes.bfloat16, tdtypes.float32: dtypes.float32, tdtypes.float64: dtypes.float64,
+       tdtypes.void: dtypes.void}
+_WEAK = {tdtypes.weakfloat: dtypes.float32, tdtypes.weakint: dtypes.int32}  # a weak node with no typed user
+
+# ops both IRs share, with the same sources and meaning (C-style integer division is IDIV/MOD in pygrad)
+_ALU = {getattr(TOps, o.name): o for o in (
+  Ops.RECIPROCAL, Ops.SQRT, Ops.SIN, Ops.LOG2, Ops.EXP2, Ops.TRUNC, Ops.ADD, Ops.MUL, Ops.MAX, Ops.POW, Ops.AND,
+  Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.WHERE)}
+_ALU[TOps.CDIV], _ALU[TOps.CMOD] = Ops.IDIV, Ops.MOD
+_CMP = frozenset({TOps.CMPLT, TOps.CMPNE, TOps.CMPEQ})
+_SAME = {TOps.CONTIGUOUS: Ops.CONTIGUOUS, TOps.CONTIGUOUS_BACKWARD: Ops.CONTIGUOUS_BACKWARD, TOps.DETACH: Ops.DETACH}
+_SHAPED_MOVE = frozenset({TOps.RESHAPE, TOps.EXPAND, TOps.PAD, TOps.SHRINK})  # shapes are sources
+
+# tags of pygrad nodes that encode a tinygrad node differently
+_TG = "tinygrad"            # ("tinygrad", node): this pygrad node stands for that tinygrad node (a leaf or constant)
+_EXPAND = "tinygrad.expand"  # RESHAPE+EXPAND pair of one tinygrad EXPAND
+_REDUCE = "tinygrad.reduce"  # REDUCE_AXIS+RESHAPE pair of one tinygrad REDUCE
+_BCAST = "tinygrad.bcast"    # explicit broadcast for tinygrad's implicit one
+_ASSIGN = "tinygrad.assign"  # ("tinygrad.assign", view): CONTIGUOUS standing for AFTER(view, STORE(view, value))
+_INFO = "tinygrad.info"      # ("tinygrad.info", CallInfo): tinygrad's CallInfo of a FUNCTION/CALL
+
+
+def _pdtype(u: TUOp, want=None):
+  d = _DT.get(u.dtype)
+  if d is not None: return d
+  if u.dtype in _WEAK: return want if want is not None else _WEAK[u.dtype]
+  raise ValueError(f"from_tinygrad: dtype {u.dtype!r} of {u.op.name} has no pygrad dtype")
+
+
+def _ints(shape, u) -> tuple:
+  if not all(type(s) is int for s in shape):
+    raise ValueError(f"from_tinygrad: {u.op.name} has a symbolic shape {shape!r}; pygrad needs static shapes")
+  return tuple(shape)
+
+
+def _value_srcs(u: TUOp) -> tuple:
+  """The sources of u that are values (a movement op's shape operands and a kernel body are not)."""
+  op = u.op
+  if op in _SHAPED_MOVE: return u.src[:1]
+  if op is TOps.BUFFER or op is TOps.PARAM or op is TOps.CONST: return ()
+  if op is TOps.CALL: return u.src[1:]
+  if op is TOps.AFTER and _is_assign(u): return (u.src[1].src[1],)
+  return u.src
+
+
+def _is_assign(u: TUOp) -> bool:
+  if len(u.src) != 2 or u.src[1].op is not TOps.STORE: return False
+  st = u.src[1]
+  return len(st.src) == 2 and st.src[0] is u.src[0] and st.src[1]._shape == u.src[0]._shape
+
+
+def _operand_want(u: TUOp, want):
+  """The pygrad dtype u's weak sources take: that of u's typed operands (for a comparison, not its bool result)."""
+  if u.op in _CMP or u.op is TOps.WHERE:
+    for s in (u.src[1:] if u.op is TOps.WHERE else u.src):
+      if s.dtype not in _WEAK: return _DT.get(s.dtype)
+    if u.op is TOps.WHERE: return want
+    return None
+  if u.op is TOps.AFTER: return _DT.get(u.src[0].dtype)
+  if u.op in (TOps.CAST, TOps.BITCAST): return None
+  return _pdtype(u, want) if u.dtype is not tdtypes.void else None
+
+
+class _GradFxn:
+  """A tinygrad grad_fxn as pygrad calls it: pygrad gradients in, tinygrad's function on tinygrad UOps, pygrad out.
+  Equal for equal tinygrad CallInfos, so the pygrad CALL/FUNCTION hash-conses like the tinygrad one."""
+  __slots__ = ("info",)
+
+  def __init__(self, info): self.info = info
+  def __eq__(self, o): return type(o) is _GradFxn and o.info == self.info
+  def __hash__(self): return hash(("tinygrad grad_fxn", self.info))
+
+  def __call__(self, *grads, call):
+    from .tinygrad_in import _In  # the conversions import these tables
+    from .tinygrad_out import _Out
+    ctx = _ctx()
+    out = _Out(ctx.rev if ctx is not None else None)
+    tcall, *tg = out.convert([call, *grads])
+    args = tcall.src[1:]
+    # a gradient with no device (a broadcast constant) is placed on the call's device, as tinygrad does for calls
+    tg = [g.clone(device=(args[i].device if tcall.op is TOps.CALL else tcall.device)) if g.device is None else g
+          for i, g in enumerate(tg)]
+    ret = self.info.grad_fxn(*tg, call=tcall) if len(tg) > 1 else self.info.grad_fxn(tg[0], tcall)
+    cin = _In(known=ctx.fwd if ctx is not None else None)
+    rows = [None if g is None else cin.add(g) for g in ret]
+    made = iter(cin.build([r for r in rows if r is not None]))
+    return tuple(None if r is None else next(made) for r in rows)
+
+
+def _pcallinfo(info) -> CallInfo:
+  if not isinstance(info, TCallInfo): raise ValueError(f"from_tinygrad: a call's arg is {info!r}, not a CallInfo")
+  gf = _GradFxn(info) if info.grad_fxn is not None else None
+  return CallInfo(gf, info.name, info.precompile, info.precompile_backward)
+
+
+# ---- the node tables' ints, and lookups for the hot loops ----
+
+_OP = {o: o.value for o in Ops}  # pygrad ops as the node table's ints
+(_RESHAPE, _EXPANDOP, _PAD, _SHRINK, _PERMUTE, _FLIP, _REDUCEOP, _CONST, _CAST, _BITCAST, _BUFFER, _DEFINE_VAR,
+ _PARAM, _CONTIGUOUS, _COPY, _AFTER, _SINK, _CALL, _FUNCTION, _TUPLE, _GETTUPLE, _NOOP) = (_OP[o] for o in (
+  Ops.RESHAPE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.PERMUTE, Ops.FLIP, Ops.REDUCE_AXIS, Ops.CONST, Ops.CAST,
+  Ops.BITCAST, Ops.BUFFER, Ops.DEFINE_VAR, Ops.PARAM, Ops.CONTIGUOUS, Ops.COPY, Ops.AFTER, Ops.SINK, Ops.CALL,
+  Ops.FUNCTION, Ops.TUPLE, Ops.GETTUPLE, Ops.NOOP))
+_VOID, _BOOL = dtypes.void.id, dtypes.bool.id
+_ALU_I = {k: _OP[v] for k, v in _ALU.items()}
+_SAME_I = {k: _OP[v] for k, v in _SAME.items()}
+_MOVE = _SHAPED_MOVE | {TOps.PERMUTE, TOps.FLIP}
+_DTI = {t: p.id for t, p in _DT.items()}
+_ROP = {getattr(TOps, o.name): o for o in (Ops.ADD, Ops.MAX, Ops.MUL)}
+_NOWANT = object()  # _one's operand dtype, not worked out yet
+_MD_IN: dict = {}   # tinygrad metadata tuple -> pygrad's (few distinct: one per Tensor method and direction)
+_MD_OUT: dict = {}  # pygrad metadata arg id -> (its tuple, tinygrad's)
+_TOPS = tuple(getattr(TOps, o.name, None) for o in Ops)  # pygrad op int -> tinygrad's op of that name
+_TALU_I = {_OP[v]: k for k, v in _ALU.items()}
+_TDT_I = {p.id: t for t, p in _DT.items()}
+_IDENT = frozenset(_OP[o] for o in (Ops.CONTIGUOUS, Ops.CONTIGUOUS_BACKWARD, Ops.DETACH))
+
+
+def _tcallinfo(opname: str, a):
+  gf = a.grad_fxn
+  if gf is not None and type(gf) is not _GradFxn:
+    raise ValueError(f"to_tinygrad: {opname} {a.name!r} has a pygrad grad_fxn; tinygrad would call it on its UOps")
+  return TCallInfo(gf.info.grad_fxn if gf is not None else None, a.name, a.precompile, a.precompile_backward)
+
+
+class _Ctx:
+  """The conversions of the derivation running in this thread (a grad_fxn met on the way uses them)."""
+  __slots__ = ("fwd", "rev")
+
+  def __init__(self, fwd, rev): self.fwd, self.rev = fwd, rev
+
+
+_local = threading.local()
+
+
+def _ctx():
+  s = getattr(_local, "stack", None)
+  return s[-1] if s else None
