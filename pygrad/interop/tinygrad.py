@@ -30,7 +30,7 @@ from pygrad import UOp, Ops
 import pygrad.gradient as _pg_gradient
 from .tinygrad_in import _In
 from .tinygrad_out import _Out
-from .tinygrad_tables import TUOp, _Ctx, _DT, _WEAK, _local, _tg_gradient
+from .tinygrad_tables import TUOp, _DT, _WEAK, _local, _tg_gradient
 
 __all__ = ["from_tinygrad", "to_tinygrad", "compute_gradient", "install", "uninstall", "installed"]
 
@@ -71,7 +71,7 @@ def convert_in(root: TUOp, root_grad: TUOp, targets):
 def derive(cin, proot: UOp, pgrad: UOp, ptargets: dict) -> dict:
   """compute_gradient's second phase: pygrad's compute_gradient (a grad_fxn met on the way finds the conversions)."""
   stack = _local.__dict__.setdefault("stack", [])
-  stack.append(_Ctx(cin.fwd(), cin.rev()))
+  stack.append(cin)
   try:
     return _pg_gradient.compute_gradient(proot, pgrad, set(ptargets.values()))
   finally:

@@ -94,15 +94,15 @@ class _GradFxn:
   def __call__(self, *grads, call):
     from .tinygrad_in import _In  # the conversions import these tables
     from .tinygrad_out import _Out
-    ctx = _ctx()
-    out = _Out(ctx.rev if ctx is not None else None)
+    ctx = _ctx()  # the conversion in of the derivation running (its maps are made on first use)
+    out = _Out(ctx.rev() if ctx is not None else None)
     tcall, *tg = out.convert([call, *grads])
     args = tcall.src[1:]
     # a gradient with no device (a broadcast constant) is placed on the call's device, as tinygrad does for calls
     tg = [g.clone(device=(args[i].device if tcall.op is TOps.CALL else tcall.device)) if g.device is None else g
           for i, g in enumerate(tg)]
     ret = self.info.grad_fxn(*tg, call=tcall) if len(tg) > 1 else self.info.grad_fxn(tg[0], tcall)
-    cin = _In(known=ctx.fwd if ctx is not None else None)
+    cin = _In(known=ctx.fwd() if ctx is not None else None)
     rows = [None if g is None else cin.add(g) for g in ret]
     made = iter(cin.build([r for r in rows if r is not None]))
     return tuple(None if r is None else next(made) for r in rows)
@@ -144,14 +144,7 @@ def _tcallinfo(opname: str, a):
   return TCallInfo(gf.info.grad_fxn if gf is not None else None, a.name, a.precompile, a.precompile_backward)
 
 
-class _Ctx:
-  """The conversions of the derivation running in this thread (a grad_fxn met on the way uses them)."""
-  __slots__ = ("fwd", "rev")
-
-  def __init__(self, fwd, rev): self.fwd, self.rev = fwd, rev
-
-
-_local = threading.local()
+_local = threading.local()  # .stack: the conversions in (tinygrad_in._In) of the derivations running here
 
 
 def _ctx():
