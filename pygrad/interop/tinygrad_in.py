@@ -81,10 +81,18 @@ class _In:
     """Make the whole table's nodes (one bulk build) and return the nodes of the rows `want`."""
     n = len(self.rows)
     if not n: return []
-    ops, dts, srcs, args, tags = zip(*self.rows)
+    rows, given = self.rows, sorted(self.given)
+    new = None  # the builder takes the given rows (nodes of `known`, no sources) first: renumber if there are any
+    if given:
+      order = given + sorted(set(range(n)).difference(given))
+      new = np.empty(n, np.int64)
+      new[order] = np.arange(n)
+      rows = [rows[r] for r in order]
+    ops, dts, srcs, args, tags = zip(*rows)
     start = np.zeros(n + 1, np.int64)
     np.cumsum(np.fromiter(map(len, srcs), np.int64, n), out=start[1:])
-    flat = np.fromiter(itertools.chain.from_iterable(srcs), np.int32, int(start[-1]))
+    flat = np.fromiter(itertools.chain.from_iterable(srcs), np.int64, int(start[-1]))
+    if new is not None: flat = new[flat]
     objs: list = []
     seen: dict = {}
     argref, tagref = _refs(args, objs, seen), _refs(tags, objs, seen)
@@ -93,14 +101,16 @@ class _In:
       pdref = np.zeros(n, np.int32)
       for r, m in self.md.items():
         objs.append(m)
-        pdref[r] = len(objs)
+        pdref[r if new is None else new[r]] = len(objs)
     used = np.zeros(n, bool)
     used[flat] = True
-    roots = list(want) + np.flatnonzero(~used).tolist()  # every row is one of these or reached from one
-    ids: list = []
-    hs = _build(np.array(ops, np.int32), np.array(dts, np.int32), start, flat, argref, tagref, pdref, objs, roots,
-                self.given, ids)
-    self.ids, self.keep = ids, hs
+    want = list(want) if new is None else new[want].tolist()
+    roots = want + np.flatnonzero(~used).tolist()  # every row is one of these or reached from one
+    gids = np.array([self.given[r]._id for r in given], np.int32)
+    hs, rest = _build(np.array(ops, np.int32), np.array(dts, np.int32), start, flat.astype(np.int32), argref, tagref,
+                      pdref, objs, roots, gids)
+    ids = np.concatenate([gids, rest])
+    self.ids, self.keep = (ids if new is None else ids[new]).tolist(), hs
     return hs[:len(want)]
 
   def fwd(self) -> _Fwd: return _Fwd(self.memo, self.ids)
