@@ -200,22 +200,7 @@ def test_both_cores_carry_the_same_metadata_to_gradients(tmp_path):
 
 
 def test_both_cores_build_identical_gradient_graphs(tmp_path):
-  try:
-    import pygrad._core  # noqa: F401
-  except ImportError:
-    pytest.fail("the C core is not built; this test compares the two cores")
-  outs = {}
-  for core in ("python", "c"):
-    # the subprocess imports the pygrad this process tests (python -c puts its working folder first)
-    pkg_dir = os.path.dirname(os.path.dirname(os.path.abspath(pygrad.__file__)))
-    path = os.pathsep.join([pkg_dir] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
-    env = {**os.environ, "PYGRAD_CORE": core, "PYTHONPATH": path}
-    r = subprocess.run([sys.executable, "-c", _canonical_script()], env=env, cwd=tmp_path, capture_output=True,
-                       text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    name, *graphs = json.loads(r.stdout)
-    assert name == core
-    outs[core] = graphs
+  outs = _on_both_cores(tmp_path, _canonical_script())
   assert outs["python"] == outs["c"]
   assert all(len(g) > 20 for g in outs["c"])
   assert Ops.BUFFER.name in json.dumps(outs["c"])
