@@ -57,8 +57,8 @@ def test_deep_chain_gradient_runs_on_the_c_engine():
 @pytest.mark.parametrize("n", [1, 4099])
 def test_sin_writes_over_its_operand_exactly(dt, n):
   """A SIN whose operand dies there writes into that operand's register: with large arguments (the libm path),
-  inf, NaN and signed zeros, at a size with a SIMD main loop and a tail, the results equal numpy's bit for bit
-  (float64) or within float32's polynomial error."""
+  inf, NaN and signed zeros, at a size with a SIMD main loop and a tail, the results equal numpy's within an ulp or
+  two (float64; non-finite values and zero signs exactly) or within float32's polynomial error."""
   rng = np.random.default_rng(3)
   v = rng.standard_normal(n) * np.where(rng.random(n) < 0.3, 3e6, 3.0)
   v[: min(n, 6)] = [np.inf, -np.inf, np.nan, -0.0, 0.0, 2e7][: min(n, 6)]
@@ -71,7 +71,10 @@ def test_sin_writes_over_its_operand_exactly(dt, n):
     val = v.astype(dt.numpy if dt is not dtypes.bfloat16 else np.float32)
   want = numpy_eval.evaluate([y], {x: val})[0]
   got = pygrad.evaluate(y, {x: val}, engine="c")
-  if dt is F64: np.testing.assert_array_equal(got, want)
+  if dt is F64:  # within an ulp or two: the wheel's libm and numpy's own SIMD sine round a few inputs differently
+    special = ~np.isfinite(want) | (want == 0)
+    np.testing.assert_array_equal(got[special], want[special])  # NaN, inf and the sign of zero exactly
+    np.testing.assert_allclose(got, want, rtol=5e-16, atol=1e-15, equal_nan=True)  # inner ulp carried
   else: np.testing.assert_allclose(got, want, rtol={F32: 1e-5, dtypes.float16: 1e-3}.get(dt, 8e-3), atol=1e-6,
                                    equal_nan=True)
 
