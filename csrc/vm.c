@@ -718,7 +718,7 @@ static int run_gemm(const vm_kernel *k, char *const *bufp, int32_t nthreads, con
   char *ws;
   /* a narrow C: vectors along its long side (decided by shape and strides alone), unless A's rows run along the
      depth, when each row of C is one vector (vm_gemm.h, gemm_narrow) */
-  if (g->m < 16 && g->n >= 2 * g->m && g->sak != 1) {
+  if (g->m < VM_GEMM_NARROW && g->n >= 2 * g->m && g->sak != 1) {
     gemm_transpose(g, &swapped);
     g = &swapped;
   }

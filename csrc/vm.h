@@ -10,6 +10,9 @@
 
 #define VM_MAXDIM PG_VM_MAXDIM
 #define VM_MAXTILE 65536
+/* a contraction whose C has fewer columns than this is narrow: transposed (run_gemm), or, when its A rows run
+   along the depth, one vector per row (vm_gemm.h, gemm_narrow) */
+#define VM_GEMM_NARROW 16
 #define VM_MAGIC PG_VM_MAGIC
 #define VM_VERSION PG_VM_VERSION
 

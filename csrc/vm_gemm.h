@@ -9,7 +9,6 @@
 #define G_KC 256
 #define G_MC 96
 #define G_NC 2048
-#define G_NARROW 16 /* vm.c's run_gemm agrees: a C this narrow is not transposed when its A rows are contiguous */
 
 /* rows [i0, i0+mc) x depth [p0, p0+kc) of A into MR-row panels (zero rows pad the last panel) */
 VM_TGT static void GFN(pack_a)(GT *dst, const GT *a, int64_t mc, int64_t kc, int64_t sn, int64_t sk) {
@@ -103,7 +102,7 @@ VM_TGT static void GFN(micro)(int64_t kc, const GT *ap, int64_t ars, int64_t aps
     }
 }
 
-/* C[i0:i1, j0:j1] (+)= A B over depth [pc, pc+kc) for a narrow C (fewer columns than G_NARROW) whose A rows run
+/* C[i0:i1, j0:j1] (+)= A B over depth [pc, pc+kc) for a narrow C (fewer columns than VM_GEMM_NARROW) whose A rows run
    along the depth: a tile MR x NR would be mostly padding, so each row of C is one vector (columns in groups of VL)
    accumulating A[i, p] * B[p, cols] over p, eight rows at a time (eight independent multiply-add chains). The
    group's B rows are copied, zero padded, into bt first; rows past i1 read row i0 again and are dropped. */
@@ -172,7 +171,7 @@ VM_TGT static void GFN(gemm_part)(const vm_gemm *g, const char *a_, const char *
   }
   apack = (GT *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
   bpack = apack + ((mcmax + G_MR - 1) / G_MR * G_MR * kcmax + 16) / 16 * 16;
-  if (g->m < G_NARROW && direct) {  /* bpack holds NR >= VL columns by KC rows, so one VL-wide group fits */
+  if (g->m < VM_GEMM_NARROW && direct) {  /* bpack holds NR >= VL columns by KC rows, so one VL-wide group fits */
     for (pc = 0; pc < g->k; pc += G_KC)
       GFN(gemm_narrow)(g, a, b, c, i0, i1, j0, j1, pc, g->k - pc < G_KC ? g->k - pc : G_KC, bpack);
     return;
@@ -202,4 +201,3 @@ VM_TGT static void GFN(gemm_part)(const vm_gemm *g, const char *a_, const char *
 #undef G_KC
 #undef G_MC
 #undef G_NC
-#undef G_NARROW
