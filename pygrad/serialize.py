@@ -16,19 +16,20 @@ those (pickle writes them with its own machinery, which users know runs code on 
 Pickle writes one node table per pickling call, however many UOps (and Walks, and compiled Programs) the pickled
 structure holds: see the pickle section below."""
 from __future__ import annotations
-import importlib, os, struct, sys, threading, weakref, zlib
+import os, struct, threading, weakref, zlib
 from typing import Sequence
 import numpy as np
 from .ops import Ops, GroupOp
-from .dtype import DType, BY_ID
+from .dtype import BY_ID
 from .core import CORE, ArgGone
-from .intern import ARGS, META, argkey, _INTS
+from .intern import ARGS, META
+from .argtable import encode_args, decode_args
 from .shapes import INFER
-from .uop import UOp, Walk, CallInfo, Metadata, handle
+from .uop import UOp, Walk, Metadata, handle
 from . import uop as _uop
 
 MAGIC = b"PYGRAD\x00G"
-VERSION = 1
+VERSION = 2  # 2: the arg table by skeleton (pygrad/argtable.py); 1 stored each arg's items in turn
 # magic, version, flags, nargs, argbytes, n, nsrc, nroots, srcw, argw, and ngiven: rows before the stored ones that the
 # loader supplies (a piece of pickle's shared table continues the pieces before it; 0 in every file dumps writes)
 _HEAD = struct.Struct("<8sIIQQQQQBBxxI")
@@ -38,104 +39,9 @@ _ASK = frozenset({Ops.GETTUPLE, Ops.FUNCTION, Ops.CALL, Ops.AFTER})  # inference
 _FLAGS = np.array([2 if o in _ASK else 1 for o in Ops], np.uint8)
 _IS_LEAF = np.array([o in GroupOp.Leaf for o in Ops], bool)
 _OPS = tuple(Ops)
-_MAX_BIGINT = 1 << 16                   # bytes of one integer arg
-_MAX_NEST = 100                         # tuples in tuples: interning compares args recursively, so bound it
-_I64 = (-(1 << 63), (1 << 63) - 1)
 _JUST_INT = {int}
 _SMALL = 32  # a pickle piece of at most this many new nodes is built node by node: the bulk builder's setup costs more
-_NONE_KEY = (type(None), None)
-
-# ---- the arg table: tagged values, decoded with an explicit stack ----
-(T_NONE, T_FALSE, T_TRUE, T_INT, T_BIGINT, T_FLOAT, T_STR, T_TUPLE, T_OPS, T_DTYPE, T_META, T_CALLINFO, T_FUNC,
- T_EXTERN, T_BYTES, T_INTS) = range(16)  # T_INTS: a non-empty tuple of int64s, packed
-_U32, _I64S, _F64 = struct.Struct("<I"), struct.Struct("<q"), struct.Struct("<d")
-
-
-def _func_ref(f, externals):
-  """How a callable is written: an index into pickle's externals, or (module, qualified name)."""
-  if externals is not None:
-    externals.append(f)
-    return (T_EXTERN, len(externals) - 1)
-  mod, qual = getattr(f, "__module__", None), getattr(f, "__qualname__", None)
-  if type(mod) is str and type(qual) is str and "<" not in qual:
-    try:
-      if _resolve(mod, qual, False) is f: return (T_FUNC, mod, qual)
-    except ValueError:
-      pass
-  raise ValueError(f"cannot save {f!r} by name: it is not reachable as {mod}.{qual}; define it at module level, "
-                   f"or use pickle, which carries any picklable callable")
-
-
-def _encode_args(aids: list[int], externals, cache: dict | None = None) -> bytes:
-  """The arg table of interned ids aids. cache (pickle's session) maps an id to its bytes, for args that name no
-  external (those bytes hold an index into this piece's externals)."""
-  out = bytearray()
-  for aid in aids:
-    hit = None if cache is None else cache.get(aid)
-    if hit is not None:
-      out += hit
-      continue
-    at, nx = len(out), 0 if externals is None else len(externals)
-    _encode_arg(ARGS.objs[aid], out, externals)
-    if cache is not None and (externals is None or len(externals) == nx): cache[aid] = bytes(out[at:])
-  return bytes(out)
-
-
-def _encode_arg(x, out: bytearray, externals) -> None:
-  todo = [x]
-  while todo:
-    x = todo.pop()
-    t = type(x)
-    if x is None: out.append(T_NONE)
-    elif t is bool: out.append(T_TRUE if x else T_FALSE)
-    elif t is int:
-      if _I64[0] <= x <= _I64[1]: out.append(T_INT); out += _I64S.pack(x)  # noqa: E702
-      else:
-        b = x.to_bytes((x.bit_length() + 8) // 8, "little", signed=True)
-        out.append(T_BIGINT); out += _U32.pack(len(b)); out += b  # noqa: E702
-    elif t is float: out.append(T_FLOAT); out += _F64.pack(x)  # noqa: E702
-    elif t is str:
-      b = x.encode("utf-8", "surrogatepass")
-      out.append(T_STR); out += _U32.pack(len(b)); out += b  # noqa: E702
-    elif t is bytes: out.append(T_BYTES); out += _U32.pack(len(x)); out += x  # noqa: E702
-    elif t is tuple:
-      if x and set(map(type, x)) == _JUST_INT and _I64[0] <= min(x) and max(x) <= _I64[1]:  # shapes: one read
-        out.append(T_INTS); out += _U32.pack(len(x)); out += struct.pack(f"<{len(x)}q", *x)  # noqa: E702
-      else:
-        out.append(T_TUPLE); out += _U32.pack(len(x))  # noqa: E702
-        todo.extend(reversed(x))
-    elif t is Ops: out.append(T_OPS); out.append(int(x))  # noqa: E702
-    elif isinstance(x, DType): out.append(T_DTYPE); out.append(x.id)  # noqa: E702
-    elif t is Metadata:
-      out.append(T_META)
-      todo.extend(reversed((x.name, x.caller, x.backward)))
-    elif t is CallInfo:
-      out.append(T_CALLINFO)
-      todo.extend(reversed((x.grad_fxn, x.name, x.precompile, x.precompile_backward, x.fxn)))
-    elif callable(x):
-      ref = _func_ref(x, externals)
-      out.append(ref[0])
-      if ref[0] == T_EXTERN: out += _U32.pack(ref[1])
-      else: todo.extend(reversed(ref[1:]))
-    else: raise ValueError(f"cannot save an arg of type {t.__name__}: {x!r}")
-
-
-def _resolve(mod: str, qual: str, allow_import: bool):
-  """The object named qual in module mod: from sys.modules, or imported if allowed. Nothing else runs."""
-  m = sys.modules.get(mod)
-  if m is None:
-    if not allow_import:
-      raise ValueError(f"callable {mod}.{qual}: module {mod!r} is not imported (import it first, or pass "
-                       f"allow_import=True to let loading import it)")
-    try: m = importlib.import_module(mod)
-    except Exception as e: raise ValueError(f"callable {mod}.{qual}: cannot import {mod!r}: {e}") from None
-  o = m
-  for part in qual.split("."):
-    if not part.isidentifier(): raise ValueError(f"callable {mod}.{qual}: bad name")
-    try: o = getattr(o, part)
-    except AttributeError: raise ValueError(f"callable {mod}.{qual}: {mod!r} has no {qual!r}") from None
-  if not callable(o): raise ValueError(f"callable {mod}.{qual}: not callable")
-  return o
+_U32 = struct.Struct("<I")
 
 
 class _Reader:
@@ -151,130 +57,6 @@ class _Reader:
     return self.b[p:p + k]
 
   def u32(self, what: str) -> int: return _U32.unpack(self.take(4, what))[0]
-
-
-def _decode_args(r: _Reader, nargs: int, externals, allow_import: bool) -> tuple[list, list]:
-  """nargs values and their interning keys (intern.argkey's, built along: computing them after would walk each arg
-  again); each tuple/Metadata/CallInfo is a frame on an explicit stack, so nesting costs no recursion. The reads are
-  inlined (this loop runs once per item of every distinct arg of a graph: its cost is the load's)."""
-  b, p = bytes(r.b[r.p:r.end]), 0
-  end = len(b)
-  objs: list = []
-  keys: list = []
-  stack: list = []  # [kind, items wanted, items, their keys]
-  q_at, d_at, u_at = _I64S.unpack_from, _F64.unpack_from, _U32.unpack_from
-
-  def cut(what: str) -> ValueError: return ValueError(f"pygrad.loads: truncated data ({what})")
-  while len(objs) < nargs:
-    if p >= end: raise cut("arg tag")
-    t = b[p]
-    p += 1
-    if t == T_INT:
-      if p + 8 > end: raise cut("int arg")
-      v = q_at(b, p)[0]
-      p += 8
-      key = (int, v)
-    elif t == T_INTS or t == T_STR or t == T_BYTES or t == T_TUPLE:
-      if p + 4 > end: raise cut("size")
-      k = u_at(b, p)[0]
-      p += 4
-      if t == T_INTS:
-        if k > (end - p) >> 3: raise cut("int tuple arg")
-        v = struct.unpack_from(f"<{k}q", b, p)
-        p += 8 * k
-        key = (_INTS, v)
-      elif t == T_TUPLE:
-        if k > end - p: raise ValueError(f"pygrad.loads: a tuple of {k} items is longer than the data")
-        if k:
-          stack.append([T_TUPLE, k, [], []])
-          if len(stack) > _MAX_NEST: raise ValueError(f"pygrad.loads: args nested deeper than {_MAX_NEST}")
-          continue
-        v, key = (), (_INTS, ())
-      else:
-        if k > end - p: raise cut("string arg")
-        v = b[p:p + k]
-        p += k
-        if t == T_STR:
-          try: v = v.decode("utf-8", "surrogatepass")
-          except UnicodeDecodeError: raise ValueError("pygrad.loads: a string arg is not UTF-8") from None
-        key = (type(v), v)
-    elif t == T_NONE: v, key = None, _NONE_KEY
-    elif t == T_FALSE: v, key = False, (bool, False)
-    elif t == T_TRUE: v, key = True, (bool, True)
-    elif t == T_FLOAT:
-      if p + 8 > end: raise cut("float arg")
-      v = d_at(b, p)[0]
-      p += 8
-      key = argkey(v)
-    elif t == T_OPS or t == T_DTYPE:
-      if p >= end: raise cut("op or dtype")
-      v = b[p]
-      p += 1
-      if t == T_OPS:
-        if v >= _NOPS: raise ValueError(f"pygrad.loads: unknown op {v} in an arg")
-        v = _OPS[v]
-      else:
-        if v >= _NDT: raise ValueError(f"pygrad.loads: unknown dtype {v} in an arg")
-        v = BY_ID[v]
-      key = (type(v), v)
-    elif t == T_BIGINT:
-      if p + 4 > end: raise cut("int size")
-      k = u_at(b, p)[0]
-      p += 4
-      if k > _MAX_BIGINT: raise ValueError(f"pygrad.loads: an integer arg of {k} bytes is too large")
-      if k > end - p: raise cut("int arg")
-      v = int.from_bytes(b[p:p + k], "little", signed=True)
-      p += k
-      key = (int, v)
-    elif t == T_META or t == T_CALLINFO or t == T_FUNC:
-      stack.append([t, 3 if t == T_META else 5 if t == T_CALLINFO else 2, [], []])
-      if len(stack) > _MAX_NEST: raise ValueError(f"pygrad.loads: args nested deeper than {_MAX_NEST}")
-      continue
-    elif t == T_EXTERN:
-      if p + 4 > end: raise cut("external")
-      k = u_at(b, p)[0]
-      p += 4
-      if externals is None or k >= len(externals): raise ValueError(f"pygrad.loads: external callable {k} missing")
-      v = externals[k]
-      key = argkey(v)
-    else: raise ValueError(f"pygrad.loads: unknown arg tag {t}")
-    while stack:  # v completes frames from the innermost out
-      fr = stack[-1]
-      items = fr[2]
-      items.append(v)
-      fr[3].append(key)
-      if len(items) < fr[1]: break
-      stack.pop()
-      if fr[0] == T_TUPLE:
-        v = tuple(items)
-        key = (_INTS, v) if set(map(type, items)) == _JUST_INT else (tuple, *fr[3])
-      else:
-        v = _finish(fr[0], items, externals, allow_import)
-        key = argkey(v)
-    else:
-      objs.append(v)
-      keys.append(key)
-  if stack: raise ValueError("pygrad.loads: truncated data (an arg is incomplete)")
-  r.p += p
-  return objs, keys
-
-
-def _finish(kind: int, items: list, externals, allow_import: bool):
-  if kind == T_TUPLE: return tuple(items)
-  if kind == T_META:
-    name, caller, bw = items
-    if type(name) is not str or type(caller) is not str or type(bw) is not bool:
-      raise ValueError(f"pygrad.loads: bad Metadata fields {items!r}")
-    return Metadata(name, caller, bw)
-  if kind == T_FUNC:
-    mod, qual = items
-    if type(mod) is not str or type(qual) is not str: raise ValueError(f"pygrad.loads: bad callable name {items!r}")
-    return _resolve(mod, qual, allow_import)
-  gf, name, pc, pcb, fxn = items
-  if not (gf is None or callable(gf)) or not (fxn is None or callable(fxn)) or not (name is None or type(name) is str) \
-     or type(pc) is not bool or type(pcb) is not bool:
-    raise ValueError(f"pygrad.loads: bad CallInfo fields {items!r}")
-  return CallInfo(gf, name, pc, pcb, fxn)
 
 
 # ---- the node table of live nodes ----
@@ -408,24 +190,30 @@ def _leaf_metas(op, dt, start, argref, objs, first: int):
   if len(rows) == 0: return None
   key = (argref[rows].astype(np.int64) << 16) | (op[rows].astype(np.int64) << 8) | dt[rows]
   _, idx, inv = np.unique(key, return_index=True, return_inverse=True)
-  metas = np.empty(len(idx), np.int32)
-  meta_ids = META.ids
+  order = np.argsort(idx)  # in row order, so an error names the first bad row
+  firsts = rows[idx[order]]
+  got_metas: list = []
+  meta_ids, buffer = META.ids, Ops.BUFFER
   seen: dict = {}  # a BUFFER's validity and meta follow from (dtype, shape, device): the rest of its arg is a name
-  for k in np.argsort(idx):  # in row order, so an error names the first bad row
-    i = int(rows[idx[k]])
-    o, d, a = _OPS[op[i]], BY_ID[int(dt[i])], int(argref[i])
+  for i, oi, di, a in zip(firsts.tolist(), op[firsts].tolist(), dt[firsts].tolist(), argref[firsts].tolist()):
+    o, d = _OPS[oi], BY_ID[di]
     arg = objs[a - 1] if a else None
-    fast = o is Ops.BUFFER and type(arg) is tuple and len(arg) >= 3 and type(arg[1]) is tuple and \
+    fast = o is buffer and type(arg) is tuple and len(arg) >= 3 and type(arg[1]) is tuple and \
       type(arg[2]) is str and set(map(type, arg[1])) <= _JUST_INT
-    if fast and (d, arg[1], arg[2]) in seen:
-      metas[k] = seen[d, arg[1], arg[2]]
-      continue
+    if fast:
+      m = seen.get((d, arg[1], arg[2]))
+      if m is not None:
+        got_metas.append(m)
+        continue
     try: got, shape, dev = INFER[o](o, d, (), arg)
     except (TypeError, ValueError) as e: raise ValueError(f"node {i}: {e}") from None
     if got is not d: raise ValueError(f"node {i}: {o.name} has dtype {got.name}, the table says {d.name}")
     m = meta_ids.get((shape, dev))
-    metas[k] = META.get(shape, dev) if m is None else m
-    if fast: seen[d, arg[1], arg[2]] = metas[k]
+    if m is None: m = META.get(shape, dev)
+    got_metas.append(m)
+    if fast: seen[d, arg[1], arg[2]] = m
+  metas = np.empty(len(idx), np.int32)
+  metas[order] = got_metas
   known = np.full(len(op), -1, np.int32)
   known[rows] = metas[inv.reshape(-1)]
   return known
@@ -583,7 +371,7 @@ def _write(root_ids: list[int], pos: np.ndarray, base: int, single: bool, extern
         RuntimeError(f"pygrad: encode failed ({r})")
       b = ffi.gc(out[0], lib.pg_serial_blob_free)
       n, m, nargs, ng = int(t.n), int(t.m), int(t.nargs), int(b.nimports)
-      argb = _encode_args(ffi.unpack(t.args, nargs), externals, cache)
+      argb = encode_args(ffi.unpack(t.args, nargs), externals, cache)
       head = _HEAD.pack(MAGIC, VERSION, _F_SINGLE if single else 0, nargs, len(argb), n, m, len(rows), b.srcw, b.argw,
                         ng)
       body = b"".join([head, argb, ffi.buffer(b.data, b.size)])
@@ -615,7 +403,7 @@ def _encode(cols, root_rows, single: bool, ngiven: int, externals, cache=None) -
   csrc/serial.c's pg_serial_encode writes the same bytes.)"""
   op, dt, arg, tag, pdata, nsrc, src, args = cols
   n = len(op)
-  argb = _encode_args(args.tolist(), externals, cache)
+  argb = encode_args(args.tolist(), externals, cache)
   argw = _width(len(args))
   rows = np.repeat(np.arange(ngiven, ngiven + n, dtype=np.int64), nsrc)
   delta = rows - src
@@ -665,10 +453,8 @@ def _decode(data, allow_import: bool, externals, given):
     raise ValueError(f"pygrad.loads: counts larger than the data (args {nargs}, nodes {n}, sources {m}, roots "
                      f"{nroots})")
   if (flags & _F_SINGLE) and nroots != 1: raise ValueError("pygrad.loads: a single-root graph with {nroots} roots")
-  r = _Reader(mv, _HEAD.size, _HEAD.size + argbytes)
-  objs, keys = _decode_args(r, nargs, externals, allow_import)
-  if r.p != r.end: raise ValueError("pygrad.loads: arg table size does not match its contents")
-  r.end = end
+  objs, keys = decode_args(bytes(mv[_HEAD.size:_HEAD.size + argbytes]), nargs, externals, allow_import)
+  r = _Reader(mv, _HEAD.size + argbytes, end)
   op = _col(r, n, np.uint8, "ops").astype(np.int32)
   dt = _col(r, n, np.uint8, "dtypes").astype(np.int32)
   ns = _col(r, n, np.uint8, "source counts").astype(np.int64)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import pygrad
 from pygrad import UOp, Ops, dtypes
-from pygrad.serialize import _HEAD, MAGIC
+from pygrad.serialize import _HEAD, MAGIC, VERSION
+from pygrad.intern import argkey
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -152,11 +153,55 @@ def test_deep_chain_and_nested_args_do_not_recurse():
   for _ in range(60): arg = (arg,)
   z = UOp(Ops.DEFINE_VAR, dtypes.int32, (), ("deep", 0, arg))
   assert pygrad.loads(pygrad.dumps(z)) is z
-  args = bytes([7]) + struct.pack("<I", 1)
-  args = args * 100000 + bytes([0])
-  hostile = _HEAD.pack(MAGIC, 1, 0, 1, len(args), 0, 0, 0, 1, 1, 0) + args + struct.pack("<I", 0)
+  args = _skeleton((bytes([7]) + struct.pack("<I", 1)) * 100000 + bytes([0]), 100001)  # 100,000 tuples deep
+  hostile = _HEAD.pack(MAGIC, VERSION, 0, 1, len(args), 0, 0, 0, 1, 1, 0) + args + struct.pack("<I", 0)
   with pytest.raises(ValueError, match="nested deeper"):
     pygrad.loads(_reseal(hostile))
+
+
+def _skeleton(tokens: bytes, ntok: int) -> bytes:
+  """An arg table (pygrad/argtable.py) of one arg whose skeleton is these tokens, with no data columns."""
+  return struct.pack("<II", 1, ntok) + tokens + struct.pack("<I", 0)
+
+
+def _vars(tag: str) -> list:
+  """DEFINE_VARs whose args take both of the arg table's paths: groups of one shape (stored as columns) and args
+  that fit no column (ints beyond int64, bools, None, nested tuples, int tuples of mixed lengths)."""
+  bounds = [0, 1, -1, 1 << 62, -(1 << 63), (1 << 63) - 1, 1 << 70, -(1 << 80), 2.5, -0.0, float("nan"), float("inf"),
+            "é\udc80", "", b"\x00\xff", (), (1, 2), (1, 2, 3), (1, 1 << 70), (True, 1), ((), (1,)), (None, False),
+            (Ops.ADD, (0, 1)), (1.5, "x", (2.5, -0.0)), dtypes.float16, (1 << 64,)]
+  return [UOp(Ops.DEFINE_VAR, dtypes.int64, (), (f"{tag}{i}", lo, hi)) for i, lo in enumerate(bounds)
+          for hi in (7, (3, 4), "s", bounds[i - 1])]
+
+
+def test_arg_table_round_trips_every_kind_of_arg():
+  """The arg table stores args of one shape as columns and the rest one by one; both must give back args equal to
+  the saved ones type for type (so interning finds the live args, and the nodes are the live ones)."""
+  every = _vars("v")
+  small = [v for v in _vars("w") if not any(type(b) is int and abs(b) > 1 << 63 for b in v.arg[1:])]
+  small += [UOp(Ops.DEFINE_VAR, dtypes.int64, (), (f"u{i}", -i, (i, 2 * i))) for i in range(200)]
+  for vs in (every, small):  # in every, a huge int sends whole groups down the one-by-one path
+    assert all(a is b for a, b in zip(pygrad.loads(pygrad.dumps(vs)), vs))
+    want = [argkey(v.arg) for v in vs]
+    data = pygrad.dumps(vs)
+    nskel = struct.unpack_from("<I", data, _HEAD.size)[0]
+    del vs
+    gc.collect()
+    back = pygrad.loads(data)  # not alive: every arg decoded afresh
+    assert [argkey(v.arg) for v in back] == want
+  assert nskel < len(small) // 2  # the columns were used
+  del every, small
+
+
+def test_arg_table_that_expands_too_much_is_refused():
+  """An arg costs 4 bytes (its skeleton number) however many None items its skeleton has: bytes that ask for more
+  items than their size allows raise instead of allocating them."""
+  toks = bytes([7]) + struct.pack("<I", 4000) + bytes([0]) * 4000  # a tuple of 4,000 Nones
+  k = 100_000
+  args = struct.pack("<II", 1, 4001) + toks + bytes(4 * k)
+  blob = _HEAD.pack(MAGIC, VERSION, 0, k, len(args), 0, 0, 0, 1, 1, 0) + args + struct.pack("<I", 0)
+  with pytest.raises(ValueError, match="expands"):
+    pygrad.loads(_reseal(blob))
 
 
 def test_bytes_per_node():
@@ -279,9 +324,9 @@ def test_lying_tables_raise_value_error():
   with pytest.raises(ValueError, match="node"):  # a node's op swapped for another: its validation names it
     pygrad.loads(_tamper(data, ops_at + n - 1, int(Ops.CONST)))
   with pytest.raises(ValueError, match="unknown arg tag"):
-    pygrad.loads(_tamper(data, _HEAD.size, 99))
-  huge = _HEAD.pack(MAGIC, 1, 0, 1, 5, 0, 0, 0, 1, 1, 0) + bytes([7]) + struct.pack("<I", 0xFFFFFFFF)
-  huge += struct.pack("<I", 0)
+    pygrad.loads(_tamper(data, _HEAD.size + 8, 99))  # the first skeleton's first token
+  args = _skeleton(bytes([7]) + struct.pack("<I", 0xFFFFFFFF), 1)
+  huge = _HEAD.pack(MAGIC, VERSION, 0, 1, len(args), 0, 0, 0, 1, 1, 0) + args + struct.pack("<I", 0)
   with pytest.raises(ValueError, match="longer than the data"):
     pygrad.loads(_reseal(huge))
 
