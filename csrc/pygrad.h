@@ -32,6 +32,7 @@ int pg_store_incref(pg_store *st, int32_t id);
 int pg_store_decref(pg_store *st, int32_t id);
 int pg_store_info(pg_store *st, int32_t id, pg_info *out);
 int32_t pg_store_src(pg_store *st, int32_t id, int32_t *out, int32_t cap);
+int64_t pg_store_rows(pg_store *st, const int32_t *ids, int64_t n, pg_info *info, int32_t *src, int64_t cap);
 int pg_store_set_pdata(pg_store *st, int32_t id, int32_t pdata);
 int64_t pg_store_live(pg_store *st);
 int64_t pg_store_id_bound(pg_store *st);

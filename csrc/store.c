@@ -400,6 +400,33 @@ int32_t pg_store_src(pg_store *st, int32_t id, int32_t *out, int32_t cap) {
   return r;
 }
 
+/* pg_store_info and pg_store_src of n nodes in one call (a planner reads a whole graph): info[i] for ids[i], and
+   their sources concatenated in order into src, at most cap of them; returns the total number of sources (call
+   again with a larger src if more than cap), or PG_ERR_BADID if an id is not a live node (nothing else is read) */
+int64_t pg_store_rows(pg_store *st, const int32_t *ids, int64_t n, pg_info *info, int32_t *src, int64_t cap) {
+  int64_t i, total = 0;
+  if (n < 0 || cap < 0 || (n > 0 && (!ids || !info)) || (cap > 0 && !src)) return PG_ERR_BADID;
+  pg_lock_take(&st->lock);
+  for (i = 0; i < n; i++) {
+    const pg_node *nd = pg_node_live(st, ids[i]);
+    if (!nd) {
+      total = PG_ERR_BADID;
+      break;
+    }
+    info[i].op = nd->op;
+    info[i].dtype = nd->dtype;
+    info[i].nsrc = nd->nsrc;
+    info[i].arg = nd->arg;
+    info[i].tag = nd->tag;
+    info[i].meta = nd->meta;
+    info[i].pdata = nd->pdata;
+    if (total + nd->nsrc <= cap && nd->nsrc) memcpy(src + total, pg_node_src(nd), (size_t)nd->nsrc * sizeof *src);
+    total += nd->nsrc;
+  }
+  pg_lock_drop(&st->lock);
+  return total;
+}
+
 /* pg_store_set_pdata with the lock held (the gradient run carries metadata onto the nodes it makes) */
 int pg_store_set_pdata_locked(pg_store *st, int32_t id, int32_t pdata) {
   pg_node *n = pg_node_live(st, id);

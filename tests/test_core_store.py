@@ -336,3 +336,20 @@ def test_threads_share_one_store():
   assert c.live() == len(leaves)
   for x in leaves: c.decref(x)
   assert c.live() == 0
+
+
+def test_rows_match_info_and_src(core):
+  """rows() reads a whole walk at once (the planner's flattening): the same fields as info() and src() node by
+  node, sources concatenated, also past the first guess of the source buffer's size (nodes of many sources)."""
+  leaves = [core.make(LEAF, 1 + i, (), 0, 0, i) for i in range(5)]
+  wide = [core.make(TUPLE, 0, tuple(leaves[j % 5] for j in range(i, i + 11)), 0, 0, 0) for i in range(5)]
+  top = core.make(TUPLE, 0, tuple(wide), 0, 0, 0)
+  order = core.toposort([top])
+  rows, flat = core.rows(order)
+  assert [tuple(r) for r in rows] == [core.info(i) for i in order]
+  assert flat == [s for i in order for s in core.src(i)] and len(flat) == 5 * 11 + 5 and len(rows) == 11
+  assert core.rows([]) == ([], [])
+  dead = core.make(ADD, 1, (leaves[0], leaves[1]), 0, 0, 0)
+  core.decref(dead)
+  for bad in ([dead], [top, -1], [1 << 40]):
+    with pytest.raises(ValueError, match="not a live node id"): core.rows(bad)

@@ -169,6 +169,26 @@ class CCore:
     if n < 0: _raise(n, "src", nid)
     return tuple(ffi.unpack(buf, n))
 
+  def rows(self, ids) -> tuple[list, list[int]]:
+    """info() of every node of `ids` (a walk's Ids, or ints) as a list of 7-element lists, and their src() all
+    concatenated in order: a whole graph read in one call (the planner's flattening)."""
+    import numpy as np
+    if isinstance(ids, Ids): a = ids.numpy()
+    else:
+      a = np.asarray(ids, dtype=np.int64).reshape(-1)
+      if len(a) and (a.min() < 0 or a.max() > 0x7FFFFFFF): _raise(lib.PG_ERR_BADID, "rows", f"{len(a)} ids")
+      a = np.ascontiguousarray(a, dtype=np.int32)
+    n = len(a)
+    info = np.empty((n, 7), np.int32)
+    src = np.empty(3 * n + 16, np.int32)
+    pa, pi = ffi.from_buffer("int32_t[]", a), ffi.cast("pg_info *", ffi.from_buffer(info))
+    for _ in range(2):
+      m = lib.pg_store_rows(self._st, pa, n, pi, ffi.from_buffer("int32_t[]", src), len(src))
+      if m < 0: _raise(m, "rows", f"{n} ids")
+      if m <= len(src): return info.tolist(), src[:m].tolist()
+      src = np.empty(m, np.int32)
+    raise RuntimeError("pygrad C core: rows: the graph changed during the call")
+
   def set_pdata(self, nid: int, pid: int) -> None:
     r = self._call(lib.pg_store_set_pdata, nid, pid)
     if r: _raise(r, "set_pdata", nid, pid)

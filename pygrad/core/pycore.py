@@ -109,6 +109,17 @@ class PyCore:
 
   def src(self, nid: int) -> tuple[int, ...]: return self._src[nid]
 
+  def rows(self, ids) -> tuple[list, list[int]]:
+    """info() of every node of `ids` as a list of 7-element lists, and their src() all concatenated in order (the
+    planner reads a whole graph at once)."""
+    info, src, pdata, n = self._info, self._src, self._pdata, len(self._info)
+    rows = []
+    for i in ids:
+      r = info[i] if type(i) is int and 0 <= i < n else None
+      if r is None: raise ValueError(f"pygrad core: rows: {i!r} is not a live node id")
+      rows.append([*r, pdata[i]])
+    return rows, [s for i in ids for s in src[i]]
+
   def set_pdata(self, nid: int, pid: int) -> None:
     with self._lock:
       old = self._pdata[nid]

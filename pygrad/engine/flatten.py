@@ -133,31 +133,40 @@ def _flatten_ids(outputs: list[UOp]):
     if o.op is Ops.FUNCTION: return None
     if o.op in (Ops.TUPLE, Ops.SINK): stack.extend(o.src)
     elif o.op is not Ops.NOOP: roots.append(o._id)
-  info, srcf, objs, metas = CORE.info, CORE.src, ARGS.objs, META.vals
+  objs, metas = ARGS.objs, META.vals
   pn: dict[int, PNode | None] = {}
   nodes: list[PNode] = []
-  FUNC, TUP, GET, MULTI, NOOP, AFTER, CALL = (int(x) for x in (Ops.FUNCTION, Ops.TUPLE, Ops.GETTUPLE, Ops.MULTI,
-                                                                 Ops.NOOP, Ops.AFTER, Ops.CALL))
-  for nid in CORE.toposort(roots, False):
-    op, dt, _, aid, _, mid, _ = info(nid)
-    if op == FUNC: return None
-    src = srcf(nid)
+  FUNC, TUP, GET, MULTI, NOOP, AFTER, CALL, SINK = (int(x) for x in (Ops.FUNCTION, Ops.TUPLE, Ops.GETTUPLE, Ops.MULTI,
+                                                                       Ops.NOOP, Ops.AFTER, Ops.CALL, Ops.SINK))
+  order = CORE.toposort(roots, False)
+  rows, flat = CORE.rows(order)  # the whole graph's fields in one call into the core
+  tups: dict[int, list[int]] = {}  # the sources of TUPLE nodes, which GETTUPLE looks into
+  calls: dict[int, list[int]] = {}  # and of CALL nodes, which AFTER looks into
+  p = 0
+  for nid, (op, dt, ns, aid, _, mid, _) in zip(order, rows):
+    src = flat[p:p + ns]
+    p += ns
     if op in _ALIAS_IDS or (op == MULTI and aid == 0):
       pn[nid] = pn[src[0]]
       continue
     if op == GET:
-      if info(src[0])[0] != TUP: return None
-      pn[nid] = pn[srcf(src[0])[objs[aid]]]
+      tup = tups.get(src[0])
+      if tup is None: return None  # a FUNCTION's output
+      pn[nid] = pn[tup[objs[aid]]]
       continue
-    if op == NOOP or op == TUP or op == int(Ops.SINK):
+    if op == NOOP or op == TUP or op == SINK or op == FUNC:
+      if op == FUNC: return None
+      if op == TUP: tups[nid] = src
       pn[nid] = None
       continue
     arg = objs[aid]
+    if op == CALL: calls[nid] = src
     if op == AFTER:
-      kids, arg = (pn[src[1]],), srcf(src[1])[1:].index(src[0])
+      kids, arg = (pn[src[1]],), calls[src[1]][1:].index(src[0])
     else:
-      kids = tuple(pn[s] for s in (src[1:] if op == CALL else src))
-      if any(k is None for k in kids): raise ValueError(f"{_OPS[op].name}: an operand has no value (NOOP)")
+      kids = tuple([pn[s] for s in (src[1:] if op == CALL else src)])
+      if None in kids:
+        raise ValueError(f"{_OPS[op].name}: an operand has no value (NOOP)")
     n = PNode(_OPS[op], BY_ID[dt], metas[mid][0], arg, kids, nid)
     n.idx = len(nodes)
     nodes.append(n)

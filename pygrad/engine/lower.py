@@ -166,7 +166,7 @@ def live_nodes(kn: list[KNode], tops: list[KNode]) -> set[KNode]:
   """The nodes the stores read, directly or not."""
   live = set(tops)
   for k in reversed(kn):
-    if k in live and not k.is_load: live.update(k.src)
+    if k.buf is None and k in live: live.update(k.src)
   return live
 
 
@@ -176,6 +176,15 @@ class Regs(NamedTuple):
   file: list
   of: dict
   scalar: dict
+
+
+_CT_ID: dict = {}  # dtype -> id of its compute type (a register's type)
+
+
+def _ct_id(dt) -> int:
+  r = _CT_ID.get(dt)
+  if r is None: r = _CT_ID[dt] = compute_dtype(dt).id
+  return r
 
 
 def allocate(kn: list[KNode], live: set[KNode], tops: list[KNode], sp: Space) -> Regs:
@@ -190,22 +199,30 @@ def allocate(kn: list[KNode], live: set[KNode], tops: list[KNode], sp: Space) ->
   last: dict[KNode, KNode] = {}
   pinned = set(tops)
   shape = sp.shape
-  for k in kn:
-    if not k.is_load and k in live:
-      for s in k.src: last[s] = k
+  alu = [k for k in kn if k.buf is None and k in live]
+  for k in alu:
+    for s in k.src: last[s] = k
   for k, v in sp.loads.items():
     if k not in live: continue
     sc = v.mask is None and all(st == 0 or s == 1 for st, s in zip(v.strides, shape))
     reg_of[k], scalar[k] = len(regs), sc
-    regs.append((compute_dtype(v.buf.stype).id, int(sc)))
-  for k in kn:
-    if k.is_load or k not in live: continue
-    sc = all(scalar[s] for s in k.src)
-    for s in dict.fromkeys(k.src):  # operands dying here free their registers first: the result may reuse one
-      if last.get(s) is k and s not in pinned and not s.is_load:
+    regs.append((_ct_id(v.buf.stype), int(sc)))
+  bool_id = dtypes.bool.id
+  for k in alu:
+    src = k.src
+    sc = True
+    for s in src:
+      if not scalar[s]:
+        sc = False
+        break
+    # operands dying here free their registers first: the result may reuse one (each operand once)
+    for s in (src if len(src) == 1 else dict.fromkeys(src)):
+      if last[s] is k and s.buf is None and s not in pinned:
         rs = reg_of[s]
-        free.setdefault(regs[rs], []).append(rs)
-    ct = (dtypes.bool if k.op in _CMP and k.opcode is None else compute_dtype(k.dtype)).id
+        fl = free.get(regs[rs])
+        if fl is None: free[regs[rs]] = [rs]
+        else: fl.append(rs)
+    ct = bool_id if k.op in _CMP and k.opcode is None else _ct_id(k.dtype)
     fl = free.get((ct, sc))
     if fl: r = fl.pop()
     else:
@@ -235,15 +252,16 @@ def emit(loop: Loop, sp: Space, kn: list[KNode], tops: list[KNode], live: set[KN
     load_words += [reg_of[k], v.buf.id, v.buf.stype.id, v.offset, 0 if v.mask is None else 1, *v.strides]
     if v.mask is not None: load_words += [m[0] for m in v.mask] + [m[1] for m in v.mask]
   ins_words, nins = [], 0
+  WHERE, BITCAST = Ops.WHERE, Ops.BITCAST
   for k in kn:
-    if k.is_load or k not in live: continue
+    if k.buf is not None or k not in live: continue
     op, src = k.op, k.src
-    b = reg_of[src[1]] if len(src) > 1 else -1
-    if op is Ops.WHERE: c = reg_of[src[2]]
-    elif op is Ops.BITCAST: c = k.sdtype.id
-    else: c = -1
+    if op is WHERE: b, c = reg_of[src[1]], reg_of[src[2]]
+    else:
+      b = reg_of[src[1]] if len(src) > 1 else -1
+      c = k.sdtype.id if op is BITCAST else -1
     lt = k.sdtype.id if op in _CMP else k.dtype.id
-    ins_words += [_OPC[op] if k.opcode is None else OPCODES[k.opcode], lt, reg_of[k], reg_of[src[0]], b, c]
+    ins_words += (_OPC[op] if k.opcode is None else OPCODES[k.opcode], lt, reg_of[k], reg_of[src[0]], b, c)
     nins += 1
   store_words = []
   for t, v in zip(tops, sp.stores):

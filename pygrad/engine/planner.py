@@ -22,6 +22,8 @@ VM_MAXSIZE = value("consts", "VM_MAXSIZE")  # csrc/tables.h: bytes of a VM buffe
 _F16, _BF16 = dtypes.float16, dtypes.bfloat16
 _ALU = GroupOp.ALU | {Ops.CAST, Ops.BITCAST}
 _MOVE = GroupOp.Movement
+_ALU_MOVE = _ALU | _MOVE
+_PURE_ALU = GroupOp.ALU
 
 
 def compute_dtype(dt: DType) -> DType:
@@ -132,6 +134,7 @@ class Planner:
     self.outputs = [map_nested(o, self._output) for o in shaped_outputs]
     self.jobs.sort(key=lambda j: j[0])
     for j in self.jobs: j[2]()
+    self.jobs = []  # its closures hold the planner: dropped, the plan is freed by reference counting
 
   # ---- buffers ----
   def _buf(self, kind, stype, shape, dtype, index=-1, data=None) -> Buf:
@@ -156,9 +159,12 @@ class Planner:
   # ---- materialization decisions (bottom-up) ----
   def _visit(self, n: PNode) -> None:
     op = n.op
+    if op in _PURE_ALU:  # the common case: an expression, given a buffer when it is an output or shared
+      if n.view is None and (n.is_output or (n.users >= 2 and math.prod(n.shape) > 1)): self._materialize(n)
+      return
     # every value within the VM's bound (an ALU op's is checked with its operands': its shape is one of theirs and
     # its compute type no wider)
-    if op not in GroupOp.ALU and n.shape and math.prod(n.shape) * max(compute_dtype(n.dtype).itemsize, 1) > \
+    if n.shape and math.prod(n.shape) * max(compute_dtype(n.dtype).itemsize, 1) > \
        VM_MAXSIZE:
       raise ValueError(f"the C interpreter takes values of at most 2**{VM_MAXSIZE.bit_length() - 1} bytes: "
                        f"{op.name} {n.dtype.name}{list(n.shape)} has {math.prod(n.shape):,} elements")
@@ -189,7 +195,7 @@ class Planner:
         n.view = (b, v2)
     elif op not in _ALU:
       raise ValueError(f"the C interpreter cannot run {op.name} here")
-    if n.view is None and op in _ALU | _MOVE and (n.is_output or (n.users >= 2 and math.prod(n.shape) > 1)):
+    if n.view is None and op in _ALU_MOVE and (n.is_output or (n.users >= 2 and math.prod(n.shape) > 1)):
       self._materialize(n)
 
   def _job(self, order, fn) -> None:
@@ -281,12 +287,14 @@ class Planner:
     return b, v
 
   def _build(self, top: PNode, kshape, expand_top: bool):
-    """(knodes in dependency order, top's KNode) computing `top` over index space kshape."""
+    """(knodes in dependency order, top's KNode) computing `top` over index space kshape. A (node, pending
+    movements) pair is keyed by one int, idx + (cell + 1) * N (cell -1: none), so the walk builds no tuples."""
     knodes: list = []
-    memo: dict = {}
+    memo: dict[int, KNode] = {}
     loads: dict = {}
-    cells: list = []
+    cells: list = []  # cell c: (movement, parent cell or None), the pending movements of a leaf read below it
     cell_ids: dict = {}
+    N = len(self.nodes)
 
     def cell_of(mv, parent):
       k = (mv, parent)
@@ -296,47 +304,44 @@ class Planner:
         cells.append(k)
       return c
 
-    def children(n: PNode, cell):
-      if n.op in _MOVE:
-        arg = n.arg if n.op is not Ops.FLIP else tuple(n.arg)
-        return [(n.src[0], cell_of((n.op.name, arg), cell))]
-      out = []
-      for s in n.src:
-        if s.shape == () and n.shape != (): out.append((s, cell_of(("BCAST", n.shape), cell)))
-        else: out.append((s, cell))
-      return out
-
-    def is_leaf(n, cell):
-      if n is top and cell is None and expand_top: return n.op not in _ALU | _MOVE
-      return n.view is not None
-
-    stack = [(top, None, False)]
+    stack: list = [(top, None, None)]
     while stack:
-      n, cell, ready = stack.pop()
-      k = (n.idx, cell)
-      if k in memo: continue
-      if is_leaf(n, cell):
-        b, v = self._leaf_view(n.view, cell, cells, kshape, n.dtype)
-        lk = (b.id, v.key(), n.dtype)
-        kn = loads.get(lk)
-        if kn is None:
-          kn = loads[lk] = KNode.load(b, v, n.dtype)
-          knodes.append(kn)
-        memo[k] = kn
-        continue
-      kids = children(n, cell)
-      if not ready:
-        stack.append((n, cell, True))
-        for s, c in reversed(kids):
-          if (s.idx, c) not in memo: stack.append((s, c, False))
+      n, cell, kids = stack.pop()
+      key = n.idx if cell is None else n.idx + (cell + 1) * N
+      if kids is None:  # first visit: a leaf's load, or its operands pushed
+        if key in memo: continue
+        if (n.op not in _ALU_MOVE) if (expand_top and n is top and cell is None) else (n.view is not None):
+          b, v = self._leaf_view(n.view, cell, cells, kshape, n.dtype)
+          lk = (b.id, v.key(), n.dtype)
+          kn = loads.get(lk)
+          if kn is None:
+            kn = loads[lk] = KNode.load(b, v, n.dtype)
+            knodes.append(kn)
+          memo[key] = kn
+          continue
+        if n.op in _MOVE:
+          c = cell_of((n.op.name, n.arg if n.op is not Ops.FLIP else tuple(n.arg)), cell)
+          s = n.src[0]
+          kids = ((s, c, s.idx + (c + 1) * N),)
+        else:
+          bc, sh = None, n.shape
+          kids = []
+          for s in n.src:
+            if s.shape == () and sh != ():  # a () operand broadcast to this shape
+              if bc is None: bc = cell_of(("BCAST", sh), cell)
+              kids.append((s, bc, s.idx + (bc + 1) * N))
+            else:
+              kids.append((s, cell, s.idx if cell is None else s.idx + (cell + 1) * N))
+        stack.append((n, cell, kids))
+        for s, c, sk in reversed(kids):
+          if sk not in memo: stack.append((s, c, None))
         continue
       if n.op in _MOVE:  # a movement is only a view change: it is its source's value
-        memo[k] = memo[(kids[0][0].idx, kids[0][1])]
+        memo[key] = memo[kids[0][2]]
         continue
-      kn = memo[k] = KNode(n.op, n.dtype, tuple(memo[(s.idx, c)] for s, c in kids), None, None, None,
-                           n.src[0].dtype)
+      kn = memo[key] = KNode(n.op, n.dtype, tuple([memo[sk] for _, _, sk in kids]), None, None, None, n.src[0].dtype)
       knodes.append(kn)
-    return knodes, memo[(top.idx, None)]
+    return knodes, memo[top.idx]
 
 
 __all__ = ["Planner", "Buf", "KNode", "Store", "Loop", "CallStep", "compute_dtype", "storage_dtype"]

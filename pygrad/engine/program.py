@@ -2,7 +2,7 @@
 lower, place buffers by liveness) and `program(*arrays)` runs it with one call into C per segment -- one segment
 unless the graph has CALLs, whose Python kernels run between segments. `evaluate_c` is compile-and-run-once."""
 from __future__ import annotations
-import os, threading
+import bisect, contextlib, gc, heapq, os, threading
 from typing import Any
 import numpy as np
 from ..ops import Ops
@@ -40,6 +40,51 @@ def _check_memory(arena_bytes: int, bufs: list[Buf]) -> None:
                     f"largest is {top.describe()} ({top.nbytes:,} bytes)")
 
 
+class _Holes:
+  """The free blocks of the arena below its high-water mark: `take` is best fit (the smallest block that fits, the
+  lowest offset among blocks of that size), `free` coalesces a block with its free neighbours; both O(log n), as a
+  plan of 100k kernels frees as many blocks (a scan of every hole per buffer was quadratic)."""
+
+  def __init__(self):
+    self.size_at: dict[int, int] = {}  # offset -> size of the block there
+    self.start_of: dict[int, int] = {}  # end offset -> offset of the block ending there
+    self.sizes: list[int] = []  # the distinct sizes of the blocks, ascending
+    self.count: dict[int, int] = {}  # blocks per size
+    self.heaps: dict[int, list[int]] = {}  # size -> offsets of blocks of that size (entries of taken blocks linger)
+
+  def _add(self, off: int, sz: int) -> None:
+    self.size_at[off], self.start_of[off + sz] = sz, off
+    heapq.heappush(self.heaps.setdefault(sz, []), off)
+    c = self.count.get(sz, 0)
+    if c == 0: bisect.insort(self.sizes, sz)
+    self.count[sz] = c + 1
+
+  def _remove(self, off: int) -> int:
+    sz = self.size_at.pop(off)
+    del self.start_of[off + sz]
+    c = self.count[sz] = self.count[sz] - 1
+    if c == 0: del self.sizes[bisect.bisect_left(self.sizes, sz)]
+    return sz
+
+  def take(self, need: int) -> int | None:
+    """The offset of a block of `need` bytes cut from the best fitting hole, or None if none is large enough."""
+    i = bisect.bisect_left(self.sizes, need)
+    if i == len(self.sizes): return None
+    sz = self.sizes[i]
+    h = self.heaps[sz]
+    off = heapq.heappop(h)
+    while self.size_at.get(off) != sz: off = heapq.heappop(h)  # skip the entries of blocks taken since
+    self._remove(off)
+    if sz > need: self._add(off + need, sz - need)
+    return off
+
+  def free(self, off: int, sz: int) -> None:
+    prev = self.start_of.get(off)
+    if prev is not None: off, sz = prev, sz + self._remove(prev)
+    if off + sz in self.size_at: sz += self._remove(off + sz)
+    self._add(off, sz)
+
+
 def _place(kernels: list, bufs: list[Buf]) -> int:
   """Arena offsets for the internal buffers by liveness (first write to last use); returns the arena size."""
   first, last = {}, {}
@@ -53,31 +98,30 @@ def _place(kernels: list, bufs: list[Buf]) -> int:
   for bid, i in last.items(): frees.setdefault(i, []).append(bufs[bid])
   starts: dict[int, list[Buf]] = {}
   for bid, i in first.items(): starts.setdefault(i, []).append(bufs[bid])
-  holes: list[tuple[int, int]] = []  # (offset, size) free blocks below the high-water mark
+  holes = _Holes()
   top = 0
   for i in range(len(kernels)):
     for b in starts.get(i, ()):
       need = max(_ALIGN, -(-b.nbytes // _ALIGN) * _ALIGN)
-      best = None
-      for j, (off, sz) in enumerate(holes):
-        if sz >= need and (best is None or sz < holes[best][1]): best = j
-      if best is None:
-        b.offset = top
+      off = holes.take(need)
+      if off is None:
+        off = top
         top += need
-      else:
-        off, sz = holes.pop(best)
-        b.offset = off
-        if sz > need: holes.append((off + need, sz - need))
-    for b in frees.get(i, ()):
-      need = max(_ALIGN, -(-b.nbytes // _ALIGN) * _ALIGN)
-      holes.append((b.offset, need))
-      holes.sort()
-      merged = []
-      for off, sz in holes:  # coalesce neighbours
-        if merged and merged[-1][0] + merged[-1][1] == off: merged[-1] = (merged[-1][0], merged[-1][1] + sz)
-        else: merged.append((off, sz))
-      holes = merged
+      b.offset = off
+    for b in frees.get(i, ()): holes.free(b.offset, max(_ALIGN, -(-b.nbytes // _ALIGN) * _ALIGN))
   return top
+
+
+@contextlib.contextmanager
+def _no_cycle_gc():
+  """The cyclic collector paused while planning: a plan allocates a few small objects per node (PNodes, KNodes,
+  views, words), none of them garbage, and with a large graph alive the collector's generation-2 passes walk every
+  object of it again and again (40% of a 50k-node compile). Resumed after, unless the caller had paused it."""
+  was = gc.isenabled()
+  gc.disable()
+  try: yield
+  finally:
+    if was: gc.enable()
 
 
 class Program:
@@ -99,12 +143,16 @@ class Program:
       if not isinstance(u, UOp) or u.op not in (Ops.BUFFER, Ops.DEFINE_VAR, Ops.PARAM):
         raise ValueError(f"compile: inputs must be BUFFER or DEFINE_VAR nodes, got {getattr(u, 'op', u)!r}")
     self.inputs = list(inputs)
+    with _no_cycle_gc(): self._plan(outputs, keep_words)
+
+  def _plan(self, outputs: list[UOp], keep_words: bool) -> None:
     nodes, shaped = flatten(outputs)
     pl = Planner(nodes, shaped, self.inputs)
     self._shaped = pl.outputs
     self._out_bufs = sorted((b for b in pl.bufs if b.kind == "output"), key=lambda b: b.index)
     self.arena_bytes = _place(pl.kernels, pl.bufs)
     _check_memory(self.arena_bytes, pl.bufs)
+    for b in pl.bufs: b.node = None  # (named in errors until here) no buffer keeps the graph alive, nor a cycle
     pool, consts = 0, []
     for b in pl.bufs:
       if b.kind == "const":
