@@ -15,7 +15,7 @@ from typing import NamedTuple
 from ..ops import Ops
 from ..dtype import dtypes
 from ..upat import UPat, PatternMatcher
-from .planner import Loop, KNode, compute_dtype
+from .planner import Loop, KNode, Store, Buf, compute_dtype
 from .vmlib import OPCODES
 from ..ids import value
 
@@ -311,4 +311,72 @@ def lower_loop(loop: Loop) -> tuple[list[int] | None, bool]:
   return words, any(not k.is_load for k in kn)
 
 
-__all__ = ["lower_loop", "regfile_fits", "pm_peephole", "TILE", "TILE_REDUCE", "VM_MAXDIM", "VM_MAXSIZE"]
+# ---- the same kernel again ----
+_STANDIN = 1 << 56  # buffer ids of a kernel's template: no other word comes near (sizes, strides < VM_MAXSIZE)
+assert VM_MAXSIZE < _STANDIN
+CACHE_MAX_NODES = 32  # larger kernels are rarely repeated, and their key would cost what lowering them does
+
+
+class KernelCache:
+  """Lowering with a per-program memo: a graph built layer by layer (a deep net, its gradient) plans the same few
+  kernels thousands of times over different buffers. A kernel's key is everything lowering reads (index space,
+  reduction, each node's op, dtypes, constant, operands, each load's and store's view and storage type) with its
+  buffers numbered by first use; the first one of a key is lowered over stand-in buffers (ids _STANDIN + k), and
+  every kernel of that key gets those words with its own buffer ids written at the stand-ins' positions."""
+
+  def __init__(self):
+    self.memo: dict = {}
+    self.hits = 0
+
+  def lower(self, loop: Loop) -> tuple[list[int] | None, bool]:
+    """lower_loop(loop)'s result."""
+    kn = loop.knodes
+    if len(kn) > CACHE_MAX_NODES: return lower_loop(loop)
+    bufs: list[Buf] = []
+    num: dict[int, int] = {}  # buffer id -> its number in this kernel
+    pos: dict[KNode, int] = {}
+    key: list = [loop.shape, loop.redop, loop.redaxes, loop.rdtype]
+    for i, k in enumerate(kn):
+      pos[k] = i
+      b = k.buf
+      if b is None: key.append((k.op, k.dtype, k.sdtype, k.opcode, tuple([pos[s] for s in k.src])))
+      else:
+        j = num.get(b.id)
+        if j is None:
+          j = num[b.id] = len(bufs)
+          bufs.append(b)
+        key.append((k.op, k.dtype, k.arg, j, b.stype, k.view.key()))
+    for st in loop.stores:
+      j = num.get(st.buf.id)
+      if j is None:
+        j = num[st.buf.id] = len(bufs)
+        bufs.append(st.buf)
+      key.append((pos[st.src], j, st.buf.stype, st.view.key()))
+    kt = tuple(key)
+    hit = self.memo.get(kt)
+    if hit is None:
+      words, fused = lower_loop(_standin(loop, bufs, num))
+      patches = None if words is None else [(i, w - _STANDIN) for i, w in enumerate(words) if w >= _STANDIN]
+      hit = self.memo[kt] = (words, fused, patches)
+    else:
+      self.hits += 1
+    words, fused, patches = hit
+    if words is None: return None, fused
+    words = list(words)
+    for i, j in patches: words[i] = bufs[j].id
+    return words, fused
+
+
+def _standin(loop: Loop, bufs: list[Buf], num: dict[int, int]) -> Loop:
+  """The loop over stand-in buffers: the same storage types, ids _STANDIN + their number."""
+  sub = [Buf(_STANDIN + j, b.kind, b.stype, b.shape, b.dtype, b.index, b.data) for j, b in enumerate(bufs)]
+  new: dict[KNode, KNode] = {}
+  for k in loop.knodes:
+    if k.buf is None:
+      new[k] = KNode(k.op, k.dtype, tuple([new[s] for s in k.src]), k.arg, None, None, k.sdtype, k.opcode)
+    else: new[k] = KNode(k.op, k.dtype, (), k.arg, sub[num[k.buf.id]], k.view, k.sdtype, k.opcode)
+  stores = [Store(new[s.src], sub[num[s.buf.id]], s.view) for s in loop.stores]
+  return Loop(loop.shape, [new[k] for k in loop.knodes], stores, loop.redop, loop.redaxes, loop.rdtype)
+
+
+__all__ = ["lower_loop", "KernelCache", "regfile_fits", "pm_peephole", "TILE", "TILE_REDUCE", "VM_MAXDIM", "VM_MAXSIZE"]

@@ -13,11 +13,12 @@ from .vmlib import ffi, lib
 from ..ids import value
 from .flatten import flatten
 from .planner import Planner, Loop, CallStep, Buf, compute_dtype
-from .lower import lower_loop, VK_GEMM
+from .lower import KernelCache, VK_GEMM
 from .npkernel import NumpyKernel
 from .values import input_value, round_bfloat16, bindings, map_nested
 
 _MAGIC, _VERSION = value("consts", "VM_MAGIC"), value("consts", "VM_VERSION")
+from_buffer, NULL = ffi.from_buffer, ffi.NULL
 _ALIGN = 64
 
 
@@ -172,9 +173,10 @@ class Program:
     head = [_MAGIC, _VERSION, self._nslots, len(pl.bufs)]
     self._slot_sizes = slot_size
     self._steps, seg, nk, nfused, ngemm, nnp = [], [], 0, 0, 0, 0
+    lowering = KernelCache()
     for k in pl.kernels + [None]:
       if isinstance(k, Loop):
-        w, fused = lower_loop(k)
+        w, fused = lowering.lower(k)
         if w is not None:
           seg.append(w)
           nk, nfused, ngemm = nk + 1, nfused + fused, ngemm + (w[0] == VK_GEMM)
@@ -232,11 +234,12 @@ class Program:
       raise ValueError(f"program takes {len(self.inputs)} inputs, got {len(arrays)}")
     ins = []
     for u, v, (shape, npdt, fast) in zip(self.inputs, arrays, self._in_spec):
-      if fast and type(v) is np.ndarray and v.dtype == npdt and v.shape == shape and v.flags.c_contiguous and \
-         v.flags.aligned:
-        ins.append(v)  # already what the VM reads: no conversion, no copy
-      else:
-        ins.append(self._check(u, v))
+      if fast and type(v) is np.ndarray and v.dtype == npdt and v.shape == shape:
+        f = v.flags
+        if f.c_contiguous and f.aligned:
+          ins.append(v)  # already what the VM reads: no conversion, no copy
+          continue
+      ins.append(self._check(u, v))
     outs = [np.empty(shape, dt) for shape, dt in self._out_spec]
     mine = self._lock.acquire(blocking=False)
     try:
@@ -249,16 +252,13 @@ class Program:
       else:
         arena = self._arena_array()  # another thread runs this program: a private arena
         slots, sizes, _keep = self._fixed_slots(arena)
-      mem = [arena, self._pool] + ins + outs
-      keep = []
-      for i in range(2, len(mem)):
-        a = mem[i]
-        if a.nbytes:
-          keep.append(ffi.from_buffer(a))
-          slots[i] = keep[-1]
-        else:
-          slots[i] = ffi.NULL
-        sizes[i] = a.nbytes
+      io = ins + outs
+      mem = [arena, self._pool] + io
+      keep = [from_buffer(a) if a.nbytes else NULL for a in io]  # (kept alive until the run returns)
+      n = self._nslots
+      if n > 2:
+        slots[2:n] = keep
+        sizes[2:n] = [a.nbytes for a in io]
       n = self._nslots
       for st in self._steps:
         if isinstance(st, CallStep): self._call(st, mem)
