@@ -37,3 +37,17 @@ def test_the_worker_reports_its_build_before_the_gradient(capsys):
   assert tags == ["BUILT", "RESULT"]
   b, r = (json.loads(ln.split(" ", 1)[1]) for ln in lines)
   assert "grad_s" not in b and r["grad_s"] > 0 and r["build_s"] == b["build_s"] and r["nodes"] == b["nodes"]
+
+
+def test_compile_bench_runs_every_workload_against_a_baseline(tmp_path):
+  """bench/bench_compile.py at a tiny size: every workload (the W1 gradient included) in its own process, beside a
+  baseline package (this checkout again), and the table has both columns."""
+  import os, sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(pygrad.__file__)))
+  script = os.path.join(root, "bench", "bench_compile.py")
+  out = subprocess.run([sys.executable, script, "--sizes", "100", "--repeat", "1", "--baseline", root,
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-2000:]
+  rows = [x for x in (tmp_path / "compile.md").read_text().splitlines() if x.startswith("| ") and "workload" not in x]
+  assert [r.split(" | ")[0][2:] for r in rows] == ["grad-scalar", "grad-vector", "forward", "w1-grad"]
+  assert all(r.count("|") == 10 and r.split(" | ")[6].endswith("x") for r in rows), rows
