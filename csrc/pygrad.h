@@ -138,4 +138,5 @@ int pg_serial_build_run(pg_build *b, int64_t *pos);
 int pg_serial_build_set(pg_build *b, int32_t id);
 int32_t pg_serial_build_id(const pg_build *b, int64_t i);
 int pg_serial_build_ids(const pg_build *b, int32_t *out, int64_t n);
+int pg_serial_build_rows(pg_build *b, const int64_t *rows, int64_t nrows, int32_t *ids, int32_t *metas);
 void pg_serial_build_delete(pg_build *b);

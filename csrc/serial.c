@@ -496,6 +496,7 @@ pg_build *pg_serial_build_new(pg_store *st, int64_t n, const int32_t *op, const 
   if (*err == 0) {
     b->held = 1;
     pg_store_retain_locked(st);
+    pg_store_reserve_locked(st, n - ngiven);  /* room for every row at once (they may all be new) */
     for (i = 0; i < ngiven; i++) {  /* the given rows count as made: the builder holds each */
       pg_node *nd = pg_node_live(st, given[i]);
       if (!nd || nd->rc == UINT32_MAX) {
@@ -592,6 +593,31 @@ int pg_serial_build_ids(const pg_build *b, int32_t *out, int64_t n) {
   if (n < 0 || n > b->next || (n > 0 && !out)) return PG_ERR_ARG;
   if (n) memcpy(out, b->ids, (size_t)n * sizeof *out);
   return 0;
+}
+
+/* the store ids and metas of made rows rows[0..nrows), each id with one new reference for the caller (a handle's:
+   the caller makes a handle of it or drops it), so that Python needs no lookup per root; returns 0, PG_ERR_ARG (a
+   row not made; then no reference was taken) or PG_ERR_NOMEM (a node out of references; likewise) */
+int pg_serial_build_rows(pg_build *b, const int64_t *rows, int64_t nrows, int32_t *ids, int32_t *metas) {
+  int64_t i;
+  int r = 0;
+  if (nrows < 0 || (nrows > 0 && (!rows || !ids || !metas))) return PG_ERR_ARG;
+  for (i = 0; i < nrows; i++)
+    if (rows[i] < 0 || rows[i] >= b->next) return PG_ERR_ARG;
+  pg_lock_take(&b->st->lock);
+  for (i = 0; i < nrows && !r; i++) {
+    pg_node *nd = pg_node_at(b->st, (uint32_t)b->ids[rows[i]]);  /* live: the builder holds it */
+    if (nd->rc == UINT32_MAX) r = PG_ERR_NOMEM;
+    else {
+      nd->rc++;
+      ids[i] = b->ids[rows[i]];
+      metas[i] = b->meta[rows[i]];
+    }
+  }
+  if (r)
+    while (--i > 0) pg_store_decref_locked(b->st, ids[i - 1]);
+  pg_lock_drop(&b->st->lock);
+  return r;
 }
 
 /* drop the builder's references and holds (nodes no one else holds are freed) and free it */

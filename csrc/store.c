@@ -68,6 +68,15 @@ static int table_grow(pg_store *st) {
   return 0;
 }
 
+/* grow the table (with the lock held) so that extra more nodes fit under its 3/4 load without growing on the way:
+   a bulk builder calls it once instead of doubling the table many times while it inserts. Best effort: without
+   memory the table stays as it is (and grows as needed later). */
+void pg_store_reserve_locked(pg_store *st, int64_t extra) {
+  if (extra <= 0 || extra > (int64_t)PG_MAX_NODES) return;
+  while (((uint64_t)st->live + (uint64_t)extra) * 4 > ((uint64_t)st->mask + 1) * 3)
+    if (table_grow(st) != 0) return;
+}
+
 /* remove id (with hash h) from the table, shifting later entries of its probe run back so no tombstones exist */
 static void table_remove(pg_store *st, uint32_t id, uint32_t h) {
   pg_slot *t = st->slots;

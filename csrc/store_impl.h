@@ -73,6 +73,7 @@ int32_t pg_store_make_locked(pg_store *st, int32_t op, int32_t dtype, const int3
                              int32_t tag, int32_t meta);
 int pg_store_decref_locked(pg_store *st, int32_t id);
 int pg_store_set_pdata_locked(pg_store *st, int32_t id, int32_t pdata);
+void pg_store_reserve_locked(pg_store *st, int64_t extra);
 /* hold an arg/tag id for a C structure (0 or an error code), and release it */
 int pg_store_arg_hold_locked(pg_store *st, int32_t aid);
 void pg_store_arg_release_locked(pg_store *st, int32_t aid);

@@ -25,7 +25,7 @@ from .core import CORE, ArgGone
 from .intern import ARGS, META
 from .argtable import encode_args, decode_args
 from .shapes import INFER
-from .uop import UOp, Walk, Metadata, handle
+from .uop import UOp, Walk, Metadata, handle, adopt
 from . import uop as _uop
 
 MAGIC = b"PYGRAD\x00G"
@@ -245,7 +245,7 @@ def _build_c(op, dt, start, src, arg, tag, pdata, objs, argref, tagref, roots, g
     r = lib.pg_serial_build_set(b, u._id)
     if r: raise MemoryError("pygrad.build: out of memory") if r == lib.PG_ERR_NOMEM else \
       RuntimeError(f"pygrad.build: core error {r} at row {pos[0]}")
-  out = [made(int(i)) for i in roots]
+  out = _roots_c(b, roots, op, dt, arg, tag)
   if given is not None:
     every = np.empty(len(op), np.int32)
     if lib.pg_serial_build_ids(b, ffi.from_buffer("int32_t[]", every), len(op)): raise RuntimeError("pygrad.build")
@@ -253,6 +253,22 @@ def _build_c(op, dt, start, src, arg, tag, pdata, objs, argref, tagref, roots, g
     return out, every[ng:]
   ffi.release(b)
   return out
+
+
+def _roots_c(b, roots, op, dt, arg, tag) -> list[UOp]:
+  """The handles of rows roots of builder b: their ids and metas (each id with a reference) in one C call, the other
+  fields from the table (arg, tag: interned ids)."""
+  from .core.ccore import ffi, lib
+  rows = np.ascontiguousarray(roots, np.int64).reshape(-1)
+  ids, metas = np.empty(len(rows), np.int32), np.empty(len(rows), np.int32)
+  r = lib.pg_serial_build_rows(b, ffi.from_buffer("int64_t[]", rows), len(rows), ffi.from_buffer("int32_t[]", ids),
+                               ffi.from_buffer("int32_t[]", metas))
+  if r: raise MemoryError("pygrad.build: out of memory") if r == lib.PG_ERR_NOMEM else \
+    RuntimeError(f"pygrad.build: core error {r} for the roots")
+  objs = ARGS.objs
+  return [adopt(i, _OPS[o], BY_ID[d], objs[a], objs[t] if t else None, m) for i, o, d, a, t, m in
+          zip(ids.tolist(), op[rows].tolist(), dt[rows].tolist(), arg[rows].tolist(), tag[rows].tolist(),
+              metas.tolist())]
 
 
 def _build_py(op, dt, start, src, argref, tagref, pdref, objs, ids, roots, given):

@@ -274,6 +274,23 @@ def handle(nid: int) -> UOp:
   return o if _claim(nid, w) is w else _register(o, w, nid)
 
 
+def adopt(nid: int, op: Ops, dtype: DType, arg, tag, meta: int) -> UOp:
+  """handle(nid) for a node whose fields the caller knows (arg and tag the interned objects), taking over a
+  reference the caller holds on it (dropped if a handle exists already): a loader's roots need no core lookup."""
+  r = _handles.get(nid)
+  if r is not None:
+    o = r()
+    if o is not None:
+      _core_decref(nid)
+      return o
+  o = _new_handle(UOp)
+  o._shape, o._device = _meta_vals[meta]
+  o._id, o._op, o._dtype, o._arg, o._tag, o._src, o._m = nid, op, dtype, arg, tag, None, meta
+  w = _Ref(o, _on_dead)
+  w.nid = nid
+  return o if _claim(nid, w) is w else _register(o, w, nid)
+
+
 def _attach_current(u: UOp) -> None:
   """Give u the metadata of this thread's / context's open block, unless it has metadata already."""
   md = _md_get()
