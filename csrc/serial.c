@@ -2,7 +2,8 @@
    dtype, arg, tag, pdata, source count, sources as table rows), optionally continuing a table; the bulk builder
    makes the nodes of such a table (pygrad.build, pygrad.loads). Shape/device inference and validation stay in
    Python: the builder caches, per signature (op, dtype, arg, and each source's dtype and meta), the meta Python
-   inferred for the first node with that signature, and stops to ask Python for every signature it has not seen. */
+   inferred for the first node with that signature (in a cache the store keeps between builds), and stops to ask
+   Python for every signature it has not seen. */
 #include <stdlib.h>
 #include <string.h>
 #include "store_impl.h"
@@ -308,8 +309,42 @@ int pg_serial_encode(const pg_table *t, int64_t base, const int32_t *roots, int3
   return 0;
 }
 
-/* the signature cache: open addressing over (hash, offset of the key in the pool) */
+/* the signature cache: open addressing over (hash, offset of the key in the pool). One per store, kept between
+   builds (under the store's lock): a key names an op, a dtype, an interned arg id and the sources' dtypes and metas,
+   and none of those ids is ever reused for another value (interned ids are never handed out twice, metas and dtypes
+   are permanent), so an entry stays true while the store lives; the signatures of a model's graph are then inferred
+   by Python once per process, not once per load or per pickled piece. Bounded: cleared when full. */
+#define SIG_MAX 65536            /* signatures */
+#define SIG_POOL_MAX (1 << 22)   /* int32 words of keys */
 typedef struct sigslot { uint64_t hash; int64_t key; } sigslot;
+struct pg_sigcache {
+  int32_t *pool;                 /* cached keys, each followed by its meta */
+  int64_t npool, poolcap;
+  sigslot *slots;
+  uint64_t mask, nsig;
+};
+
+/* an empty cache, or NULL */
+static pg_sigcache *sigcache_new(void) {
+  pg_sigcache *c = (pg_sigcache *)calloc(1, sizeof *c);
+  uint64_t k;
+  if (!c) return NULL;
+  c->mask = 255;
+  if (!(c->slots = (sigslot *)malloc((c->mask + 1) * sizeof *c->slots))) {
+    free(c);
+    return NULL;
+  }
+  for (k = 0; k <= c->mask; k++) c->slots[k].key = -1;
+  return c;
+}
+
+/* free a store's signature cache (store.c, when the store goes) */
+void pg_serial_cache_free(pg_sigcache *c) {
+  if (!c) return;
+  free(c->pool);
+  free(c->slots);
+  free(c);
+}
 
 struct pg_build {
   pg_store *st;
@@ -320,10 +355,7 @@ struct pg_build {
   const int32_t *known;         /* per row the meta Python already inferred (and validated), or -1; or NULL */
   int32_t nops, ndtypes;
   int32_t *ids, *meta, *sdt;    /* per made node: its store id (one reference held), meta and dtype */
-  int32_t *pool;                /* cached keys, each followed by its meta */
-  int64_t npool, poolcap;
-  sigslot *slots;
-  uint64_t mask, nsig;
+  pg_sigcache *sc;              /* the store's signature cache (st->sigcache) */
   int32_t *tmp;                 /* a node's source ids */
   int64_t tmpcap;
   int held;                     /* whether the arg/tag/pdata holds were taken */
@@ -348,7 +380,7 @@ static uint64_t sig_hash(const pg_build *b, int64_t i) {
 
 /* whether the pooled key at k is node i's signature */
 static int sig_equal(const pg_build *b, int64_t k, int64_t i) {
-  const int32_t *key = b->pool + k;
+  const int32_t *key = b->sc->pool + k;
   int64_t ns = b->start[i + 1] - b->start[i], j;
   if (key[0] != b->op[i] || key[1] != b->dtype[i] || key[2] != b->arg[i] || key[3] != ns) return 0;
   for (j = 0; j < ns; j++) {
@@ -361,10 +393,10 @@ static int sig_equal(const pg_build *b, int64_t k, int64_t i) {
 /* the cached meta of node i's signature, or -1 */
 static int32_t sig_find(const pg_build *b, int64_t i, uint64_t h) {
   uint64_t k;
-  for (k = h & b->mask; b->slots[k].key >= 0; k = (k + 1) & b->mask)
-    if (b->slots[k].hash == h && sig_equal(b, b->slots[k].key, i)) {
+  for (k = h & b->sc->mask; b->sc->slots[k].key >= 0; k = (k + 1) & b->sc->mask)
+    if (b->sc->slots[k].hash == h && sig_equal(b, b->sc->slots[k].key, i)) {
       int64_t ns = b->start[i + 1] - b->start[i];
-      return b->pool[b->slots[k].key + 4 + 2 * ns];
+      return b->sc->pool[b->sc->slots[k].key + 4 + 2 * ns];
     }
   return -1;
 }
@@ -373,45 +405,50 @@ static int32_t sig_find(const pg_build *b, int64_t i, uint64_t h) {
 static int sig_add(pg_build *b, int64_t i, int32_t meta) {
   int64_t ns = b->start[i + 1] - b->start[i], need = 5 + 2 * ns, j, at;
   uint64_t h = sig_hash(b, i), k;
-  if (sig_find(b, i, h) >= 0) return 0;
-  if ((b->nsig + 1) * 2 > b->mask + 1) {
-    uint64_t m = (b->mask + 1) * 2 - 1, q;
+  if (sig_find(b, i, h) >= 0 || need > SIG_POOL_MAX) return 0;
+  if (b->sc->nsig >= SIG_MAX || b->sc->npool + need > SIG_POOL_MAX) {  /* full: start over */
+    for (k = 0; k <= b->sc->mask; k++) b->sc->slots[k].key = -1;
+    b->sc->nsig = 0;
+    b->sc->npool = 0;
+  }
+  if ((b->sc->nsig + 1) * 2 > b->sc->mask + 1) {
+    uint64_t m = (b->sc->mask + 1) * 2 - 1, q;
     sigslot *t = (sigslot *)malloc((size_t)(m + 1) * sizeof *t);
     if (!t) return PG_ERR_NOMEM;
     for (q = 0; q <= m; q++) t[q].key = -1;
-    for (q = 0; q <= b->mask; q++) {
-      if (b->slots[q].key < 0) continue;
-      for (k = b->slots[q].hash & m; t[k].key >= 0; k = (k + 1) & m) {}
-      t[k] = b->slots[q];
+    for (q = 0; q <= b->sc->mask; q++) {
+      if (b->sc->slots[q].key < 0) continue;
+      for (k = b->sc->slots[q].hash & m; t[k].key >= 0; k = (k + 1) & m) {}
+      t[k] = b->sc->slots[q];
     }
-    free(b->slots);
-    b->slots = t;
-    b->mask = m;
+    free(b->sc->slots);
+    b->sc->slots = t;
+    b->sc->mask = m;
   }
-  if (b->npool + need > b->poolcap) {
-    int64_t c = b->poolcap ? b->poolcap * 2 : 4096;
+  if (b->sc->npool + need > b->sc->poolcap) {
+    int64_t c = b->sc->poolcap ? b->sc->poolcap * 2 : 4096;
     int32_t *p;
-    while (c < b->npool + need) c *= 2;
-    if (!(p = (int32_t *)realloc(b->pool, (size_t)c * sizeof *p))) return PG_ERR_NOMEM;
-    b->pool = p;
-    b->poolcap = c;
+    while (c < b->sc->npool + need) c *= 2;
+    if (!(p = (int32_t *)realloc(b->sc->pool, (size_t)c * sizeof *p))) return PG_ERR_NOMEM;
+    b->sc->pool = p;
+    b->sc->poolcap = c;
   }
-  at = b->npool;
-  b->pool[at] = b->op[i];
-  b->pool[at + 1] = b->dtype[i];
-  b->pool[at + 2] = b->arg[i];
-  b->pool[at + 3] = (int32_t)ns;
+  at = b->sc->npool;
+  b->sc->pool[at] = b->op[i];
+  b->sc->pool[at + 1] = b->dtype[i];
+  b->sc->pool[at + 2] = b->arg[i];
+  b->sc->pool[at + 3] = (int32_t)ns;
   for (j = 0; j < ns; j++) {
     int32_t s = b->src[b->start[i] + j];
-    b->pool[at + 4 + 2 * j] = b->sdt[s];
-    b->pool[at + 5 + 2 * j] = b->meta[s];
+    b->sc->pool[at + 4 + 2 * j] = b->sdt[s];
+    b->sc->pool[at + 5 + 2 * j] = b->meta[s];
   }
-  b->pool[at + 4 + 2 * ns] = meta;
-  b->npool += need;
-  for (k = h & b->mask; b->slots[k].key >= 0; k = (k + 1) & b->mask) {}
-  b->slots[k].hash = h;
-  b->slots[k].key = at;
-  b->nsig++;
+  b->sc->pool[at + 4 + 2 * ns] = meta;
+  b->sc->npool += need;
+  for (k = h & b->sc->mask; b->sc->slots[k].key >= 0; k = (k + 1) & b->sc->mask) {}
+  b->sc->slots[k].hash = h;
+  b->sc->slots[k].key = at;
+  b->sc->nsig++;
   return 0;
 }
 
@@ -451,7 +488,6 @@ pg_build *pg_serial_build_new(pg_store *st, int64_t n, const int32_t *op, const 
                               int32_t nops, int32_t ndtypes, int *err, int64_t *where) {
   pg_build *b;
   int64_t i, j, maxs = 0;
-  uint64_t k;
   *where = -1;
   *err = PG_ERR_ARG;
   if (!st || n < 0 || n > PG_MAX_NODES || !start || !flags || nops <= 0 || ndtypes <= 0) return NULL;
@@ -484,15 +520,14 @@ pg_build *pg_serial_build_new(pg_store *st, int64_t n, const int32_t *op, const 
   b->sdt = (int32_t *)malloc((size_t)(n ? n : 1) * sizeof *b->sdt);
   b->tmpcap = maxs ? maxs : 1;
   b->tmp = (int32_t *)malloc((size_t)b->tmpcap * sizeof *b->tmp);
-  b->mask = 255;
-  b->slots = (sigslot *)malloc((b->mask + 1) * sizeof *b->slots);
-  if (!b->ids || !b->meta || !b->sdt || !b->tmp || !b->slots) {
+  if (!b->ids || !b->meta || !b->sdt || !b->tmp) {
     pg_serial_build_delete(b);
     return NULL;
   }
-  for (k = 0; k <= b->mask; k++) b->slots[k].key = -1;
   pg_lock_take(&st->lock);
-  *err = build_hold_locked(b, n, 1, where);
+  if (!st->sigcache) st->sigcache = sigcache_new();
+  b->sc = st->sigcache;
+  *err = b->sc ? build_hold_locked(b, n, 1, where) : PG_ERR_NOMEM;
   if (*err == 0) {
     b->held = 1;
     pg_store_retain_locked(st);
@@ -634,8 +669,6 @@ void pg_serial_build_delete(pg_build *b) {
   free(b->ids);
   free(b->meta);
   free(b->sdt);
-  free(b->pool);
-  free(b->slots);
   free(b->tmp);
   free(b);
 }

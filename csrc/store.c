@@ -125,6 +125,7 @@ static void store_free(pg_store *st) {
   free(st->argq);
   free(st->dead);
   free(st->scratch);
+  pg_serial_cache_free(st->sigcache);
   pg_lock_destroy(&st->lock);
   free(st);
 }

@@ -46,6 +46,7 @@ struct pg_store {
   int32_t argn;          /* ids below argn are registered (PyCore's len(argrc)) */
   int32_t argcap;        /* allocated length of argrc, argq and dead */
   uint32_t epoch;        /* next unused walk mark; 0 is never a mark */
+  struct pg_sigcache *sigcache;  /* serial.c's signature cache (NULL until a builder needs it) */
   void *scratch;         /* walk stack, kept between walks while small */
   size_t scratchcap;     /* bytes */
 };
@@ -74,6 +75,9 @@ int32_t pg_store_make_locked(pg_store *st, int32_t op, int32_t dtype, const int3
 int pg_store_decref_locked(pg_store *st, int32_t id);
 int pg_store_set_pdata_locked(pg_store *st, int32_t id, int32_t pdata);
 void pg_store_reserve_locked(pg_store *st, int64_t extra);
+/* serial.c: a store's signature cache, freed with the store */
+typedef struct pg_sigcache pg_sigcache;
+void pg_serial_cache_free(pg_sigcache *c);
 /* hold an arg/tag id for a C structure (0 or an error code), and release it */
 int pg_store_arg_hold_locked(pg_store *st, int32_t aid);
 void pg_store_arg_release_locked(pg_store *st, int32_t aid);

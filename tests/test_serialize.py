@@ -258,6 +258,33 @@ def test_build_rejects_bad_tables(ops, dts, srcs, args, match):
     pygrad.build(np.array([int(o) for o in ops]), np.array(dts), np.array(srcs), args)
 
 
+@pytest.mark.skipif(pygrad.core_name() != "c", reason="the bulk builder and its signature cache are the C core's")
+def test_second_load_asks_python_for_no_signature(monkeypatch):
+  """The store keeps the builder's signatures between loads: loading a graph of a model seen before (a checkpoint,
+  the pieces of a pickle) infers no node in Python, and still gives the same nodes."""
+  import pygrad.serialize as S
+  asked = []
+  real = S._ask
+  monkeypatch.setattr(S, "_ask", lambda i, *a: asked.append(i) or real(i, *a))
+  def graph(name):
+    x = UOp(Ops.BUFFER, dtypes.float32, (), (424242, (3, 5), "CPU", name))
+    y = x
+    for _ in range(60): y = (y * x).exp2().sum(axis=1).reshape((3, 1)).expand((3, 5)) + y
+    return y
+  data, want = pygrad.dumps(graph("a")), len(graph("a").toposort())
+  gc.collect()
+  first = pygrad.loads(data)
+  assert len(first.toposort()) == want
+  del first
+  gc.collect()
+  n_first, asked[:] = len(asked), []
+  again = pygrad.loads(data)
+  assert asked == [] and n_first > 0
+  assert again is graph("a")
+  other = pygrad.loads(pygrad.dumps(graph("b")))  # another BUFFER of the same shape: the same signatures
+  assert asked == [] and other is graph("b")
+
+
 def test_build_leaves_no_nodes_behind():
   before = pygrad.live_nodes()
   r = pygrad.build(np.array([int(Ops.CONST), int(Ops.SIN), int(Ops.SIN)]), np.full(3, dtypes.float32.id),
