@@ -213,8 +213,9 @@ def main(argv=None) -> int:
             f"{dr:.1f}x; {big_dr:.1f}x | {'PASS' if min(dr, big_dr) >= 20 else 'FAIL'} |",
             f"| load >= 20x faster per node than tinygrad's pickle (depth {a.tg_depth}; at {n:,} nodes) | "
             f"{lr:.1f}x; {big_lr:.1f}x | {'PASS' if min(lr, big_lr) >= 20 else 'FAIL'} |",
-            f"| the same, pygrad's first load in a process (no signature cached: {us(pg['loads_first_s'], pg['nodes']):.3f} "
-            f"us/node at depth {a.tg_depth}; {big['loads_first_s']:.3f} s at {n:,} nodes) | "
+            f"| the same, pygrad's first load in a process (no signature cached: "
+            f"{us(pg['loads_first_s'], pg['nodes']):.3f} us/node at depth {a.tg_depth}; {big['loads_first_s']:.3f} s "
+            f"at {n:,} nodes) | "
             f"{lr1:.1f}x; {tg['loads_s'] / tg['nodes'] / (big['loads_first_s'] / n):.1f}x | "
             f"{'PASS' if min(lr1, tg['loads_s'] / tg['nodes'] / (big['loads_first_s'] / n)) >= 20 else 'FAIL'} |", ""]
   os.makedirs(os.path.dirname(a.out), exist_ok=True)

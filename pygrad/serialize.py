@@ -6,8 +6,9 @@ and references into an arg table of plain values. On the C core, export is one C
 building: the builder makes every node whose signature (op, dtype, arg, sources' dtypes and shapes) it has seen,
 and asks Python (the ordinary `UOp(...)` constructor, with its validation) only for the first node of each
 signature and for FUNCTION/CALL/GETTUPLE/AFTER; the store keeps the signatures between loads, so a model's graph is
-inferred in Python once per process. The arg table is pygrad/argtable.py's, decoded column by column. Nodes are hash-consed, so a loaded graph is the live one if it
-exists. Nothing here recurses on graph depth or on the nesting of args.
+inferred in Python once per process. The arg table is pygrad/argtable.py's, decoded column by column. Nodes are
+hash-consed, so a loaded graph is the live one if it exists. Nothing here recurses on graph depth or on the nesting
+of args.
 
 Callables (a CALL's `fxn`, `grad_fxn`) are written as (module, qualified name) and resolved on load from modules
 already imported; `loads(..., allow_import=True)` may import the named modules, and nothing else ever runs code.
