@@ -30,6 +30,7 @@ int32_t pg_store_make2k(pg_store *st, int32_t op, int32_t dtype, int32_t s, int3
                         int32_t kmeta, int32_t reversed, int32_t meta);
 int pg_store_incref(pg_store *st, int32_t id);
 int pg_store_decref(pg_store *st, int32_t id);
+int pg_store_decref_many(pg_store *st, const int32_t *ids, int32_t n);
 int pg_store_info(pg_store *st, int32_t id, pg_info *out);
 int32_t pg_store_src(pg_store *st, int32_t id, int32_t *out, int32_t cap);
 int64_t pg_store_rows(pg_store *st, const int32_t *ids, int64_t n, pg_info *info, int32_t *src, int64_t cap);

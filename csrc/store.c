@@ -375,6 +375,18 @@ int pg_store_decref(pg_store *st, int32_t id) {
   return r;
 }
 
+/* decref ids[0..n) in order under one lock: the handles that died since the last call, released in one C call
+   instead of one each; stops at the first id that names no live node and returns its error */
+int pg_store_decref_many(pg_store *st, const int32_t *ids, int32_t n) {
+  int32_t i;
+  int r = 0;
+  if (n < 0 || (n > 0 && !ids)) return PG_ERR_BADID;
+  pg_lock_take(&st->lock);
+  for (i = 0; i < n && r == 0; i++) r = pg_store_decref_locked(st, ids[i]);
+  pg_lock_drop(&st->lock);
+  return r;
+}
+
 /* the fields of a live node */
 int pg_store_info(pg_store *st, int32_t id, pg_info *out) {
   pg_node *n;

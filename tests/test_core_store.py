@@ -353,3 +353,36 @@ def test_rows_match_info_and_src(core):
   core.decref(dead)
   for bad in ([dead], [top, -1], [1 << 40]):
     with pytest.raises(ValueError, match="not a live node id"): core.rows(bad)
+
+
+def test_decref_many_is_decref_in_order(core):
+  """decref_many (the batch of dead handles' references) frees exactly what the same decrefs one by one free, in
+  the same order (so ids recycle identically); release defers, and live/arg_drain flush first."""
+  one, many = type(core)(), core
+  ids = []
+  for c in (one, many):
+    c.arg_register(1)
+    a = c.make(LEAF, 1, (), 1, 0, 0)
+    b = c.make(ADD, 1, (a, a), 0, 0, 0)
+    d = c.make(MUL, 1, (b, a), 0, 0, 0)
+    ids.append((a, b, d))
+  a, b, d = ids[1]
+  for i in (d, b, a): one.decref(i)
+  many.decref_many([d, b, a])
+  assert one.live() == many.live() == 0
+  assert one.arg_drain() == many.arg_drain() == [1]
+  assert [c.make(LEAF, 1, (), 0, 0, 0) for c in (one, many)] == [a, a]  # the same recycled id (LIFO)
+  many.release(a)  # deferred: still counted until someone looks
+  assert many.live() == 0  # live flushes
+
+
+@needs_c
+def test_decref_many_checks_ids():
+  """The C core checks every id at the boundary (PyCore, the reference, trusts its caller)."""
+  core = CCore()
+  a = core.make(LEAF, 1, (), 0, 0, 0)
+  with pytest.raises(ValueError, match="not a live node id"):
+    core.decref_many([a, a])  # the second names the node the first freed
+  with pytest.raises(ValueError, match="not a live node id"):
+    core.decref_many([2 ** 40])
+  assert core.live() == 0

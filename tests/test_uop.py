@@ -743,3 +743,20 @@ def test_metadata_per_asyncio_task():
   assert _names(one) == ["one"] and _names(three) == ["three"]
   assert _names(one.src[0]) == ["one"]
   assert pygrad.uop.current_metadata() is None
+
+
+def test_dead_handles_are_released_batched_and_unregistered():
+  """A dead handle's reference is dropped in a batch (pygrad/core/release.py) and its registry entry removed without
+  a lock; live_nodes() still sees every dropped handle, whether fewer or more than one batch is pending."""
+  from pygrad.core.release import BATCH
+  base = live_after_gc()
+  x = ph(3)
+  for n in (3, BATCH - 1, BATCH, 3 * BATCH + 7):
+    ys = [x.sin() * float(i) for i in range(n)]  # sin(x), n constants and n products, held by their handles
+    ids = [y._id for y in ys]
+    assert pygrad.live_nodes() == base + 1 + 1 + 2 * n
+    del ys
+    assert pygrad.live_nodes() == base + 1
+    assert not any(i in pygrad.uop._handles for i in ids)
+  del x
+  assert live_after_gc() == base

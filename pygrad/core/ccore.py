@@ -5,6 +5,7 @@ import functools, operator, sys
 from collections.abc import Sequence
 from typing import Iterator
 from .pycore import ArgGone
+from .release import deferred
 from .clib import ffi, lib
 from ..ids import tables
 
@@ -143,6 +144,14 @@ class CCore:
       if r: _raise(r, "decref", nid)
 
     self.make, self.incref, self.decref = make, incref, decref
+    c_many = lib.pg_store_decref_many
+
+    def decref_many(ids: list[int]) -> None:
+      try: r = c_many(st, ids, len(ids))
+      except (OverflowError, TypeError): r = lib.PG_ERR_BADID
+      if r: _raise(r, "decref_many", len(ids))
+    self.decref_many = decref_many
+    self.release, self.flush = deferred(decref_many)
     # fixed-arity makes for the math methods' hot path: the raw C result, a negative code on error (the caller then
     # repeats the call through make, which raises the matching exception)
     self.make1 = functools.partial(make1, st)
@@ -193,7 +202,9 @@ class CCore:
     r = self._call(lib.pg_store_set_pdata, nid, pid)
     if r: _raise(r, "set_pdata", nid, pid)
 
-  def live(self) -> int: return lib.pg_store_live(self._st)
+  def live(self) -> int:
+    self.flush()
+    return lib.pg_store_live(self._st)
 
   def id_bound(self) -> int:
     """One past the largest node id handed out so far (every live id is below it)."""
@@ -205,6 +216,7 @@ class CCore:
 
   def arg_drain(self) -> list[int]:
     """Ids whose last user was freed; they are marked gone (a later `make` naming one raises ArgGone)."""
+    self.flush()
     cap = 256
     buf = ffi.new("int32_t[]", cap)
     out: list[int] = []

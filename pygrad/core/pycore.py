@@ -3,6 +3,7 @@ same ids-in, ids-out interface, same identity rules, same walk orders."""
 from __future__ import annotations
 import threading
 from ..ops import Ops
+from .release import deferred
 
 _CALLS = (int(Ops.FUNCTION), int(Ops.CALL))
 _DETACH = int(Ops.DETACH)
@@ -34,6 +35,7 @@ class PyCore:
     # every change of the store under one reentrant lock: counts are read-modify-write, and a handle's finalizer
     # may decref on this very thread in the middle of a make (a collection triggered by an allocation)
     self._lock = threading.RLock()
+    self.release, self.flush = deferred(self.decref_many)
 
   # ---- store ----
   def make(self, op: int, dtype: int, src: tuple[int, ...], arg: int, tag: int, meta: int) -> int:
@@ -103,6 +105,11 @@ class PyCore:
         self._free.append(n)
         self._live -= 1
 
+  def decref_many(self, ids: list[int]) -> None:
+    """decref each id in order (the handles that died since the last flush: pygrad/core/release.py)."""
+    with self._lock:
+      for nid in ids: self.decref(nid)
+
   def info(self, nid: int) -> tuple[int, int, int, int, int, int, int]:
     """(op, dtype, nsrc, arg, tag, meta, pdata) of a node."""
     return self._info[nid] + (self._pdata[nid],)
@@ -129,7 +136,9 @@ class PyCore:
         self._argrc[old] -= 1
         if self._argrc[old] == 0: self._dead.append(old)
 
-  def live(self) -> int: return self._live
+  def live(self) -> int:
+    self.flush()
+    return self._live
 
   def id_bound(self) -> int:
     """One past the largest node id handed out so far (every live id is below it)."""
@@ -143,6 +152,7 @@ class PyCore:
 
   def arg_drain(self) -> list[int]:
     """Ids whose last user was freed; they are marked gone (a later `make` naming one raises ArgGone)."""
+    self.flush()
     with self._lock:
       out = []
       for aid in self._dead:
