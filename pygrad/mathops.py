@@ -13,6 +13,7 @@ else:
   UOp = None  # bound by uop.py once the class exists, as are the node makers below
 _alu1 = _alu2 = _alu2k = _const = _movement = _node = None
 _LN2, _INV_LN2 = math.log(2), 1 / math.log(2)
+_IOTA = tuple(tuple(range(n)) for n in range(9))  # identity orders (a permute by one is the node itself)
 
 
 def _bind(cls, alu1, alu2, alu2k, const, movement, node) -> None:
@@ -67,6 +68,19 @@ def _binary(op: Ops, reverse: bool = False):
       return self._bin(op, x) if r is None else r
   method.__name__ = method.__qualname__ = f"{op.name.lower()}{' (reflected)' if reverse else ''}"
   return method
+
+
+def _unary(op: Ops):
+  """The method for op(self): one core call (alu1). The op is bound here, not read as `Ops.X` in the body: an
+  enum member lookup goes through EnumType's __getattr__ hook and costs ~150 ns, as much as the rest of the call."""
+  def method(self) -> UOp: return _alu1(op, self)
+  method.__name__ = method.__qualname__ = op.name.lower()
+  return method
+
+
+# movement ops bound once, for the same reason
+_RESHAPE, _EXPAND, _PERMUTE, _PAD, _SHRINK, _REDUCE_AXIS = \
+  Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.PAD, Ops.SHRINK, Ops.REDUCE_AXIS
 
 
 class MathMixin:
@@ -186,12 +200,8 @@ class MathMixin:
   def bitcast(self, dtype: DType) -> UOp: return UOp(Ops.BITCAST, dtype, (self,))
 
   # ---- unary math ----
-  def reciprocal(self) -> UOp: return _alu1(Ops.RECIPROCAL, self)
-  def sqrt(self) -> UOp: return _alu1(Ops.SQRT, self)
-  def sin(self) -> UOp: return _alu1(Ops.SIN, self)
-  def exp2(self) -> UOp: return _alu1(Ops.EXP2, self)
-  def log2(self) -> UOp: return _alu1(Ops.LOG2, self)
-  def trunc(self) -> UOp: return _alu1(Ops.TRUNC, self)
+  reciprocal, sqrt, sin = _unary(Ops.RECIPROCAL), _unary(Ops.SQRT), _unary(Ops.SIN)
+  exp2, log2, trunc = _unary(Ops.EXP2), _unary(Ops.LOG2), _unary(Ops.TRUNC)
   def cos(self) -> UOp: return ((math.pi / 2) - self).sin()
   def exp(self) -> UOp: return (self * _INV_LN2).exp2()
   def log(self) -> UOp: return self.log2() * _LN2
@@ -208,23 +218,31 @@ class MathMixin:
   def square(self) -> UOp: return self * self
 
   # ---- movement ----
+  # the common calls (one exact tuple, or ints; no -1; non-negative axes) skip the normalisation of the others
   def reshape(self, *shape) -> UOp:
-    shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+    if len(shape) == 1 and type(shape[0]) is tuple: shape = shape[0]
+    else: shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
     if -1 in shape:
       known = math.prod(s for s in shape if s != -1)
       if shape.count(-1) > 1 or known == 0 or self.numel % known:
         raise ValueError(f"RESHAPE: cannot infer -1 in {shape} from {self.shape}")
       shape = tuple(self.numel // known if s == -1 else s for s in shape)
-    return self if shape == self.shape else _movement(Ops.RESHAPE, self, shape)
+    return self if shape == self._shape else _movement(_RESHAPE, self, shape)
   def expand(self, *shape) -> UOp:
-    shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
-    shape = tuple(o if n == -1 else n for o, n in zip(self.shape, shape)) if len(shape) == len(self.shape) else shape
-    return self if shape == self.shape else _movement(Ops.EXPAND, self, shape)
+    if len(shape) == 1 and type(shape[0]) is tuple: shape = shape[0]
+    else: shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+    if -1 in shape and len(shape) == len(self._shape):
+      shape = tuple(o if n == -1 else n for o, n in zip(self._shape, shape))
+    return self if shape == self._shape else _movement(_EXPAND, self, shape)
   def permute(self, *order) -> UOp:
-    order = tuple(order[0]) if len(order) == 1 and isinstance(order[0], (tuple, list)) else tuple(order)
-    n = len(self.shape)
-    order = tuple([o + n if -n <= o < 0 else o for o in map(functools.partial(_index, "permute"), order)])
-    return self if order == tuple(range(n)) else _movement(Ops.PERMUTE, self, order)
+    if len(order) == 1 and type(order[0]) is tuple: order = order[0]
+    else: order = tuple(order[0]) if len(order) == 1 and isinstance(order[0], (tuple, list)) else tuple(order)
+    n = len(self._shape)
+    for o in order:
+      if type(o) is not int or o < 0:
+        order = tuple([o + n if -n <= o < 0 else o for o in map(functools.partial(_index, "permute"), order)])
+        break
+    return self if order == (_IOTA[n] if n < len(_IOTA) else tuple(range(n))) else _movement(_PERMUTE, self, order)
   def flip(self, *axes) -> UOp:
     axes = tuple(axes[0]) if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else tuple(axes)
     ax = set(_axes(self.ndim, axes))
@@ -235,7 +253,7 @@ class MathMixin:
     if len(padding) != self.ndim:
       raise ValueError(f"pad: {len(padding)} (before, after) pairs given for {self.ndim} dims {self.shape}")
     arg = tuple((0, 0) if p is None else (_index("pad", p[0]), _index("pad", p[1])) for p in padding)
-    return self if all(p == (0, 0) for p in arg) else _movement(Ops.PAD, self, arg)
+    return self if all(p == (0, 0) for p in arg) else _movement(_PAD, self, arg)
   def shrink(self, bounds) -> UOp:
     """Keep [start, end) of each axis (None: all of it); one pair per axis."""
     bounds = tuple(bounds)
@@ -243,7 +261,7 @@ class MathMixin:
       raise ValueError(f"shrink: {len(bounds)} (start, end) bounds given for {self.ndim} dims {self.shape}")
     arg = tuple((0, s) if b is None else (_index("shrink", b[0]), _index("shrink", b[1]))
                 for b, s in zip(bounds, self.shape))
-    return self if all(b == (0, s) for b, s in zip(arg, self.shape)) else _movement(Ops.SHRINK, self, arg)
+    return self if all(b == (0, s) for b, s in zip(arg, self.shape)) else _movement(_SHRINK, self, arg)
   def transpose(self, dim0: int = 1, dim1: int = 0) -> UOp:
     order = list(range(self.ndim))
     order[dim0], order[dim1] = order[dim1], order[dim0]
@@ -254,7 +272,7 @@ class MathMixin:
   # ---- reductions ----
   def r(self, op: Ops, axes) -> UOp:
     """REDUCE_AXIS over `axes` (kept as size 1)."""
-    return _movement(Ops.REDUCE_AXIS, self, (op, tuple(axes)))
+    return _movement(_REDUCE_AXIS, self, (op, tuple(axes)))
   def _reduce(self, op: Ops, axis, keepdim: bool) -> UOp:
     axes = _axes(self.ndim, axis)
     ret = self.r(op, axes) if axes else self

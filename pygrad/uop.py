@@ -24,6 +24,7 @@ _args_get, _args_objs, _meta_get, _meta_vals, _meta_ids = ARGS.get, ARGS.objs, M
 _args_key = ARGS.get_key
 _new_handle, _claim = object.__new__, _handles.setdefault
 _OPS = tuple(Ops)
+_VOID = dtypes.void
 _uids = itertools.count()
 
 
@@ -157,7 +158,7 @@ def _register(o: UOp, w: _Ref, nid: int) -> UOp:
 def alu1(op: Ops, x: UOp) -> UOp:
   """A unary ALU node (the hot path of the math methods: checks by table, no generic inference)."""
   d = x._dtype
-  if (op, d) not in _UNARY_OK: return UOp(op, None, (x,))  # the generic path raises the precise error
+  if d not in _UNARY_OK.get(op, ()): return UOp(op, None, (x,))  # the generic path raises the precise error
   m = x._m
   nid = _make1(op, d.id, x._id, 0, 0, m)
   if nid < 0: return UOp(op, None, (x,))
@@ -169,7 +170,7 @@ def alu2(op: Ops, a: UOp, b: UOp) -> UOp | None:
   hot path of the math methods, checked by table. None for anything else (the caller promotes and broadcasts)."""
   d = a._dtype
   if b._dtype is not d: return None
-  out = _BINARY_OUT.get((op, d))
+  out = _BINARY_OUT.get(op, _NONE).get(d)
   if out is None: return None
   sa, sb = a._shape, b._shape
   da, db = a._device, b._device
@@ -200,7 +201,7 @@ def alu2k(op: Ops, a: UOp, value, reverse: int) -> UOp | None:
       value = float(value)
   elif t is not int or k == "b" or not _INT_RANGE[d][0] <= value <= _INT_RANGE[d][1]:
     if not (t is bool and k == "b"): return None
-  out = _BINARY_OUT.get((op, d))
+  out = _BINARY_OUT.get(op, _NONE).get(d)
   if out is None or _md_open: return None
   m = a._m
   while True:
@@ -212,34 +213,52 @@ def alu2k(op: Ops, a: UOp, value, reverse: int) -> UOp | None:
   return _wrap(nid, op, out, None, None, a._shape, a._device, m)
 
 
-_moved: dict = {}  # (op, source meta, argkey of arg) -> (shape, meta): the validity functions' results, bounded
+# (op, source meta, arg) -> (shape, meta, arg id): the validity functions' results and the interned arg, bounded.
+# An all-int tuple arg (a shape or an order) is its own key: all-int tuples are equal only when their ints are, so
+# the key stays type-strict; any other arg is keyed by its argkey (which never equals an all-int tuple).
+_moved: dict = {}
+_MOVED_LIMIT = 8192
 
 
 def movement(op: Ops, x: UOp, arg) -> UOp:
   """A movement or reduce node of x, its shape from the op's validity function (shapes.SHAPE): the math methods'
-  hot path, with the errors of the generic path. Valid results are remembered by the arg's type-strict key, so a
-  repeated reshape/permute/expand/reduce costs a dict lookup instead of the checks."""
+  hot path, with the errors of the generic path. Valid results are remembered (see _moved), so a repeated
+  reshape/permute/expand/reduce costs one dict lookup and one core call."""
   d = x._dtype
-  if d is dtypes.void: return UOp(op, None, (x,), arg)  # the generic path raises the precise error
-  try: ak = argkey(arg)
-  except TypeError: return UOp(op, None, (x,), arg)
+  if d is _VOID: return UOp(op, None, (x,), arg)  # the generic path raises the precise error
+  ak = arg
+  if type(arg) is tuple:
+    for e in arg:
+      if type(e) is not int:
+        ak = None
+        break
+  else: ak = None
+  if ak is None:
+    try: ak = argkey(arg)
+    except TypeError: return UOp(op, None, (x,), arg)
   ck = (op, x._m, ak)
   hit = _moved.get(ck)
-  if hit is None:
-    shape = _SHAPE[op](op, (x,), arg)
-    dev = x._device
-    meta = _meta_ids.get((shape, dev))
-    if meta is None: meta = _meta_get(shape, dev)
-    if len(_moved) >= 8192: _moved.clear()
-    _moved[ck] = hit = (shape, meta)
-  shape, meta = hit
+  if hit is not None:
+    try: nid = _make1(op, d.id, x._id, hit[2], 0, hit[1])
+    except ArgGone: nid = _ERR_GONE  # the pure core raises where the C core returns the code
+    if nid >= 0: return _wrap(nid, op, d, arg, None, hit[0], x._device, hit[1])
+    if nid != _ERR_GONE: return UOp(op, None, (x,), arg)
+    ARGS.forget(hit[2])  # drained since it was cached: intern it again below
+  shape = _SHAPE[op](op, (x,), arg)
+  dev = x._device
+  meta = _meta_ids.get((shape, dev))
+  if meta is None: meta = _meta_get(shape, dev)
+  k = argkey(arg) if ak is arg else ak
   while True:
-    aid = _args_key(ak, arg)
-    nid = _make1(op, d.id, x._id, aid, 0, meta)
+    aid = _args_key(k, arg)
+    try: nid = _make1(op, d.id, x._id, aid, 0, meta)
+    except ArgGone: nid = _ERR_GONE
     if nid != _ERR_GONE: break
     ARGS.forget(aid)
   if nid < 0: return UOp(op, None, (x,), arg)
-  return _wrap(nid, op, d, arg, None, shape, x._device, meta)
+  if len(_moved) >= _MOVED_LIMIT: _moved.clear()
+  _moved[ck] = (shape, meta, aid)
+  return _wrap(nid, op, d, arg, None, shape, dev, meta)
 
 
 def node(op: Ops, src: tuple, arg) -> UOp:
@@ -552,24 +571,31 @@ def core_name() -> str:
 
 
 def _tables():
+  """Which unary ops take which dtypes, and which dtype each binary op gives per operand dtype, by probing the
+  generic inference once: op -> frozenset of dtypes, op -> {dtype: result dtype} (no tuple key to build per call)."""
   from .shapes import INFER as _inf
   from .ops import GroupOp
   from .dtype import VALUE_DTYPES
   from types import SimpleNamespace
   probe = {d: SimpleNamespace(op=Ops.CONST, dtype=d, shape=(), device=None) for d in VALUE_DTYPES}
-  un, bi = set(), {}
+  un: dict = {}
+  bi: dict = {}
   for op in GroupOp.Unary:
+    ok = set()
     for d, p in probe.items():
       try: _inf[op](op, None, (p,), None)
       except (TypeError, ValueError): continue
-      un.add((op, d))
+      ok.add(d)
+    un[op] = frozenset(ok)
   for op in GroupOp.Binary:
+    outs = bi[op] = {}
     for d, p in probe.items():
-      try: bi[(op, d)] = _inf[op](op, None, (p, p), None)[0]
+      try: outs[d] = _inf[op](op, None, (p, p), None)[0]
       except (TypeError, ValueError): continue
-  return frozenset(un), bi
+  return un, bi
 
 
+_NONE: dict = {}
 _UNARY_OK, _BINARY_OUT = _tables()
 from . import mathops as _mathops  # noqa: E402
 _META0 = META.get((), None)

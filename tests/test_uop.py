@@ -760,3 +760,19 @@ def test_dead_handles_are_released_batched_and_unregistered():
     assert not any(i in pygrad.uop._handles for i in ids)
     del ps
     assert pygrad.live_nodes() == base
+
+
+def test_cached_movement_survives_its_arg_id_being_drained():
+  """movement() caches the interned arg id with the validity result; once the last node naming that arg is freed
+  and the interner drains the id, the next identical reshape/permute interns the arg again (both cores)."""
+  from pygrad.intern import ARGS
+  x = ph(2, 3, 37)
+  for _ in range(2):
+    y, z = x.reshape((37, 6)), x.permute((2, 0, 1))
+    assert y.shape == (37, 6) and y.arg == (37, 6) and z.shape == (37, 2, 3)
+    aids = (pygrad.uop._core_info(y._id)[3], pygrad.uop._core_info(z._id)[3])
+    del y, z
+    gc.collect()
+    pygrad.live_nodes()
+    ARGS.drain()
+    assert all(a not in ARGS.objs for a in aids)  # drained: the cached ids are gone
