@@ -25,6 +25,8 @@ _args_key = ARGS.get_key
 _new_handle, _claim = object.__new__, _handles.setdefault
 _OPS = tuple(Ops)
 _VOID = dtypes.void
+_BUFFER = Ops.BUFFER
+_INT64_MAX = 2 ** 63 - 1
 _uids = itertools.count()
 
 
@@ -261,6 +263,23 @@ def movement(op: Ops, x: UOp, arg) -> UOp:
   return _wrap(nid, op, d, arg, None, shape, dev, meta)
 
 
+def _buffer(dtype: DType, arg: tuple, shape: tuple, device: str, name) -> UOp:
+  """A new BUFFER node for placeholder's checked fields: its arg's interning key built directly (it is new: the
+  uid is), where argkey would recurse into the arg, and no generic inference (~12 us a placeholder before, the
+  bulk of a W1 build, which makes one per layer)."""
+  meta = _meta_ids.get((shape, device))
+  if meta is None: meta = _meta_get(shape, device)
+  k = (tuple, (int, arg[0]), argkey(shape), (str, device), (type(name), name))  # == argkey(arg)
+  while True:
+    aid = _args_key(k, arg)
+    try:
+      nid = _core_make(_BUFFER, dtype.id, (), aid, 0, meta)
+      break
+    except ArgGone:
+      ARGS.forget(aid)
+  return _wrap(nid, _BUFFER, dtype, arg, None, shape, device, meta)
+
+
 def node(op: Ops, src: tuple, arg) -> UOp:
   """UOp(op, None, src, arg) for sources the caller knows are UOps: inference (the validity check) and the node."""
   d, shape, device = INFER[op](op, None, src, arg)
@@ -486,8 +505,15 @@ class UOp(MathMixin):
   def placeholder(shape, dtype: DType = dtypes.float32, name: str | None = None, device: str = "CPU") -> UOp:
     """An input tensor (BUFFER); every call makes a distinct node."""
     shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
-    if not all(type(s) is int for s in shape): raise TypeError(f"BUFFER: shape must be ints, got {shape!r}")
-    return UOp(Ops.BUFFER, dtype, (), (next(_uids), shape, device, name))
+    ok, n = type(device) is str and (name is None or type(name) is str) and type(dtype) is DType, 1
+    for s in shape:
+      if type(s) is not int: raise TypeError(f"BUFFER: shape must be ints, got {shape!r}")
+      if s < 0: ok = False
+      n *= s
+    arg = (next(_uids), shape, device, name)
+    if not ok or dtype is _VOID or n > _INT64_MAX or (n == 0 and shape and max(shape) > _INT64_MAX):
+      return UOp(_BUFFER, dtype, (), arg)  # the generic path raises the precise error
+    return _buffer(dtype, arg, shape, device, name)
 
   @staticmethod
   def variable(name: str, vmin, vmax, dtype: DType = dtypes.float32) -> UOp:

@@ -776,3 +776,21 @@ def test_cached_movement_survives_its_arg_id_being_drained():
     pygrad.live_nodes()
     ARGS.drain()
     assert all(a not in ARGS.objs for a in aids)  # drained: the cached ids are gone
+
+
+def test_placeholder_fast_path_is_the_generic_node():
+  """placeholder builds its BUFFER without generic inference and with its arg's interning key made directly: the
+  key is argkey's (so a loaded or rebuilt BUFFER with that arg is the same node), and every bad input still gets
+  the generic path's error."""
+  from pygrad.intern import ARGS, argkey
+  for kw in ({}, {"name": "w"}, {"device": "CPU:1", "dtype": dtypes.int8}, {"name": "e"}):
+    a = UOp.placeholder((2, 0, 3) if kw.get("name") == "e" else (2, 3), **kw)
+    aid = pygrad.uop._core_info(a._id)[3]
+    assert ARGS.ids[argkey(a.arg)] == aid and ARGS.objs[aid] is a.arg
+    assert UOp(Ops.BUFFER, a.dtype, (), a.arg) is a
+  for shape, kw, err in [((2, -1), {}, ValueError), ((2, 2 ** 63), {}, ValueError), ((0, 2 ** 64), {}, ValueError),
+                         ((2,), {"device": 3}, TypeError),
+                         ((2,), {"dtype": dtypes.void}, TypeError), ((2,), {"dtype": "float32"}, TypeError),
+                         ((2.0,), {}, TypeError), ((True,), {}, TypeError)]:
+    with pytest.raises(err):
+      UOp.placeholder(shape, **kw)

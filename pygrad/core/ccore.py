@@ -151,6 +151,13 @@ class CCore:
       except (OverflowError, TypeError): r = lib.PG_ERR_BADID
       if r: _raise(r, "decref_many", len(ids))
     self.decref_many = decref_many
+    c_register = lib.pg_store_arg_register
+
+    def arg_register(aid: int) -> None:  # once per new interned arg: every placeholder makes one
+      try: r = c_register(st, aid)
+      except (OverflowError, TypeError): r = lib.PG_ERR_BADID
+      if r: _raise(r, "arg_register", aid)
+    self.arg_register = arg_register
     self.release, self.flush = deferred(decref_many)
     # fixed-arity makes for the math methods' hot path: the raw C result, a negative code on error (the caller then
     # repeats the call through make, which raises the matching exception)
@@ -209,10 +216,6 @@ class CCore:
   def id_bound(self) -> int:
     """One past the largest node id handed out so far (every live id is below it)."""
     return lib.pg_store_id_bound(self._st)
-
-  def arg_register(self, aid: int) -> None:
-    r = self._call(lib.pg_store_arg_register, aid)
-    if r: _raise(r, "arg_register", aid)
 
   def arg_drain(self) -> list[int]:
     """Ids whose last user was freed; they are marked gone (a later `make` naming one raises ArgGone)."""
