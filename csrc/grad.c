@@ -70,8 +70,19 @@ static uint32_t key_hash(const int32_t *key, int32_t n) {
   return h ^ (h >> 15);
 }
 
-/* free a template and release the arg ids its program held (store lock held) */
+/* the arg and tag ids a key names (a rule key's, see rule_key; 0 for none) */
+static void key_args(const int32_t *key, int32_t nkey, int32_t *arg, int32_t *tag) {
+  int full = nkey >= 7 && key[0] == 0;
+  *arg = full ? key[3] : 0;
+  *tag = full ? key[4] : 0;
+}
+
+/* free a template and release the arg ids its key and program held (store lock held) */
 static void tpl_free_locked(pg_store *st, tpl *t) {
+  int32_t arg, tag;
+  key_args(t->key, t->nkey, &arg, &tag);
+  pg_store_arg_release_locked(st, arg);
+  pg_store_arg_release_locked(st, tag);
   pg_prog_hold_locked(st, t->prog, 0);
   free(t->prog);
   free(t);
@@ -186,6 +197,7 @@ static void tcache_grow(pg_tcache *tc) {
 int pg_tcache_add(pg_store *st, pg_tcache *tc, const int32_t *key, int32_t nkey, const int32_t *prog, int32_t nprog) {
   tpl *t;
   uint32_t h;
+  int32_t arg, tag;
   int r = 0;
   if (!st || !tc || tc->st != st || !key || !prog || nkey <= 0 || nkey > KEY_MAX || !pg_prog_check(prog, nprog) ||
       prog[2] > TPL_MAXSRC)
@@ -202,6 +214,17 @@ int pg_tcache_add(pg_store *st, pg_tcache *tc, const int32_t *key, int32_t nkey,
   memcpy(t->key, key, (size_t)nkey * sizeof *key);
   memcpy(t->prog, prog, (size_t)nprog * sizeof *prog);
   if ((r = pg_prog_hold_locked(st, t->prog, 1)) != 0) {  /* the program outlives the graph it came from */
+    free(t->prog);
+    free(t);
+    goto done;
+  }
+  /* so does the key: were its arg drained, the interner would reuse the id's slot, and only the generation
+     would keep a later arg from matching this key */
+  key_args(key, nkey, &arg, &tag);
+  if ((r = pg_store_arg_hold_locked(st, arg)) == 0 && (r = pg_store_arg_hold_locked(st, tag)) != 0)
+    pg_store_arg_release_locked(st, arg);
+  if (r) {
+    pg_prog_hold_locked(st, t->prog, 0);
     free(t->prog);
     free(t);
     goto done;

@@ -311,8 +311,9 @@ int pg_serial_encode(const pg_table *t, int64_t base, const int32_t *roots, int3
 
 /* the signature cache: open addressing over (hash, offset of the key in the pool). One per store, kept between
    builds (under the store's lock): a key names an op, a dtype, an interned arg id and the sources' dtypes and metas,
-   and none of those ids is ever reused for another value (interned ids are never handed out twice, metas and dtypes
-   are permanent), so an entry stays true while the store lives; the signatures of a model's graph are then inferred
+   and none of those ids names another value while the entry exists (metas and dtypes are permanent; an interned id's
+   slot is reused under a new generation, and the cache is emptied whenever a slot's generation wraps, so a full id
+   is never handed out again while an entry made with it lives), so an entry stays true; the signatures of a model's graph are then inferred
    by Python once per process, not once per load or per pickled piece. Bounded: cleared when full. */
 #define SIG_MAX 65536            /* signatures */
 #define SIG_POOL_MAX (1 << 22)   /* int32 words of keys */
@@ -336,6 +337,15 @@ static pg_sigcache *sigcache_new(void) {
   }
   for (k = 0; k <= c->mask; k++) c->slots[k].key = -1;
   return c;
+}
+
+/* forget every signature (full, or an arg id's generation wrapped: see pg_store_arg_register) */
+void pg_serial_cache_clear(pg_sigcache *c) {
+  uint64_t k;
+  if (!c) return;
+  for (k = 0; k <= c->mask; k++) c->slots[k].key = -1;
+  c->nsig = 0;
+  c->npool = 0;
 }
 
 /* free a store's signature cache (store.c, when the store goes) */
@@ -406,11 +416,7 @@ static int sig_add(pg_build *b, int64_t i, int32_t meta) {
   int64_t ns = b->start[i + 1] - b->start[i], need = 5 + 2 * ns, j, at;
   uint64_t h = sig_hash(b, i), k;
   if (sig_find(b, i, h) >= 0 || need > SIG_POOL_MAX) return 0;
-  if (b->sc->nsig >= SIG_MAX || b->sc->npool + need > SIG_POOL_MAX) {  /* full: start over */
-    for (k = 0; k <= b->sc->mask; k++) b->sc->slots[k].key = -1;
-    b->sc->nsig = 0;
-    b->sc->npool = 0;
-  }
+  if (b->sc->nsig >= SIG_MAX || b->sc->npool + need > SIG_POOL_MAX) pg_serial_cache_clear(b->sc);  /* full */
   if ((b->sc->nsig + 1) * 2 > b->sc->mask + 1) {
     uint64_t m = (b->sc->mask + 1) * 2 - 1, q;
     sigslot *t = (sigslot *)malloc((size_t)(m + 1) * sizeof *t);
@@ -557,8 +563,8 @@ pg_build *pg_serial_build_new(pg_store *st, int64_t n, const int32_t *op, const 
 /* set pdata on a node that has none, with the lock held (a live node's own metadata wins) */
 static void build_pdata_locked(pg_build *b, pg_node *nd, int64_t i) {
   int32_t p = b->pdata ? b->pdata[i] : 0;
-  if (p && !nd->pdata && b->st->argrc[p] < INT32_MAX) {
-    b->st->argrc[p]++;
+  if (p && !nd->pdata && pg_store_arg_check_locked(b->st, p) == 0 && b->st->argrc[PG_ARG_SLOT(p)] < INT32_MAX) {
+    b->st->argrc[PG_ARG_SLOT(p)]++;
     nd->pdata = p;
   }
 }

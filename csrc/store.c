@@ -122,6 +122,7 @@ static void store_free(pg_store *st) {
   free(st->pages);
   free(st->slots);
   free(st->argrc);
+  free(st->argid);
   free(st->argq);
   free(st->dead);
   free(st->scratch);
@@ -169,14 +170,20 @@ static int reserve_slot(pg_store *st) {
 
 /* an arg/tag/pdata id lost a user: queue it for arg_drain when its count reaches 0 (at most once at a time) */
 static PG_INLINE void count_release(pg_store *st, int32_t aid) {
-  if (--st->argrc[aid] == 0 && !st->argq[aid]) {
-    st->argq[aid] = 1;
-    st->dead[st->ndead++] = aid;  /* capacity argcap: an id is queued at most once */
+  int32_t k = PG_ARG_SLOT(aid);
+  if (--st->argrc[k] == 0 && !st->argq[k]) {
+    st->argq[k] = 1;
+    st->dead[st->ndead++] = aid;  /* capacity argcap: a slot is queued at most once */
   }
 }
 
-/* whether aid may name an arg: 0 (none) or a registered id */
-static PG_INLINE int arg_ok(const pg_store *st, int32_t aid) { return aid == 0 || (aid > 0 && aid < st->argn); }
+/* see store_impl.h */
+int pg_store_arg_check_locked(const pg_store *st, int32_t aid) {
+  int32_t k = PG_ARG_SLOT(aid);
+  if (aid == 0) return 0;
+  if (aid < 0 || k == 0 || k >= st->argn) return PG_ERR_ARG;
+  return st->argid[k] != aid || st->argrc[k] < 0 ? PG_ERR_ARG_GONE : 0;
+}
 
 /* make with the lock held: look the key up, else validate, allocate and link a new node */
 int32_t pg_store_make_locked(pg_store *st, int32_t op, int32_t dtype, const int32_t *src, int32_t nsrc, int32_t arg,
@@ -203,9 +210,9 @@ int32_t pg_store_make_locked(pg_store *st, int32_t op, int32_t dtype, const int3
     if (!s) return PG_ERR_BADID;
     if (s->rc >= UINT32_MAX - (uint32_t)nsrc) return PG_ERR_NOMEM;
   }
-  if (!arg_ok(st, arg) || !arg_ok(st, tag)) return PG_ERR_ARG;
-  if ((arg && st->argrc[arg] < 0) || (tag && st->argrc[tag] < 0)) return PG_ERR_ARG_GONE;
-  if ((arg && st->argrc[arg] >= INT32_MAX - 1) || (tag && st->argrc[tag] >= INT32_MAX - 1)) return PG_ERR_NOMEM;
+  if ((err = pg_store_arg_check_locked(st, arg)) != 0 || (err = pg_store_arg_check_locked(st, tag)) != 0) return err;
+  if ((arg && st->argrc[PG_ARG_SLOT(arg)] >= INT32_MAX - 1) || (tag && st->argrc[PG_ARG_SLOT(tag)] >= INT32_MAX - 1))
+    return PG_ERR_NOMEM;
   if (nsrc > PG_INLINE_SRC) {
     ext = (int32_t *)malloc((size_t)nsrc * sizeof *ext);
     if (!ext) return PG_ERR_NOMEM;
@@ -231,8 +238,8 @@ int32_t pg_store_make_locked(pg_store *st, int32_t op, int32_t dtype, const int3
     id = st->nalloc++;
     n = pg_node_at(st, id);
   }
-  if (arg) st->argrc[arg]++;
-  if (tag) st->argrc[tag]++;
+  if (arg) st->argrc[PG_ARG_SLOT(arg)]++;
+  if (tag) st->argrc[PG_ARG_SLOT(tag)]++;
   for (i = 0; i < nsrc; i++) pg_node_at(st, (uint32_t)src[i])->rc++;
   n->hash = h;
   n->rc = 1;
@@ -453,12 +460,12 @@ int64_t pg_store_rows(pg_store *st, const int32_t *ids, int64_t n, pg_info *info
 int pg_store_set_pdata_locked(pg_store *st, int32_t id, int32_t pdata) {
   pg_node *n = pg_node_live(st, id);
   int32_t old;
+  int err;
   if (!n) return PG_ERR_BADID;
-  if (!arg_ok(st, pdata)) return PG_ERR_ARG;
-  if (pdata && st->argrc[pdata] < 0) return PG_ERR_ARG_GONE;  /* drained: the caller interns it again */
-  if (pdata && st->argrc[pdata] == INT32_MAX) return PG_ERR_NOMEM;
+  if ((err = pg_store_arg_check_locked(st, pdata)) != 0) return err;  /* gone: the caller interns it again */
+  if (pdata && st->argrc[PG_ARG_SLOT(pdata)] == INT32_MAX) return PG_ERR_NOMEM;
   old = n->pdata;
-  if (pdata) st->argrc[pdata]++;
+  if (pdata) st->argrc[PG_ARG_SLOT(pdata)]++;
   n->pdata = pdata;
   if (old) count_release(st, old);
   return 0;
@@ -491,16 +498,19 @@ int64_t pg_store_id_bound(pg_store *st) {
   return r;
 }
 
-/* grow the count array (and its queue, so releasing never allocates) to hold ids below need */
+/* grow the count arrays (and the queue, so releasing never allocates) to hold slots below need */
 static int args_grow(pg_store *st, int32_t need) {
-  int64_t cap = st->argcap ? st->argcap : 64;
-  int32_t *rc, *dead;
+  int64_t cap = st->argcap ? st->argcap : 64, k;
+  int32_t *rc, *ids, *dead;
   uint8_t *q;
   while (cap < need) cap *= 2;
   if (cap > INT32_MAX) cap = INT32_MAX;
   rc = (int32_t *)realloc(st->argrc, (size_t)cap * sizeof *rc);
   if (!rc) return PG_ERR_NOMEM;
   st->argrc = rc;
+  ids = (int32_t *)realloc(st->argid, (size_t)cap * sizeof *ids);
+  if (!ids) return PG_ERR_NOMEM;
+  st->argid = ids;
   q = (uint8_t *)realloc(st->argq, (size_t)cap);
   if (!q) return PG_ERR_NOMEM;
   st->argq = q;
@@ -509,6 +519,7 @@ static int args_grow(pg_store *st, int32_t need) {
   st->dead = dead;
   memset(rc + st->argcap, 0, (size_t)(cap - st->argcap) * sizeof *rc);
   memset(q + st->argcap, 0, (size_t)(cap - st->argcap));
+  for (k = st->argcap; k < cap; k++) ids[k] = (int32_t)k;  /* slots skipped by a registration: generation 0 */
   st->argcap = (int32_t)cap;
   return 0;
 }
@@ -516,28 +527,33 @@ static int args_grow(pg_store *st, int32_t need) {
 /* one more hold on a registered, not drained arg/tag id (0 needs none), with the lock held: for C structures
    (template programs) that keep ids beyond the nodes that use them */
 int pg_store_arg_hold_locked(pg_store *st, int32_t aid) {
-  if (aid == 0) return 0;
-  if (!arg_ok(st, aid)) return PG_ERR_ARG;
-  if (st->argrc[aid] < 0) return PG_ERR_ARG_GONE;
-  if (st->argrc[aid] == INT32_MAX) return PG_ERR_NOMEM;
-  st->argrc[aid]++;
+  int err = pg_store_arg_check_locked(st, aid);
+  if (aid == 0 || err) return err;
+  if (st->argrc[PG_ARG_SLOT(aid)] == INT32_MAX) return PG_ERR_NOMEM;
+  st->argrc[PG_ARG_SLOT(aid)]++;
   return 0;
 }
 
 /* drop a hold taken by pg_store_arg_hold_locked */
 void pg_store_arg_release_locked(pg_store *st, int32_t aid) {
-  if (aid > 0 && aid < st->argn && st->argrc[aid] > 0) count_release(st, aid);
+  if (aid && pg_store_arg_check_locked(st, aid) == 0 && st->argrc[PG_ARG_SLOT(aid)] > 0) count_release(st, aid);
 }
 
-/* make aid a counted id with count 0 (growing the table as needed) */
+/* make aid a counted id with count 0 (growing the table as needed); its slot must be new, gone, or hold aid */
 int pg_store_arg_register(pg_store *st, int32_t aid) {
+  int32_t k = PG_ARG_SLOT(aid);
   int r = 0;
   pg_lock_take(&st->lock);
-  if (aid < 0 || aid == INT32_MAX) r = PG_ERR_ARG;
-  else if (aid >= st->argcap) r = args_grow(st, aid + 1);
+  if (aid <= 0 || k == 0) r = PG_ERR_ARG;
+  else if (k < st->argn && st->argid[k] != aid && st->argrc[k] >= 0) r = PG_ERR_ARG;  /* a live id's slot */
+  else if (k >= st->argcap) r = args_grow(st, k + 1);
   if (r == 0) {
-    st->argrc[aid] = 0;
-    if (aid >= st->argn) st->argn = aid + 1;  /* ids in between count as registered, as in PyCore's list */
+    /* a slot's generation wrapped: the signature cache (serial.c) keeps ids without holding them, and one of its
+       entries may name this very id from 2^(31 - PG_ARG_SLOT_BITS) generations ago */
+    if (k < st->argn && st->argid[k] != aid && (aid >> PG_ARG_SLOT_BITS) == 0) pg_serial_cache_clear(st->sigcache);
+    st->argrc[k] = 0;
+    st->argid[k] = aid;
+    if (k >= st->argn) st->argn = k + 1;  /* slots in between count as registered, as in PyCore's list */
   }
   pg_lock_drop(&st->lock);
   return r;
@@ -549,13 +565,13 @@ int64_t pg_store_arg_drain(pg_store *st, int32_t *out, int64_t cap) {
   if (cap < 0 || (cap > 0 && !out)) return PG_ERR_ARG;
   pg_lock_take(&st->lock);
   for (i = 0; i < st->ndead; i++) {
-    int32_t aid = st->dead[i];
-    if (st->argrc[aid] == 0) {
+    int32_t aid = st->dead[i], k = PG_ARG_SLOT(aid);
+    if (st->argrc[k] == 0 && st->argid[k] == aid) {
       if (n == cap) break;  /* full: this one and the rest wait for the next call */
-      st->argrc[aid] = -1;
+      st->argrc[k] = -1;
       out[n++] = aid;
     }
-    st->argq[aid] = 0;
+    st->argq[k] = 0;
   }
   memmove(st->dead, st->dead + i, (size_t)(st->ndead - i) * sizeof *st->dead);
   st->ndead -= i;

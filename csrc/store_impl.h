@@ -39,17 +39,21 @@ struct pg_store {
   int64_t live;
   pg_slot *slots;        /* open addressing, linear probing, backward-shift deletion; id PG_NIL = empty */
   uint32_t mask;         /* slots - 1 (a power of two minus one) */
-  int32_t *argrc;        /* counts of arg/tag/pdata ids; -1 = gone */
-  uint8_t *argq;         /* 1 if the id is in the dead queue (so the queue never exceeds argcap) */
+  int32_t *argrc;        /* per arg slot (PG_ARG_SLOT): the count of its id; -1 = gone */
+  int32_t *argid;        /* per arg slot: the id registered in it (ids of another generation read as gone) */
+  uint8_t *argq;         /* 1 if the slot is in the dead queue (so the queue never exceeds argcap) */
   int32_t *dead;         /* queue of ids whose count reached 0, oldest first; capacity argcap */
   int64_t ndead;
-  int32_t argn;          /* ids below argn are registered (PyCore's len(argrc)) */
-  int32_t argcap;        /* allocated length of argrc, argq and dead */
+  int32_t argn;          /* slots below argn are registered (PyCore's len(argrc)) */
+  int32_t argcap;        /* allocated length of argrc, argid, argq and dead */
   uint32_t epoch;        /* next unused walk mark; 0 is never a mark */
   struct pg_sigcache *sigcache;  /* serial.c's signature cache (NULL until a builder needs it) */
   void *scratch;         /* walk stack, kept between walks while small */
   size_t scratchcap;     /* bytes */
 };
+
+/* the slot of an arg/tag/pdata id (csrc/tables.h): the index of its count */
+#define PG_ARG_SLOT(aid) ((int32_t)((uint32_t)(aid) & ((1u << PG_ARG_SLOT_BITS) - 1)))
 
 /* the node of a valid id */
 static PG_INLINE pg_node *pg_node_at(const pg_store *st, uint32_t id) {
@@ -75,9 +79,13 @@ int32_t pg_store_make_locked(pg_store *st, int32_t op, int32_t dtype, const int3
 int pg_store_decref_locked(pg_store *st, int32_t id);
 int pg_store_set_pdata_locked(pg_store *st, int32_t id, int32_t pdata);
 void pg_store_reserve_locked(pg_store *st, int64_t extra);
-/* serial.c: a store's signature cache, freed with the store */
+/* serial.c: a store's signature cache, freed with the store; emptied (lock held) when an arg id's generation wraps */
 typedef struct pg_sigcache pg_sigcache;
 void pg_serial_cache_free(pg_sigcache *c);
+void pg_serial_cache_clear(pg_sigcache *c);
+/* whether aid may be given to a node: 0 (none or a live id), PG_ERR_ARG (never registered) or PG_ERR_ARG_GONE
+   (drained, or its slot now holds a later id) */
+int pg_store_arg_check_locked(const pg_store *st, int32_t aid);
 /* hold an arg/tag id for a C structure (0 or an error code), and release it */
 int pg_store_arg_hold_locked(pg_store *st, int32_t aid);
 void pg_store_arg_release_locked(pg_store *st, int32_t aid);

@@ -39,6 +39,12 @@
 #define PG_VM_MAXREGS (1 << 24)
 #define PG_VM_MAXREGFILE ((int64_t)1 << 32)
 
+/* arg/tag/pdata ids (pygrad/intern.py hands them out, store.c counts them): the low ARG_SLOT_BITS bits are a slot
+   that is reused once its id was drained, the bits above a generation that changes on every reuse, so an id held
+   across its drain is told apart from the slot's next id (it reads as gone) and the counts stay as many as the ids
+   alive at once, however many were ever made */
+#define PG_ARG_SLOT_BITS 24
+
 /* the inputs of a gradient template program (grad.c fills them, pygrad/gradfast.py records them), in order:
    a rule's (the node, its sources, its incoming gradient) and an accumulation's (the gradient so far, absent when
    there is none, the new gradient, the node) */

@@ -2,6 +2,7 @@
 `1`, `1.0` and `True` differ, `0.0` and `-0.0` differ, NaN equals NaN."""
 from __future__ import annotations
 import math, threading
+from collections import deque
 from .core import CORE
 
 _INTS = "ints"
@@ -26,14 +27,22 @@ def argkey(x):
 
 
 class Interner:
-  """key -> id and id -> object for counted ids (> 0); id 0 is None and is never counted."""
+  """key -> id and id -> object for counted ids (> 0); id 0 is None and is never counted.
+  An id is a slot of the core's count table (its low core.arg_slot_bits bits) and a generation. A drained id's
+  slot is reused, oldest first, with the next generation: a process that makes ever-new args (a new constant every
+  step) keeps as many slots as args are alive at once, where fresh ids would grow the core's tables without bound
+  and run out of int32 ids; and an id someone still held across its drain never names the slot's new arg (the
+  core finds the generation differs and reports it gone, the caller interns again)."""
 
   def __init__(self, core):
     self.core = core
     self.ids: dict = {}
     self.objs: dict[int, object] = {0: None}
     self.keys: dict[int, object] = {}
-    self.next = 1
+    self.next = 1  # the first slot never used
+    self.free: deque[int] = deque()  # drained ids whose slots are free, oldest first
+    self.slots = 1 << core.arg_slot_bits
+    self.gens = 1 << (31 - core.arg_slot_bits)
     self.since_drain = 0
     self.lock = threading.Lock()  # new ids, drains and forgets: rare, but threads must not share an id
 
@@ -57,16 +66,24 @@ class Interner:
       if aid is not None: return aid
       self.since_drain += 1
       if self.since_drain >= 1024: self._drain()
-      aid = self.next
-      self.next += 1
+      if self.free:
+        old = self.free.popleft()
+        aid = ((old // self.slots + 1) % self.gens) * self.slots + old % self.slots
+      elif self.next < self.slots:
+        aid = self.next
+        self.next += 1
+      else:
+        raise MemoryError(f"pygrad: more than {self.slots - 1} distinct args, tags and metadata alive at once")
       self.core.arg_register(aid)
       self.ids[k], self.objs[aid], self.keys[aid] = aid, x, k
       return aid
 
   def forget(self, aid: int) -> None:
-    """Drops an id that turned out to be gone (a race with drain), so that `get` makes a fresh one."""
+    """The core found aid gone (a race with a drain): wait until that drain has forgotten it, so that `get` makes a
+    fresh id. Only a drain forgets an id: an id the core still counts (a make's other arg) keeps its object, which
+    live nodes name, and its slot, which it still holds."""
     with self.lock:
-      self._forget(aid)
+      pass
 
   def _forget(self, aid: int) -> None:
     k = self.keys.pop(aid, None)
@@ -79,7 +96,10 @@ class Interner:
 
   def _drain(self) -> None:
     self.since_drain = 0
-    for aid in self.core.arg_drain(): self._forget(aid)
+    for aid in self.core.arg_drain():
+      if aid in self.keys:  # ours (not a raw registration of a test): its slot is free again
+        self._forget(aid)
+        self.free.append(aid)
 
 
 ARGS = Interner(CORE)

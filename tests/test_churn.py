@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import pygrad
 from pygrad import UOp, dtypes
+from pygrad.intern import ARGS, argkey
 
 psutil = pytest.importorskip("psutil")
 ROUNDS, NODES = (int(v) for v in os.environ.get("PYGRAD_CHURN", "40,1500").split(","))
@@ -47,3 +48,41 @@ def test_build_differentiate_evaluate_drop_stays_bounded():
     rss.append(_rss())
   mid = rss[len(rss) // 2 - 1]
   assert max(rss[len(rss) // 2:]) < mid * 1.10, f"RSS grew from {mid >> 20} MiB to {max(rss) >> 20} MiB"
+
+
+def test_new_constants_reuse_arg_slots():
+  """Every distinct constant is an interned arg id with a count in the core. Ids of dropped args are handed out
+  again (a new generation of the same slot), so a process making new constants forever keeps as many slots -- and
+  core count-table entries -- as args alive at once; before, every arg ever made took a new id, and the count tables
+  grew by ~9 bytes per constant ever made (9 MB in the full churn run) and would run out of int32 ids."""
+  def consts(r: int) -> UOp:
+    y = UOp.placeholder((3,), dtypes.float32)
+    for k in range(600): y = y * (2.0 + r * 1e-3 + k * 1e-7)
+    return y
+  consts(-1)
+  gc.collect()
+  start = ARGS.next
+  for r in range(30): consts(r)  # 18,000 constants, at most 600 alive at once
+  gc.collect()
+  assert ARGS.next - start < 3 * 1024, f"{ARGS.next - start} new arg slots for 18,000 short-lived constants"
+
+
+@pytest.mark.skipif(pygrad.core_name() != "c", reason="gradient templates are the C core's")
+def test_cached_gradient_template_holds_its_key_args():
+  """A gradient template's key names its node's arg id. The template holds it while cached: were it drained, the
+  interner would reuse its slot, and only the id's generation would tell a later arg from the key's. A template
+  cache that is dropped releases it."""
+  from pygrad.gradient import templated
+  from pygrad.gradient.rules import pm_gradient
+  order = (2, 3, 1, 0)  # only this permute's key names it: its gradient permutes by the inverse, (3, 2, 0, 1)
+  x = UOp.placeholder((2, 3, 4, 5), dtypes.float32)
+  g, = x.permute(order).sum().gradient(x)
+  assert g.shape == x.shape
+  del x, g
+  gc.collect()
+  ARGS.drain()
+  assert argkey(order) in ARGS.ids, "the cached template's key arg was drained"
+  templated.template_cache(pm_gradient, limit=templated.LIMIT)  # a fresh cache: the old one releases its holds
+  gc.collect()
+  ARGS.drain()
+  assert argkey(order) not in ARGS.ids, "a dropped template cache still holds its key arg"

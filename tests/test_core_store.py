@@ -110,6 +110,29 @@ def test_set_pdata_replaces(core):
   assert core.arg_drain() == [2]
 
 
+def test_arg_slot_reuse_by_generation(core):
+  """A drained id's slot is registered again under the next generation (the interner reuses slots, so the count
+  tables stay as large as the ids alive at once): the new id counts in the old one's slot, and the old id, held
+  across its drain, reads as gone, never as the slot's new arg."""
+  gen = 1 << core.arg_slot_bits
+  core.arg_register(1)
+  a = core.make(LEAF, 1, (), 1, 0, 0)
+  core.decref(a)
+  assert core.arg_drain() == [1]
+  core.arg_register(gen + 1)  # slot 1, generation 1
+  b = core.make(LEAF, 1, (), gen + 1, 0, 0)
+  assert core.info(b)[3] == gen + 1
+  with pytest.raises(ArgGone): core.make(LEAF, 2, (), 1, 0, 0)
+  with pytest.raises(ArgGone): core.set_pdata(b, 1)
+  with pytest.raises(ValueError): core.arg_register(2 * gen + 1)  # slot 1 holds a live id
+  with pytest.raises(ValueError): core.arg_register(gen)  # slot 0 is no id's
+  core.set_pdata(b, gen + 1)
+  core.decref(b)
+  assert core.arg_drain() == [gen + 1]
+  core.arg_register(2 * gen + 1)
+  with pytest.raises(ArgGone): core.make(LEAF, 1, (), gen + 1, 0, 0)
+
+
 @needs_c
 def test_drain_more_than_buffer():
   c = CCore()

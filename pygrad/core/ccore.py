@@ -107,6 +107,7 @@ class CCore:
   """Hash-consed nodes addressed by integer id, stored in C (see PyCore for the meaning of every method). Every
   call takes the store's mutex, so threads may share one CCore; cffi releases the GIL meanwhile."""
   name = "c"
+  arg_slot_bits = tables()["consts"]["ARG_SLOT_BITS"][0]
 
   def __init__(self):
     p = lib.pg_store_new()

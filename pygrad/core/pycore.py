@@ -18,8 +18,12 @@ class ArgGone(Exception):
 class PyCore:
   """Hash-consed nodes addressed by integer id. A node holds op, dtype, sources, arg id, tag id, meta id (interned
   shape/device) and a pdata id (side data such as metadata). Ids > 0 of args, tags and pdata are counted: when the
-  last node naming one is freed it is queued, and `arg_drain` hands it back to the interner."""
+  last node naming one is freed it is queued, and `arg_drain` hands it back to the interner. An id's low
+  `arg_slot_bits` bits are the slot of its count, the bits above a generation: the interner reuses a drained id's
+  slot with the next generation, so the counts stay as many as the ids alive at once, and an id held across its
+  drain reads as gone whether or not its slot holds a later id now."""
   name = "python"
+  arg_slot_bits = 24  # csrc/tables.h's PG_ARG_SLOT_BITS
 
   def __init__(self):
     self._table: dict[tuple, int] = {}
@@ -29,7 +33,9 @@ class PyCore:
     self._info: list = []  # (op, dtype, nsrc, arg, tag, meta) per id
     self._pdata: list[int] = []
     self._free: list[int] = []
-    self._argrc: list[int] = [0]
+    self._argrc: list[int] = [0]  # per slot: the count of its id, -1 once drained
+    self._argid: list[int] = [0]  # per slot: the id registered in it
+    self._slot = (1 << self.arg_slot_bits) - 1
     self._dead: list[int] = []
     self._live = 0
     # every change of the store under one reentrant lock: counts are read-modify-write, and a handle's finalizer
@@ -46,10 +52,10 @@ class PyCore:
       if nid is not None:
         self._rc[nid] += 1
         return nid
-      argrc = self._argrc
-      if (arg and argrc[arg] < 0) or (tag and argrc[tag] < 0): raise ArgGone()
-      if arg: argrc[arg] += 1
-      if tag: argrc[tag] += 1
+      argrc, m = self._argrc, self._slot
+      if (arg and self._arg_gone(arg)) or (tag and self._arg_gone(tag)): raise ArgGone()
+      if arg: argrc[arg & m] += 1
+      if tag: argrc[tag & m] += 1
       rc = self._rc
       for s in src: rc[s] += 1
       info = (op, dtype, len(src), arg, tag, meta)
@@ -95,9 +101,7 @@ class PyCore:
         del self._table[self._key[n]]
         info = self._info[n]
         for aid in (info[3], info[4], self._pdata[n]):
-          if aid:
-            self._argrc[aid] -= 1
-            if self._argrc[aid] == 0: self._dead.append(aid)
+          if aid: self._arg_release(aid)
         for s in self._src[n]:
           rc[s] -= 1
           if rc[s] == 0: stack.append(s)
@@ -129,12 +133,11 @@ class PyCore:
 
   def set_pdata(self, nid: int, pid: int) -> None:
     with self._lock:
+      if pid and self._arg_gone(pid): raise ArgGone()
       old = self._pdata[nid]
-      if pid: self._argrc[pid] += 1
+      if pid: self._argrc[pid & self._slot] += 1
       self._pdata[nid] = pid
-      if old:
-        self._argrc[old] -= 1
-        if self._argrc[old] == 0: self._dead.append(old)
+      if old: self._arg_release(old)
 
   def live(self) -> int:
     self.flush()
@@ -144,11 +147,28 @@ class PyCore:
     """One past the largest node id handed out so far (every live id is below it)."""
     return len(self._rc)
 
+  def _arg_gone(self, aid: int) -> bool:
+    """Whether a registered id was drained (or its slot reused); ValueError for an id never registered."""
+    k = aid & self._slot
+    if aid < 0 or k == 0 or k >= len(self._argrc): raise ValueError(f"arg id {aid} was never registered")
+    return self._argid[k] != aid or self._argrc[k] < 0
+
+  def _arg_release(self, aid: int) -> None:
+    k = aid & self._slot
+    self._argrc[k] -= 1
+    if self._argrc[k] == 0: self._dead.append(aid)
+
   def arg_register(self, aid: int) -> None:
+    """Count aid (from 0); its slot must be new, drained, or aid's own (ValueError otherwise)."""
     with self._lock:
-      argrc = self._argrc
-      while len(argrc) <= aid: argrc.append(0)
-      argrc[aid] = 0
+      argrc, argid, k = self._argrc, self._argid, aid & self._slot
+      if not 0 < aid < 1 << 31 or k == 0: raise ValueError(f"arg_register: bad arg id {aid}")
+      if k < len(argrc) and argid[k] != aid and argrc[k] >= 0:
+        raise ValueError(f"arg_register: arg id {aid}'s slot holds the live id {argid[k]}")
+      while len(argrc) <= k:  # slots in between count as registered with generation 0, as in the C core
+        argid.append(len(argrc))
+        argrc.append(0)
+      argrc[k], argid[k] = 0, aid
 
   def arg_drain(self) -> list[int]:
     """Ids whose last user was freed; they are marked gone (a later `make` naming one raises ArgGone)."""
@@ -156,8 +176,9 @@ class PyCore:
     with self._lock:
       out = []
       for aid in self._dead:
-        if self._argrc[aid] == 0:
-          self._argrc[aid] = -1
+        k = aid & self._slot
+        if self._argrc[k] == 0 and self._argid[k] == aid:
+          self._argrc[k] = -1
           out.append(aid)
       self._dead.clear()
       return out
