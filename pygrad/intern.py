@@ -43,6 +43,7 @@ class Interner:
     self.free: deque[int] = deque()  # drained ids whose slots are free, oldest first
     self.slots = 1 << core.arg_slot_bits
     self.gens = 1 << (31 - core.arg_slot_bits)
+    self.on_wrap: list = []  # run (lock held) when a slot's generation wraps: caches keeping ids without counts
     self.since_drain = 0
     self.lock = threading.Lock()  # new ids, drains and forgets: rare, but threads must not share an id
 
@@ -68,7 +69,10 @@ class Interner:
       if self.since_drain >= 1024: self._drain()
       if self.free:
         old = self.free.popleft()
-        aid = ((old // self.slots + 1) % self.gens) * self.slots + old % self.slots
+        gen = (old // self.slots + 1) % self.gens
+        if gen == 0:  # this id may have been handed out before: no cache may still map a value to it
+          for f in self.on_wrap: f()
+        aid = gen * self.slots + old % self.slots
       elif self.next < self.slots:
         aid = self.next
         self.next += 1

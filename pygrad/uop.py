@@ -220,6 +220,7 @@ def alu2k(op: Ops, a: UOp, value, reverse: int) -> UOp | None:
 # the key stays type-strict; any other arg is keyed by its argkey (which never equals an all-int tuple).
 _moved: dict = {}
 _MOVED_LIMIT = 8192
+ARGS.on_wrap.append(_moved.clear)  # its arg ids are not counted: after a generation wraps one may name another arg
 
 
 def movement(op: Ops, x: UOp, arg) -> UOp:

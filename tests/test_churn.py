@@ -86,3 +86,28 @@ def test_cached_gradient_template_holds_its_key_args():
   gc.collect()
   ARGS.drain()
   assert argkey(order) not in ARGS.ids, "a dropped template cache still holds its key arg"
+
+
+def test_slot_generations_wrap_with_the_hooks_run():
+  """Each reuse of an arg slot takes the next generation; when the generation wraps, an id may be handed out again,
+  so the caches that keep ids without counts (uop's movement cache) are emptied first. A core with 2-bit
+  generations shows it after four reuses of one slot."""
+  from pygrad.core.pycore import PyCore
+  from pygrad.intern import Interner
+
+  class Small(PyCore):
+    arg_slot_bits = 29
+  core, wraps = Small(), []
+  it = Interner(core)
+  it.on_wrap.append(lambda: wraps.append(it.next))
+  ids = []
+  for v in range(9):
+    aid = it.get(float(v) + 0.5)
+    ids.append(aid)
+    core.decref(core.make(0, 1, (), aid, 0, 0))  # used once and dropped
+    it.drain()
+  assert [a & ((1 << 29) - 1) for a in ids] == [1] * 9  # one slot throughout
+  assert [a >> 29 for a in ids] == [0, 1, 2, 3, 0, 1, 2, 3, 0]
+  assert len(wraps) == 2
+  from pygrad import uop
+  assert uop._moved.clear in ARGS.on_wrap
