@@ -43,8 +43,9 @@ def test_compile_bench_runs_every_workload_against_a_baseline(tmp_path):
   """bench/bench_compile.py at a tiny size: every workload (the W1 gradient included) in its own process, beside a
   baseline package (this checkout again), and the table has both columns."""
   import os, sys
-  root = os.path.dirname(os.path.dirname(os.path.abspath(pygrad.__file__)))
-  script = os.path.join(root, "bench", "bench_compile.py")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(pygrad.__file__)))  # the folder the imported pygrad is in
+  # the bench scripts sit beside tests/ (the checkout, the sdist, and CI's copies of both), not in the package
+  script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "bench_compile.py")
   out = subprocess.run([sys.executable, script, "--sizes", "100", "--repeat", "1", "--baseline", root,
                         "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-2000:]
