@@ -10,6 +10,7 @@
 #include <math.h>
 #include "pygrad.h"
 #include "vm.h"
+#include "mem.h"
 
 #define LIM_SIZE PG_VM_MAXSIZE  /* bound on sizes, strides, offsets: keeps extent sums far from overflow */
 #define LIM_TERM ((int64_t)1 << 56)
@@ -741,12 +742,12 @@ static int run_gemm(const vm_kernel *k, char *const *bufp, int32_t nthreads, con
   units = total * j.nrb * j.ncb;
   if (nthreads > units) nthreads = (int32_t)units;
   j.wsstride = ((int64_t)isa->gemm_ws(g) + 63) / 64 * 64;
-  ws = (char *)malloc((size_t)(j.wsstride * nthreads));
+  ws = (char *)pg_mem_alloc((size_t)(j.wsstride * nthreads));  /* mem.h: a big one goes back to the OS after */
   if (!ws) return PG_ERR_NOMEM;
   j.ws = ws;
   if (nthreads < 2) gemm_task(&j, 0, units, 0);
   else vm_pool_for(units, 1, gemm_task, &j, nthreads);
-  free(ws);
+  pg_mem_free(ws, (size_t)(j.wsstride * nthreads));
   return 0;
 }
 
@@ -768,13 +769,17 @@ int pg_vm_run(pg_vm *vm, void *const *slots, const int64_t *sizes, int32_t nslot
     bufp[i] = (char *)slots[vm->bufs[i].slot] + vm->bufs[i].off;
     if ((uintptr_t)bufp[i] % (uintptr_t)vm->bufs[i].align) { free(bufp); return PG_VM_ERR_SLOTS; }  /* misaligned */
   }
-  if (wsstride > 0 && !(ws = (char *)malloc((size_t)(wsstride * nthreads)))) { free(bufp); return PG_ERR_NOMEM; }
+  /* the register files: mem.h says why a big one is mapped (its size varies with the program, run after run) */
+  if (wsstride > 0 && !(ws = (char *)pg_mem_alloc((size_t)(wsstride * nthreads)))) {
+    free(bufp);
+    return PG_ERR_NOMEM;
+  }
   for (i = 0; i < vm->nkern && rc == 0; i++) {
     const vm_kernel *k = &vm->kern[i];
     if (k->kind == VK_LOOP) rc = run_loop(k, bufp, ws, wsstride, nthreads, isa);
     else rc = run_gemm(k, bufp, nthreads, isa);
   }
-  free(ws);
+  pg_mem_free(ws, (size_t)(wsstride * nthreads));
   free(bufp);
   return rc;
 }
