@@ -40,8 +40,9 @@ def test_deep_chain_gradient_keeps_one_register_per_live_value():
   for depth in (500, 4000):
     x, g = _sin_chain_gradient(depth)
     (loop,) = _loops(g, [x])
-    words, fused = lower.lower_loop(loop)
-    assert fused and words is not None
+    (part,) = lower.lower_loop(loop)
+    words = part.words
+    assert part.fused
     assert depth <= _nregs(words) <= depth + 16, (depth, _nregs(words))
 
 
@@ -65,7 +66,7 @@ def test_sin_writes_over_its_operand_exactly(dt, n):
   x = UOp.placeholder((n,), dt, "x")
   y = ((x * 1.5).sin() + 0.25).sin()  # x*1.5 and sin(..)+0.25 die at the SINs: their registers are reused
   loops = _loops(y, [x])
-  words, _ = lower.lower_loop(loops[-1])
+  words = lower.lower_loop(loops[-1])[0].words
   assert _nregs(words) == 4  # x, the two constants, and one register that all four ALU ops write in turn
   with np.errstate(over="ignore"):  # float16 holds no 3e6: inf, whose sine is NaN
     val = v.astype(dt.numpy if dt is not dtypes.bfloat16 else np.float32)
@@ -95,22 +96,42 @@ def test_register_limit_is_the_c_one():
     vmlib.prepare(head + kernel(n + 1))
 
 
-def test_a_kernel_past_the_register_file_runs_by_numpy(monkeypatch):
-  """A fused group whose live values do not fit the VM's register file is run by numpy (never a program the VM
-  refuses): here 60 shifted views of x, each a load with a register of its own, against a file made small."""
-  x = UOp.placeholder((68,), F32, "x")
+def _shifted_sum(n=60):
+  """60 shifted views of x summed: each a load with a register of its own, all live to the kernel's end."""
+  x = UOp.placeholder((n + 8,), F32, "x")
   h = x.shrink(((0, 8),))
-  for i in range(1, 60): h = h + x.shrink(((i, i + 8),)) * float(i)
+  for i in range(1, n): h = h + x.shrink(((i, i + 8),)) * float(i)
+  return x, h
+
+
+def test_a_kernel_past_the_register_file_is_split_and_runs_in_c(monkeypatch):
+  """A fused group whose live values do not fit the VM's register file is cut into kernels that do, the values
+  between them carried in arena buffers: it stays in C (on main it ran by numpy, op by op)."""
+  x, h = _shifted_sum()
   v = np.linspace(-1, 1, 68, dtype=np.float32)
-  want = numpy_eval.evaluate([h], {x: v})[0]
-  p = pygrad.compile(h, [x])
-  assert p.stats["numpy_kernels"] == 0
-  np.testing.assert_allclose(p(v), want, rtol=1e-5, atol=1e-5)
+  want = numpy_eval.evaluate([h, h.sum()], {x: v})
+  whole = pygrad.compile([h, h.sum(), x * 2.0], [x])
+  assert whole.stats["numpy_kernels"] == 0 and whole.stats["spills"] == 0
   monkeypatch.setattr(lower, "VM_MAXREGFILE", 128 + 30 * (16 + 64))  # 30 registers of an 8-element tile
+  p = pygrad.compile([h, h.sum(), x * 2.0], [x])
+  assert p.stats["numpy_kernels"] == 0 and p.stats["spills"] > 0 and p.stats["kernels"] > whole.stats["kernels"]
+  got, total, x2 = p(v)
+  for a, b in zip(whole(v), (got, total, x2)): assert a.tobytes() == b.tobytes()  # split: the same bits
+  np.testing.assert_allclose(got, want[0], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(total, want[1], rtol=1e-5, atol=1e-4)
+  np.testing.assert_array_equal(x2, v * 2)
+
+
+def test_a_kernel_no_split_can_fit_runs_by_numpy(monkeypatch):
+  """A register file too small for even one instruction's operands: the kernel runs by numpy, never a program the
+  VM refuses."""
+  x, h = _shifted_sum(8)
+  v = np.linspace(-1, 1, 16, dtype=np.float32)
+  monkeypatch.setattr(lower, "VM_MAXREGFILE", 128 + 2 * (16 + 64))
   p = pygrad.compile([h, x * 2.0], [x])
-  assert p.stats["numpy_kernels"] == 1 and p.stats["kernels"] == 1
+  assert p.stats["numpy_kernels"] == 2 and p.stats["kernels"] == 0
   got, x2 = p(v)
-  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(got, numpy_eval.evaluate([h], {x: v})[0], rtol=1e-5, atol=1e-5)
   np.testing.assert_array_equal(x2, v * 2)
 
 

@@ -13,7 +13,7 @@ from .vmlib import ffi, lib
 from ..ids import value
 from .flatten import flatten
 from .planner import Planner, Loop, CallStep, Buf, compute_dtype
-from .lower import KernelCache, VK_GEMM
+from .lower import KernelCache, Part, VK_GEMM
 from .npkernel import NumpyKernel
 from .values import input_value, round_bfloat16, bindings, map_nested
 
@@ -87,10 +87,11 @@ class _Holes:
 
 
 def _place(kernels: list, bufs: list[Buf]) -> int:
-  """Arena offsets for the internal buffers by liveness (first write to last use); returns the arena size."""
+  """Arena offsets for the internal buffers by liveness (first write to last use); returns the arena size. Kernels
+  are planned Loops or program steps (lowered Parts, CallSteps, NumpyKernels: each names its buffers)."""
   first, last = {}, {}
   for i, k in enumerate(kernels):
-    used = k.bufs if isinstance(k, CallStep) else [s.buf for s in k.stores] + [x.buf for x in k.knodes if x.is_load]
+    used = [s.buf for s in k.stores] + [x.buf for x in k.knodes if x.is_load] if isinstance(k, Loop) else k.bufs
     for b in used:
       if b.kind != "arena": continue
       first.setdefault(b.id, i)
@@ -134,7 +135,8 @@ class Program:
   or a contraction), "peak_bytes" (the arena of internal buffers at its high-water mark: every temporary the
   program holds; inputs and outputs excluded), "contractions" (matmuls run blocked), "segments" (C calls per run:
   one plus one per CALL or numpy kernel), "numpy_kernels" (kernels whose index space has more dims than the VM takes
-  even after merging, run by numpy between C segments)."""
+  even after merging, run by numpy between C segments), "spills" (values carried in arena buffers between the
+  kernels of a fused group split because its register file would pass lower.REGFILE_BUDGET)."""
 
   def __init__(self, outputs: UOp | list[UOp], inputs: list[UOp], keep_words: bool = False):
     self._single = isinstance(outputs, UOp)
@@ -151,7 +153,21 @@ class Program:
     pl = Planner(nodes, shaped, self.inputs)
     self._shaped = pl.outputs
     self._out_bufs = sorted((b for b in pl.bufs if b.kind == "output"), key=lambda b: b.index)
-    self.arena_bytes = _place(pl.kernels, pl.bufs)
+    # lowering first: a loop whose register file would be too large is split, with arena buffers of its own
+    nplanned = len(pl.bufs)
+
+    def spill_buf(stype, shape, dtype): return pl._buf("arena", stype, shape, dtype)
+    steps, lowering, nnp = [], KernelCache(), 0
+    for k in pl.kernels:
+      if isinstance(k, Loop):
+        parts = lowering.lower(k, spill_buf)
+        if parts is not None:
+          steps += parts
+          continue
+        k = NumpyKernel(k)  # more dims or registers than the VM takes: a numpy step between two C segments
+        nnp += 1
+      steps.append(k)
+    self.arena_bytes = _place(steps, pl.bufs)
     _check_memory(self.arena_bytes, pl.bufs)
     for b in pl.bufs: b.node = None  # (named in errors until here) no buffer keeps the graph alive, nor a cycle
     pool, consts = 0, []
@@ -172,17 +188,12 @@ class Program:
       table += [slot, b.offset, b.nbytes]
     head = [_MAGIC, _VERSION, self._nslots, len(pl.bufs)]
     self._slot_sizes = slot_size
-    self._steps, seg, nk, nfused, ngemm, nnp = [], [], 0, 0, 0, 0
-    lowering = KernelCache()
-    for k in pl.kernels + [None]:
-      if isinstance(k, Loop):
-        w, fused = lowering.lower(k)
-        if w is not None:
-          seg.append(w)
-          nk, nfused, ngemm = nk + 1, nfused + fused, ngemm + (w[0] == VK_GEMM)
-          continue
-        k = NumpyKernel(k)  # more dims than the VM takes: a numpy step between two C segments
-        nnp += 1
+    self._steps, seg, nk, nfused, ngemm = [], [], 0, 0, 0
+    for k in steps + [None]:
+      if isinstance(k, Part):
+        seg.append(k.words)
+        nk, nfused, ngemm = nk + 1, nfused + k.fused, ngemm + (k.words[0] == VK_GEMM)
+        continue
       if seg:
         words = head + [len(seg)] + slot_size + table
         for w in seg: words += w
@@ -192,7 +203,7 @@ class Program:
       if k is not None: self._steps.append(k)
     self.stats = {"kernels": nk, "fused_groups": nfused, "peak_bytes": self.arena_bytes, "contractions": ngemm,
                   "segments": sum(1 for s in self._steps if not isinstance(s, (CallStep, NumpyKernel))),
-                  "numpy_kernels": nnp}
+                  "numpy_kernels": nnp, "spills": len(pl.bufs) - nplanned}
     self._lock = threading.Lock()
     self._arena = self._fixed = None
     self._in_spec = [(u.shape, np.dtype(u.dtype.numpy), u.op is Ops.BUFFER and u.dtype is not dtypes.bfloat16)
