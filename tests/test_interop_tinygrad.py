@@ -306,6 +306,25 @@ def test_metadata_rides_the_fast_gradient_path(own_engine):
   assert layer <= want and got == want
 
 
+def test_conversions_leave_the_gc_as_they_found_it():
+  """The conversions pause Python's cyclic GC while they run (pygrad/interop/tinygrad_tables._no_gc): on return and
+  on error it is as before, enabled or not."""
+  import gc
+  x = Tensor.randn(3, device=DEV).realize()
+  y = (x * 2.0).sum()
+  was = gc.isenabled()
+  try:
+    for on in (True, False):
+      gc.enable() if on else gc.disable()
+      assert pt.to_tinygrad(pt.from_tinygrad(y.uop)) is y.uop
+      assert x.uop in pt.compute_gradient(y.uop, y.uop.const_like(1.0), {x.uop})
+      with pytest.raises(ValueError, match="NEG"):
+        pt.from_tinygrad(TUOp(TOps.NEG, src=(x.uop,)))
+      assert gc.isenabled() is on
+  finally:
+    gc.enable() if was else gc.disable()
+
+
 def test_metadata_crosses_both_ways():
   from tinygrad.uop.ops import all_metadata
   x = Tensor.randn(3, device=DEV).realize()

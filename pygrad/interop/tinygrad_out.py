@@ -27,6 +27,8 @@ class _Out:
     self.consts: dict = {}  # (dtype id, arg id) -> tinygrad CONST
     self.reduced: dict = {}  # REDUCE_AXIS row -> (tinygrad REDUCE, its shape, the keepdim shape)
     self.mk = _tmake_for()  # tinygrad's UOp(op, dtype, src, arg), hash-consed
+    self.rshape: dict = {}  # row -> its shape (read from the core once)
+    self.plans: dict = {}  # (shape, axes or shape) -> how a REDUCE_AXIS or EXPAND of that shape is made
 
   def convert(self, roots: list) -> list:
     """The tinygrad nodes of `roots`, rows in topological order; nodes known already, and nodes only they reach,
@@ -98,7 +100,10 @@ class _Out:
 
   def _srcs(self, i: int) -> list: return self.src[self.start[i]:self.start[i + 1]]
 
-  def _shape(self, i: int) -> tuple: return _meta_vals[_core_info(self.ids[i])[5]][0]
+  def _shape(self, i: int) -> tuple:
+    got = self.rshape.get(i)
+    if got is None: got = self.rshape[i] = _meta_vals[_core_info(self.ids[i])[5]][0]
+    return got
 
   def _get(self, i: int) -> TUOp:
     t = self.out[i]
@@ -113,7 +118,7 @@ class _Out:
     elif tg == _EXPAND: ret = self._mop(self._get(x), TOps.RESHAPE, a)
     else:
       xt = self._get(x)
-      ret = self._mop(self.mk(TOps.REDUCE, xt.dtype, (xt,), (getattr(TOps, a[0].name), len(a[1]))), TOps.RESHAPE,
+      ret = self._mop(self.mk(TOps.REDUCE, xt.dtype, (xt,), (_trop(a[0]), len(a[1]))), TOps.RESHAPE,
                       self._shape(i))
     self.out[i] = ret
     return ret
@@ -137,26 +142,38 @@ class _Out:
     """pygrad's EXPAND of row r (size-1 axes grow in place) as tinygrad's: drop those axes, prepend them grown,
     permute back."""
     src = self._shape(r)
-    grow = [i for i, (a, b) in enumerate(zip(src, shape)) if a != b]
-    rest = [i for i in range(len(shape)) if i not in grow]
-    y = self._mop(self._reshaped(r, tuple(src[i] for i in rest)), TOps.EXPAND, tuple(shape[i] for i in grow))
-    order = grow + rest
-    perm = tuple(order.index(j) for j in range(len(shape)))
-    return y if perm == tuple(range(len(shape))) else self._mop(y, TOps.PERMUTE, perm)
+    k = (src, shape)
+    plan = self.plans.get(k)
+    if plan is None:
+      grow = [i for i, (a, b) in enumerate(zip(src, shape)) if a != b]
+      rest = [i for i in range(len(shape)) if i not in grow]
+      order = grow + rest
+      perm = tuple(order.index(j) for j in range(len(shape)))
+      plan = self.plans[k] = (tuple(src[i] for i in rest), tuple(shape[i] for i in grow),
+                              None if perm == tuple(range(len(shape))) else perm)
+    kept, grown, perm = plan
+    y = self._mop(self._reshaped(r, kept), TOps.EXPAND, grown)
+    return y if perm is None else self._mop(y, TOps.PERMUTE, perm)
 
   def _reduce(self, i: int) -> TUOp:
     """pygrad's REDUCE_AXIS (axes kept) as tinygrad's: reduced axes permuted to the front and reduced (dropped).
     Remembered with its shape and the keepdim shape, which a reshape is made to only if a user needs it."""
     x, rop, axes = self.src[self.start[i]], *_args_objs[self.arg[i]]
     src = self._shape(x)
-    x = self._get(x)
-    red = [a for a in sorted(axes) if src[a] != 1]
-    rest = [k for k in range(len(src)) if k not in red]
-    if red:
+    k = (src, axes)
+    plan = self.plans.get(k)
+    if plan is None:
+      red = [a for a in sorted(axes) if src[a] != 1]
+      rest = [k for k in range(len(src)) if k not in red]
       perm = tuple(red + rest)
-      if perm != tuple(range(len(src))): x = self._mop(x, TOps.PERMUTE, perm)
-      x = self.mk(TOps.REDUCE, x.dtype, (x,), (getattr(TOps, rop.name), len(red)))
-    self.reduced[i] = (x, tuple(src[k] for k in rest), tuple(1 if k in axes else s for k, s in enumerate(src)))
+      plan = self.plans[k] = (len(red), None if perm == tuple(range(len(src))) else perm,
+                              tuple(src[k] for k in rest), tuple(1 if k in axes else s for k, s in enumerate(src)))
+    n, perm, kept, keep = plan
+    x = self._get(x)
+    if n:
+      if perm is not None: x = self._mop(x, TOps.PERMUTE, perm)
+      x = self.mk(TOps.REDUCE, x.dtype, (x,), (_trop(rop), n))
+    self.reduced[i] = (x, kept, keep)
     return x
 
   def _reshaped(self, r: int, shape: tuple) -> TUOp:
@@ -184,7 +201,7 @@ class _Out:
       r = self.src[self.start[i]]
       if tag == _REDUCE and self.op[r] == _REDUCEOP and _args_objs[self.tag[r]] == _REDUCE:
         xt, ra = get(self.src[self.start[r]]), _args_objs[self.arg[r]]
-        return self.mk(TOps.REDUCE, xt.dtype, (xt,), (getattr(TOps, ra[0].name), len(ra[1])))
+        return self.mk(TOps.REDUCE, xt.dtype, (xt,), (_trop(ra[0]), len(ra[1])))
       return self._reshaped(r, a)
     if o == _EXPANDOP:
       r = self.src[self.start[i]]
@@ -225,6 +242,15 @@ class _Out:
       if o == _CALL: raise ValueError(f"to_tinygrad: CALL {a.name!r} has a pygrad kernel; tinygrad cannot run it")
       return TUOp(TOps.FUNCTION, src=tuple(get(j) for j in srcs), arg=info)
     raise ValueError(f"to_tinygrad: pygrad op {Ops(o).name} has no tinygrad counterpart")
+
+
+_TROP = {o: getattr(TOps, o.name) for o in (Ops.ADD, Ops.MAX, Ops.MUL)}
+
+
+def _trop(o) -> TOps:
+  """tinygrad's reduce op of pygrad's (by table: an enum's .name is a Python property)."""
+  t = _TROP.get(o)
+  return t if t is not None else getattr(TOps, o.name)
 
 
 _SLOT0 = -(1 << 48)  # below tinygrad's own slots (counters from 0, and -id(buffer) for adopted storage)
