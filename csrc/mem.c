@@ -4,9 +4,14 @@
 #if !defined(_WIN32) && !defined(_DEFAULT_SOURCE)
 #define _DEFAULT_SOURCE 1  /* MAP_ANONYMOUS under -std=c11 with glibc */
 #endif
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "pygrad.h"
 #include "mem.h"
+#if defined(__GLIBC__)
+#include <malloc.h>  /* malloc_trim */
+#endif
 
 #if defined(_WIN32)
 #ifndef WIN32_LEAN_AND_MEAN
@@ -84,4 +89,17 @@ void *pg_mem_realloc(void *p, size_t old, size_t n) {
   memcpy(q, p, old < n ? old : n);
   pg_mem_free(p, old);
   return q;
+}
+
+/* Give the pages of free heap memory back to the OS, wherever they lie in the heap: glibc keeps what is freed below
+   the heap's top block (fragments between blocks still in use) and returns only the top, so a process that planned
+   a graph of 100k nodes -- ~100 MB of short-lived Python lists, dicts and ints -- kept that much RSS for good
+   (pygrad/engine/program.py calls this after planning a big graph). A malloc setting is not changed: the next
+   allocations there fault fresh pages in. Returns 1 if memory was released, 0 if not or off glibc. */
+int pg_mem_trim(void) {
+#if defined(__GLIBC__)
+  return malloc_trim(0);
+#else
+  return 0;
+#endif
 }

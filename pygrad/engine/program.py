@@ -20,6 +20,7 @@ from .values import input_value, round_bfloat16, bindings, map_nested
 _MAGIC, _VERSION = value("consts", "VM_MAGIC"), value("consts", "VM_VERSION")
 from_buffer, NULL = ffi.from_buffer, ffi.NULL
 _ALIGN = 64
+_TRIM_NODES = 20_000  # graphs whose plan gives its freed heap pages back to the OS (see Program.__init__)
 
 
 def _memory_bytes() -> int | None:
@@ -146,9 +147,14 @@ class Program:
       if not isinstance(u, UOp) or u.op not in (Ops.BUFFER, Ops.DEFINE_VAR, Ops.PARAM):
         raise ValueError(f"compile: inputs must be BUFFER or DEFINE_VAR nodes, got {getattr(u, 'op', u)!r}")
     self.inputs = list(inputs)
-    with _no_cycle_gc(): self._plan(outputs, keep_words)
+    with _no_cycle_gc(): self.nodes = self._plan(outputs, keep_words)
+    # planning made ~1 KB of short-lived Python objects per node, now freed; glibc keeps freed heap pages that lie
+    # below live blocks for good, so a long-running process planning big graphs would hold its largest plan's
+    # transient memory forever (csrc/mem.c, pg_mem_trim): under 1 ms after a plan of 0.4 s (20k nodes) or more
+    if self.nodes >= _TRIM_NODES: lib.pg_mem_trim()
 
-  def _plan(self, outputs: list[UOp], keep_words: bool) -> None:
+  def _plan(self, outputs: list[UOp], keep_words: bool) -> int:
+    """Plans the graph; returns its node count."""
     nodes, shaped = flatten(outputs)
     pl = Planner(nodes, shaped, self.inputs)
     self._shaped = pl.outputs
@@ -214,6 +220,7 @@ class Program:
     plain = len(self._steps) == 1 and not isinstance(self._steps[0], (CallStep, NumpyKernel)) and \
         all(o is not None and type(o) is not tuple for o in self._shaped)
     self._flat = [(o.buf.index, o.shape) for o in self._shaped] if plain else None
+    return len(nodes)
 
   def __reduce__(self):
     """A program pickles as its graph and inputs (in pygrad's format, through the UOps' pickling) and is compiled
@@ -316,7 +323,11 @@ def evaluate_c(outputs: list[UOp], inputs: dict | None) -> list:
   validated by values.bindings as the numpy engine does: a valid binding the outputs do not use is ignored."""
   binds = bindings(inputs)
   keys = [k for k, _ in binds.values()]
-  return Program(list(outputs), keys)(*[v for _, v in binds.values()])
+  prog = Program(list(outputs), keys)
+  res, big = prog(*[v for _, v in binds.values()]), prog.nodes >= _TRIM_NODES
+  del prog  # a big program's tables (~0.6 KB per node) are heap the process would keep: trim after them too
+  if big: lib.pg_mem_trim()
+  return res
 
 
 __all__ = ["Program", "compile_program", "evaluate_c"]
