@@ -157,3 +157,33 @@ def test_buffers_past_the_machines_memory_are_refused_before_allocating():
     pygrad.evaluate(out + 1.0, {x: np.ones(4, np.float32)}, engine="c")
   # a smaller expansion read as a view: nothing of its size is stored
   assert pygrad.evaluate(x.reshape(4, 1).expand(4, 2 ** 20).sum(), {x: np.ones(4, np.float32)}, engine="c") == 2 ** 22
+
+
+def test_internal_buffers_past_the_vm_bound_together_are_refused_naming_the_largest():
+  """Three internal values of 2**47 bytes each, live at once: each is within the VM's bound, their arena is not.
+  compile says so with a ValueError naming the buffer (before: the C validator's "bad program at word 6: slot size
+  out of range"); the numpy engine's allocation failure names the op and its size."""
+  x = UOp.placeholder((4,), F32, "x")
+  xe = x.reshape(4, 1).expand(4, 2 ** 43)
+  a, b, c = xe + 1.0, xe * 2.0, xe - 3.0
+  out = (a * b + c * a + b * c).sum()
+  with pytest.raises(ValueError, match=r"internal buffers need 422,212,465,065,984 bytes at once.*float32\[4, "
+                                       r"8796093022208\] \(140,737,488,355,328 bytes\)"):
+    pygrad.compile(out, [x])
+  with pytest.raises(MemoryError, match=r"numpy engine: (ADD|MUL) float32\[4, 8796093022208\] needs "
+                                        r"140,737,488,355,328 bytes"):
+    pygrad.evaluate(out, {x: np.ones(4, np.float32)}, engine="numpy")
+
+
+def test_numpy_engine_names_a_value_no_array_can_hold():
+  """A PAD to 2**62 elements of float32 (2**64 bytes: fits int64 as a shape, not as an array): the numpy engine says
+  which op and how many bytes, as the C engine does, instead of numpy's bare "array is too big"."""
+  x = UOp.placeholder((4,), F32, "x")
+  out = x.pad(((0, 2 ** 62 - 4),))
+  with pytest.raises(ValueError, match=r"numpy engine: PAD float32\[4611686018427387904\] needs "
+                                       r"18,446,744,073,709,551,616 bytes"):
+    pygrad.evaluate(out, {x: np.ones(4, np.float32)}, engine="numpy")
+  with pytest.raises(ValueError, match=r"PAD float32\[4611686018427387904\]"):
+    pygrad.evaluate(out, {x: np.ones(4, np.float32)}, engine="c")
+  with pytest.raises(MemoryError, match=r"numpy engine: PAD float32\[17592186044416\] needs 70,368,744,177,664"):
+    pygrad.evaluate(x.pad(((0, 2 ** 44 - 4),)), {x: np.ones(4, np.float32)}, engine="numpy")

@@ -1,8 +1,8 @@
 """Splitting a fused group whose register file would pass lower.REGFILE_BUDGET (issue 10 item 1): the kernel is cut
 into kernels over the same index space and tile size, the values one part needs from an earlier part carried in
 arena buffers. Every part fits the budget, the program stays in C, and its results are the unsplit kernel's, bit
-for bit (and the numpy engine's within float tolerance). The budget is made small here so that small graphs split;
-the 1,000,000-deep chain of bench/bench_deep_chain.py splits at the real one."""
+for bit (and the numpy engine's within float tolerance). The budget is made small here so that small graphs split
+(`python bench/bench_deep_chain.py --regfile-budget 16777216` splits the 1,000,000-deep chain's gradient)."""
 from __future__ import annotations
 import numpy as np
 import pytest

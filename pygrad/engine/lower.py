@@ -31,8 +31,11 @@ VM_MAXDIM, VM_MAXSIZE = value("consts", "VM_MAXDIM"), value("consts", "VM_MAXSIZ
 VM_MAXREGS, VM_MAXREGFILE = value("consts", "VM_MAXREGS"), value("consts", "VM_MAXREGFILE")
 TILE, TILE_REDUCE = 4096, 8192  # elements per tile: registers of a fused group stay in L1/L2
 # bytes of one worker's register file (as PG_VM_MAXREGFILE counts them) past which a kernel is split: the VM
-# allocates a file per thread at every run, and a file far beyond the caches buys nothing that spilling does not
-REGFILE_BUDGET = 16 << 20
+# allocates a file per thread at every run. Not lower: a scalar register (80 bytes) is the cheapest home of a live
+# value, and splitting the 1M-deep chain's gradient (80 MB of them) at 16 MiB cost 2.3x its compile CPU time, +1 GB
+# of peak RSS and 2.6x its run time (bench/bench_deep_chain.py --regfile-budget); a tile register is 32 KB, so a
+# kernel splits past 4096 live tiles
+REGFILE_BUDGET = 128 << 20
 _CMP = (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ)
 _OPC = {op: OPCODES[op.name] for op in Ops if op.name in OPCODES}
 
@@ -324,11 +327,9 @@ class Part(NamedTuple):
 
 
 class Runs(NamedTuple):
-  """A kernel's ALU nodes cut into runs (one kernel each), the run of each node, and each node's scalarity in the
-  kernel as a whole."""
+  """A kernel's ALU nodes cut into runs (one kernel each) and the run of each node."""
   runs: list
   run_of: dict
-  scalar: dict
 
 
 def runs(kn: list[KNode], live: set[KNode], tops: list[KNode], sp: Space, T: int, cap: int,
@@ -346,49 +347,72 @@ def runs(kn: list[KNode], live: set[KNode], tops: list[KNode], sp: Space, T: int
   last: dict[KNode, KNode] = {}
   for k in alu:
     for s in k.src: last[s] = k
-  pinned, gsc, run_of = set(tops), dict(load_sc), {}
-  out: list[list[KNode]] = [[]]
+  pinned, run_of, bool_id = set(tops), {}, dtypes.bool.id
+  cur: list[KNode] = []
+  out = [cur]
   sc_of: dict = {}  # this run's loads and results -> scalar
   reg_of: dict = {}  # this run's results -> register
   rtype: list = []  # this run's result registers' (compute type, scalar)
   free: dict = {}
-  used = nregs = 0
-  bool_id = dtypes.bool.id
-  for k in alu:
-    src = k.src if len(k.src) == 1 else tuple(dict.fromkeys(k.src))
-    gsc[k] = all(gsc[s] for s in src)
-    ct = bool_id if k.op in _CMP and k.opcode is None else _ct_id(k.dtype)
-    for attempt in (0, 1):
-      add, loads, sc = 0, [], True
-      for s in src:
-        ssc = sc_of.get(s)
-        if ssc is None:  # a buffer's load, or an earlier run's value: a load register in this run
-          ssc = load_sc[s] if s.buf is not None else spill_sc
-          loads.append((s, ssc))
-          add += _SCALAR_COST if ssc else vcost
-        sc = sc and ssc
-      dying = [s for s in src if last[s] is k and s in reg_of and s not in pinned]
-      reuse = bool(free.get((ct, sc))) or any(rtype[reg_of[s]] == (ct, sc) for s in dying)
-      if not reuse: add += _SCALAR_COST if sc else vcost
-      if used + add <= cap and nregs + len(loads) + (not reuse) <= maxregs: break
-      if attempt or not out[-1]: return None  # alone in a run, it still does not fit
-      out.append([])
+  used = nregs = i = 0
+  while i < len(alu):
+    k = alu[i]
+    src = k.src
+    if len(src) == 2 and src[0] is src[1]: src = src[:1]
+    elif len(src) == 3: src = tuple(dict.fromkeys(src))
+    add, sc, loads = 0, True, None
+    for s in src:
+      ssc = sc_of.get(s)
+      if ssc is None:  # a buffer's load, or an earlier run's value: a load register in this run
+        ssc = load_sc[s] if s.buf is not None else spill_sc
+        if loads is None: loads = [(s, ssc)]
+        else: loads.append((s, ssc))
+        add += _SCALAR_COST if ssc else vcost
+      if not ssc: sc = False
+    key = (bool_id if k.op in _CMP and k.opcode is None else _ct_id(k.dtype), sc)
+    reuse, dying = bool(free.get(key)), None
+    for s in src:
+      if last[s] is k:
+        r = reg_of.get(s)
+        if r is not None and s not in pinned:
+          if dying is None: dying = [r]
+          else: dying.append(r)
+          if rtype[r] == key: reuse = True
+    if not reuse: add += _SCALAR_COST if sc else vcost
+    grow = (len(loads) if loads else 0) + (not reuse)
+    if used + add > cap or nregs + grow > maxregs:
+      if not cur: return None  # alone in a run, it still does not fit
+      cur = []
+      out.append(cur)
       sc_of, reg_of, rtype, free, used, nregs = {}, {}, [], {}, 0, 0
-    for s, ssc in loads: sc_of[s] = ssc
-    nregs += len(loads)
-    for s in dying: free.setdefault(rtype[reg_of[s]], []).append(reg_of[s])
-    fl = free.get((ct, sc))
+      continue  # the same node again, first of a new run
+    if loads:
+      for s, ssc in loads: sc_of[s] = ssc
+    if dying:
+      for r in dying: free.setdefault(rtype[r], []).append(r)
+    fl = free.get(key)
     if fl: r = fl.pop()
     else:
-      r, nregs = len(rtype), nregs + 1
-      rtype.append((ct, sc))
-    used += add
+      r = len(rtype)
+      rtype.append(key)
+    used, nregs = used + add, nregs + grow
     reg_of[k], sc_of[k], run_of[k] = r, sc, len(out) - 1
-    out[-1].append(k)
-  return Runs(out, run_of, gsc)
+    cur.append(k)
+    i += 1
+  return Runs(out, run_of)
 
 
-def split(loop: Loop, sp: Space, kn: list[KNode], tops: list[KNode], T: int, rs: Runs, new_buf) -> list[Part] | None:
+def _unsplit_scalar(kn: list[KNode], live: set[KNode], sp: Space) -> dict:
+  """Each live node's scalarity in the kernel unsplit (allocate's)."""
+  sc = {k: v.mask is None and all(st == 0 or n == 1 for st, n in zip(v.strides, sp.shape))
+        for k, v in sp.loads.items() if k in live}
+  for k in kn:
+    if k.buf is None and k in live: sc[k] = all(sc[s] for s in k.src)
+  return sc
+
+
+def split(loop: Loop, sp: Space, kn: list[KNode], tops: list[KNode], live: set[KNode], T: int, rs: Runs,
+          new_buf) -> list[Part] | None:
   """One kernel per run, all over the kernel's simplified index space and tile size (so every element is computed
   in the same tile as unsplit: the same results, bit for bit). A value read outside its run is stored by its run
   into an arena buffer of its compute type over the whole index space (new_buf(stype, shape, dtype) makes it) and
@@ -407,7 +431,9 @@ def split(loop: Loop, sp: Space, kn: list[KNode], tops: list[KNode], T: int, rs:
   for t, j in zip(tops, store_run):
     if t.buf is None and run_of[t] != j: carried[t] = None
   for s in carried: carried[s] = new_buf(compute_dtype(s.dtype), tuple(sp.shape), s.dtype)
-  dot_ok = _is_dot(loop, kn, tops, Regs(None, None, rs.scalar))
+  top = tops[0]
+  dot_ok = (loop.redop is Ops.ADD and not top.is_load and top.op is Ops.MUL and
+            _is_dot(loop, kn, tops, Regs(None, None, _unsplit_scalar(kn, live, sp))))
   parts = []
   for j, run in enumerate(rs.runs):
     new: dict[KNode, KNode] = {}
@@ -415,6 +441,7 @@ def split(loop: Loop, sp: Space, kn: list[KNode], tops: list[KNode], T: int, rs:
     kj: list[KNode] = []
 
     def operand(s):
+      """s as this run reads it: a buffer's load, this run's node (rewritten or not), or an earlier run's value."""
       if s.buf is not None:
         if s not in loads:
           loads[s] = sp.loads[s]
@@ -428,9 +455,11 @@ def split(loop: Loop, sp: Space, kn: list[KNode], tops: list[KNode], T: int, rs:
         kj.append(r)
       return s if r is None else r
     for k in run:
-      src = tuple([operand(s) for s in k.src])
-      if any(a is not b for a, b in zip(src, k.src)):
-        new[k] = KNode(k.op, k.dtype, src, k.arg, None, None, k.sdtype, k.opcode)
+      changed = False
+      for s in k.src:
+        if s.buf is not None or s in new or run_of[s] != j: changed = operand(s) is not s or changed
+      if changed:
+        new[k] = KNode(k.op, k.dtype, tuple([new.get(s, s) for s in k.src]), k.arg, None, None, k.sdtype, k.opcode)
       kj.append(new.get(k, k))
     tj, vj = [], []
     for k in run:
@@ -443,8 +472,8 @@ def split(loop: Loop, sp: Space, kn: list[KNode], tops: list[KNode], T: int, rs:
         vj.append(v)
     lp = Loop(loop.shape, kj, [], loop.redop if j == last_run else None, loop.redaxes,
               loop.rdtype if j == last_run else None)
-    spj, live = Space(sp.shape, sp.red, loads, vj), set(kj)
-    words = emit(lp, spj, kj, tj, live, allocate(kj, live, tj, spj), T, dot_ok)
+    spj, livej = Space(sp.shape, sp.red, loads, vj), set(kj)
+    words = emit(lp, spj, kj, tj, livej, allocate(kj, livej, tj, spj), T, dot_ok)
     if not regfile_fits(words): return None
     bufs = list({id(v.buf): v.buf for v in (*loads.values(), *vj)}.values())
     parts.append(Part(words, True, bufs))
@@ -476,7 +505,7 @@ def lower_loop(loop: Loop, new_buf=None) -> list[Part] | None:
   cap = min(REGFILE_BUDGET, VM_MAXREGFILE) - 128 - (_vec_cost(T) if loop.redop is not None else 0)  # (a MOV's)
   if new_buf is not None and (len(live) + 1) * _vec_cost(T) > cap:  # else no allocation can pass it
     rs = runs(kn, live, tops, sp, T, cap, VM_MAXREGS - 1)
-    if rs is not None and len(rs.runs) > 1: return split(loop, sp, kn, tops, T, rs, new_buf)
+    if rs is not None and len(rs.runs) > 1: return split(loop, sp, kn, tops, live, T, rs, new_buf)
   rg = allocate(kn, live, tops, sp)
   words = emit(loop, sp, kn, tops, live, rg)
   if not regfile_fits(words): return None
@@ -554,5 +583,5 @@ def _standin(loop: Loop, bufs: list[Buf], num: dict[int, int]) -> Loop:
   return Loop(loop.shape, [new[k] for k in loop.knodes], stores, loop.redop, loop.redaxes, loop.rdtype)
 
 
-__all__ = ["lower_loop", "Part", "KernelCache", "REGFILE_BUDGET", "regfile_bytes", "regfile_fits", "pm_peephole", "TILE", "TILE_REDUCE",
-           "VM_MAXDIM", "VM_MAXSIZE"]
+__all__ = ["lower_loop", "Part", "KernelCache", "REGFILE_BUDGET", "regfile_bytes", "regfile_fits", "pm_peephole", "TILE",
+           "TILE_REDUCE", "VM_MAXDIM", "VM_MAXSIZE"]

@@ -18,6 +18,7 @@ from .npkernel import NumpyKernel
 from .values import input_value, round_bfloat16, bindings, map_nested
 
 _MAGIC, _VERSION = value("consts", "VM_MAGIC"), value("consts", "VM_VERSION")
+VM_MAXSIZE = value("consts", "VM_MAXSIZE")  # csrc/tables.h: the bytes of a memory slot (the arena is one)
 from_buffer, NULL = ffi.from_buffer, ffi.NULL
 _ALIGN = 64
 _TRIM_NODES = 20_000  # graphs whose plan gives its freed heap pages back to the OS (see Program.__init__)
@@ -30,14 +31,18 @@ def _memory_bytes() -> int | None:
 
 
 def _check_memory(arena_bytes: int, bufs: list[Buf]) -> None:
-  """MemoryError, before anything is allocated, when the program's buffers (the arena at its high-water mark and
-  the outputs) exceed the machine's memory: it names the largest of them."""
+  """Before anything is allocated: ValueError when the arena (every internal buffer live at once, at its high-water
+  mark) passes the VM's bound on a memory slot, MemoryError when the program's buffers (the arena and the outputs)
+  exceed the machine's memory; both name the largest buffer."""
+  big = [b for b in bufs if b.kind in ("arena", "output")]
+  top = max(big, key=lambda b: b.nbytes) if big else None
+  if arena_bytes > VM_MAXSIZE:
+    raise ValueError(f"pygrad VM: the program's internal buffers need {arena_bytes:,} bytes at once, past the VM's "
+                     f"2**{VM_MAXSIZE.bit_length() - 1}; the largest is {top.describe()} ({top.nbytes:,} bytes)")
   mem = _memory_bytes()
   if mem is None: return
-  big = [b for b in bufs if b.kind in ("arena", "output")]
   total = arena_bytes + sum(b.nbytes for b in big if b.kind == "output")
   if total <= mem: return
-  top = max(big, key=lambda b: b.nbytes)
   raise MemoryError(f"pygrad VM: the program's buffers need {total:,} bytes, more than this machine's {mem:,}; the "
                     f"largest is {top.describe()} ({top.nbytes:,} bytes)")
 
