@@ -501,12 +501,14 @@ def lower_loop(loop: Loop, new_buf=None) -> list[Part] | None:
     if g is not None: return [Part(g, True, _loop_bufs(loop))]
   kn, tops = peephole(loop)
   live = live_nodes(kn, tops)
-  T = _tile(loop, sp)
-  cap = min(REGFILE_BUDGET, VM_MAXREGFILE) - 128 - (_vec_cost(T) if loop.redop is not None else 0)  # (a MOV's)
-  if new_buf is not None and (len(live) + 1) * _vec_cost(T) > cap:  # else no allocation can pass it
-    rs = runs(kn, live, tops, sp, T, cap, VM_MAXREGS - 1)
-    if rs is not None and len(rs.runs) > 1: return split(loop, sp, kn, tops, live, T, rs, new_buf)
   rg = allocate(kn, live, tops, sp)
+  if new_buf is not None:
+    T = _tile(loop, sp)
+    cap = min(REGFILE_BUDGET, VM_MAXREGFILE) - 128 - (_vec_cost(T) if loop.redop is not None else 0)  # (a MOV's)
+    nsc = sum(sc for _, sc in rg.file)
+    if nsc * _SCALAR_COST + (len(rg.file) - nsc) * _vec_cost(T) > cap or len(rg.file) >= VM_MAXREGS:
+      rs = runs(kn, live, tops, sp, T, cap, VM_MAXREGS - 1)
+      if rs is not None and len(rs.runs) > 1: return split(loop, sp, kn, tops, live, T, rs, new_buf)
   words = emit(loop, sp, kn, tops, live, rg)
   if not regfile_fits(words): return None
   return [Part(words, any(not k.is_load for k in kn), _loop_bufs(loop))]
