@@ -3,7 +3,10 @@
 deep chain's gradient must compile and run; it is one fused group holding N live values). The value is checked
 against the product of cosines computed in float64.
 
-  python bench/bench_deep_chain.py [--depth 1000000]
+  python bench/bench_deep_chain.py [--depth 1000000] [--regfile-budget BYTES]
+
+--regfile-budget sets pygrad.engine.lower.REGFILE_BUDGET, the register file past which a kernel is split into
+kernels that pass values through arena buffers (at 16777216 the 1M chain's 80 MB of registers split into 9).
 """
 from __future__ import annotations
 import argparse, math, os, resource, sys, time
@@ -17,10 +20,13 @@ def _rss_mb() -> float: return resource.getrusage(resource.RUSAGE_SELF).ru_maxrs
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--depth", type=int, default=1_000_000)
+  ap.add_argument("--regfile-budget", type=int, default=None)
   a = ap.parse_args(argv)
   import numpy as np
   import pygrad
   from pygrad import UOp, dtypes
+  from pygrad.engine import lower
+  if a.regfile_budget is not None: lower.REGFILE_BUDGET = a.regfile_budget
   t0 = time.perf_counter()
   x = UOp.placeholder((), dtypes.float32, "x")
   y = x

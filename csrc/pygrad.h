@@ -102,6 +102,9 @@ const char *pg_vm_isa_name(int32_t isa);
 int32_t pg_vm_set_threads(int32_t n);
 int32_t pg_vm_get_threads(void);
 
+/* ---- mem.c: give free heap pages back to the OS (glibc's malloc_trim; 0 elsewhere) ---- */
+int pg_mem_trim(void);
+
 /* ---- tables.c: the ids Python and C share (csrc/tables.h), for pygrad/ids.py: the name of entry i of a table
    and its values (an id, and for dtypes the itemsize), or NULL past the end ---- */
 #define PG_TABLE_OPS 0

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "store_impl.h"
+#include "mem.h"
 
 #define INIT_SLOTS 1024u
 
@@ -43,7 +44,7 @@ static PG_INLINE int key_equal(const pg_node *n, uint32_t h, int32_t op, int32_t
 
 /* a table of n empty slots (n a power of two), or NULL */
 static pg_slot *slots_new(uint32_t n) {
-  pg_slot *t = (pg_slot *)malloc((size_t)n * sizeof *t);
+  pg_slot *t = (pg_slot *)pg_mem_alloc((size_t)n * sizeof *t);  /* mem.h: outgrown tables go back to the OS */
   if (t) memset(t, 0xff, (size_t)n * sizeof *t);  /* id PG_NIL everywhere */
   return t;
 }
@@ -62,7 +63,7 @@ static int table_grow(pg_store *st) {
     for (j = s.hash & (n - 1); t[j].id != PG_NIL; j = (j + 1) & (n - 1)) {}
     t[j] = s;
   }
-  free(st->slots);
+  pg_mem_free(st->slots, ((size_t)st->mask + 1) * sizeof *st->slots);
   st->slots = t;
   st->mask = n - 1;
   return 0;
@@ -100,7 +101,7 @@ pg_store *pg_store_new(void) {
   if (!st) return NULL;
   st->slots = slots_new(INIT_SLOTS);
   if (!st->slots || pg_lock_init(&st->lock) != 0) {
-    free(st->slots);
+    pg_mem_free(st->slots, INIT_SLOTS * sizeof *st->slots);
     free(st);
     return NULL;
   }
@@ -120,12 +121,12 @@ static void store_free(pg_store *st) {
   }
   for (i = 0; i < st->npages; i++) free(st->pages[i]);
   free(st->pages);
-  free(st->slots);
+  pg_mem_free(st->slots, ((size_t)st->mask + 1) * sizeof *st->slots);
   free(st->argrc);
   free(st->argid);
   free(st->argq);
   free(st->dead);
-  free(st->scratch);
+  pg_mem_free(st->scratch, st->scratchcap);
   pg_serial_cache_free(st->sigcache);
   pg_lock_destroy(&st->lock);
   free(st);

@@ -10,6 +10,7 @@
 #include <math.h>
 #include "pygrad.h"
 #include "vm.h"
+#include "mem.h"
 
 #define LIM_SIZE PG_VM_MAXSIZE  /* bound on sizes, strides, offsets: keeps extent sums far from overflow */
 #define LIM_TERM ((int64_t)1 << 56)
@@ -310,6 +311,8 @@ void pg_vm_free(pg_vm *vm) {
   free(vm->kern);
   free(vm->bufs);
   free(vm->slotmin);
+  pg_mem_free(vm->ws, vm->wscap);
+  pg_lock_destroy(&vm->wslock);
   free(vm);
 }
 
@@ -324,6 +327,10 @@ int pg_vm_prepare(const int64_t *code, int64_t ncode, pg_vm **out, char *msg, in
   if (!code || ncode < 0) return PG_ERR_ARG;
   vm = (pg_vm *)calloc(1, sizeof *vm);
   if (!vm) return PG_ERR_NOMEM;
+  if (pg_lock_init(&vm->wslock) != 0) {
+    free(vm);
+    return PG_ERR_NOMEM;
+  }
   rd_get(&r, VM_MAGIC, VM_MAGIC, "not a VM program (magic)");
   rd_get(&r, VM_VERSION, VM_VERSION, "unsupported program version");
   vm->nslots = (int32_t)rd_get(&r, 0, 1 << 20, "slot count out of range");
@@ -741,13 +748,42 @@ static int run_gemm(const vm_kernel *k, char *const *bufp, int32_t nthreads, con
   units = total * j.nrb * j.ncb;
   if (nthreads > units) nthreads = (int32_t)units;
   j.wsstride = ((int64_t)isa->gemm_ws(g) + 63) / 64 * 64;
-  ws = (char *)malloc((size_t)(j.wsstride * nthreads));
+  ws = (char *)pg_mem_alloc((size_t)(j.wsstride * nthreads));  /* mem.h: a big one goes back to the OS after */
   if (!ws) return PG_ERR_NOMEM;
   j.ws = ws;
   if (nthreads < 2) gemm_task(&j, 0, units, 0);
   else vm_pool_for(units, 1, gemm_task, &j, nthreads);
-  free(ws);
+  pg_mem_free(ws, (size_t)(j.wsstride * nthreads));
   return 0;
+}
+
+/* register files of at least need bytes for a run of vm (their size in *cap): the ones the program keeps if it has
+   them and they are big enough, else new ones (mem.h: a big block is mapped, so freeing it gives it back) */
+static char *ws_take(pg_vm *vm, size_t need, size_t *cap) {
+  char *ws;
+  pg_lock_take(&vm->wslock);
+  ws = vm->ws;
+  *cap = vm->wscap;
+  vm->ws = NULL;
+  vm->wscap = 0;
+  pg_lock_drop(&vm->wslock);
+  if (ws && *cap >= need) return ws;
+  pg_mem_free(ws, *cap);  /* too small (more threads than before): replaced */
+  *cap = need;
+  return (char *)pg_mem_alloc(need);
+}
+
+/* a run is done with its register files: the program keeps them for its next run unless it already has some (a
+   concurrent run's), then they are freed */
+static void ws_give(pg_vm *vm, char *ws, size_t cap) {
+  pg_lock_take(&vm->wslock);
+  if (!vm->ws) {
+    vm->ws = ws;
+    vm->wscap = cap;
+    ws = NULL;
+  }
+  pg_lock_drop(&vm->wslock);
+  pg_mem_free(ws, cap);
 }
 
 /* run a prepared program: slots[i] points at sizes[i] bytes (>= what the program needs of slot i) */
@@ -756,6 +792,7 @@ int pg_vm_run(pg_vm *vm, void *const *slots, const int64_t *sizes, int32_t nslot
   const vm_isa *isa = vm_isa_current();
   int32_t i, nthreads = pg_vm_get_threads();
   int64_t wsstride;
+  size_t wscap = 0;
   int rc = 0;
   if (!vm || (nslots > 0 && (!slots || !sizes))) return PG_ERR_ARG;
   wsstride = (vm->wsbytes + 63) / 64 * 64;
@@ -768,13 +805,16 @@ int pg_vm_run(pg_vm *vm, void *const *slots, const int64_t *sizes, int32_t nslot
     bufp[i] = (char *)slots[vm->bufs[i].slot] + vm->bufs[i].off;
     if ((uintptr_t)bufp[i] % (uintptr_t)vm->bufs[i].align) { free(bufp); return PG_VM_ERR_SLOTS; }  /* misaligned */
   }
-  if (wsstride > 0 && !(ws = (char *)malloc((size_t)(wsstride * nthreads)))) { free(bufp); return PG_ERR_NOMEM; }
+  if (wsstride > 0 && !(ws = ws_take(vm, (size_t)(wsstride * nthreads), &wscap))) {
+    free(bufp);
+    return PG_ERR_NOMEM;
+  }
   for (i = 0; i < vm->nkern && rc == 0; i++) {
     const vm_kernel *k = &vm->kern[i];
     if (k->kind == VK_LOOP) rc = run_loop(k, bufp, ws, wsstride, nthreads, isa);
     else rc = run_gemm(k, bufp, nthreads, isa);
   }
-  free(ws);
+  if (ws) ws_give(vm, ws, wscap);
   free(bufp);
   return rc;
 }

@@ -7,6 +7,7 @@
 #include "opcodes.h"
 #include "tables.h"
 #include "vm_half.h"
+#include "lock.h"
 
 #define VM_MAXDIM PG_VM_MAXDIM
 #define VM_MAXTILE 65536
@@ -65,6 +66,12 @@ struct pg_vm {
   int64_t *slotmin, wsbytes;
   vm_buf *bufs;
   vm_kernel *kern;
+  /* the register files of the last run, kept for the next one (a compiled program runs many times: mapping them
+     afresh each run would fault every page in again); NULL while a run has them, so a concurrent run of the same
+     program makes its own. Freed with the program, so a dropped program gives them back (csrc/mem.h) */
+  pg_lock wslock;
+  char *ws;
+  size_t wscap;
 };
 
 /* the kernels of one instruction set (vm_simd.c) */

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "store_impl.h"
+#include "mem.h"
 
 #define SCRATCH_KEEP (1u << 20)  /* bytes of walk stack kept for the next walk */
 
@@ -60,7 +61,7 @@ static frame *scratch_frames(pg_store *st, size_t nframes) {
     size_t cap = st->scratchcap ? st->scratchcap : 4096;
     void *p;
     while (cap < want) cap *= 2;
-    p = realloc(st->scratch, cap);
+    p = pg_mem_realloc(st->scratch, st->scratchcap, cap);  /* mem.h: a deep walk's stack goes back to the OS */
     if (!p) return NULL;
     st->scratch = p;
     st->scratchcap = cap;
@@ -71,7 +72,7 @@ static frame *scratch_frames(pg_store *st, size_t nframes) {
 /* after a walk, drop a big scratch so a deep walk does not pin memory */
 static void scratch_trim(pg_store *st) {
   if (st->scratchcap > SCRATCH_KEEP) {
-    free(st->scratch);
+    pg_mem_free(st->scratch, st->scratchcap);
     st->scratch = NULL;
     st->scratchcap = 0;
   }

@@ -3,7 +3,7 @@ round after round, with a new input shape and new constants every round, keeps `
 its RSS flat (the second half of the rounds grows it by less than 10%). The issue's size -- 100 rounds of 100,000
 nodes -- is the long mode, PYGRAD_CHURN=100,100000 (rounds,nodes); CI runs 40 rounds of 1,500 nodes."""
 from __future__ import annotations
-import gc, os
+import ctypes, gc, os, subprocess, sys, textwrap
 import numpy as np
 import pytest
 import pygrad
@@ -111,3 +111,52 @@ def test_slot_generations_wrap_with_the_hooks_run():
   assert len(wraps) == 2
   from pygrad import uop
   assert uop._moved.clear in ARGS.on_wrap
+
+
+# A fresh process evaluates the gradient of a 100-deep sin chain over 64x64 floats, whose VM register files take
+# several MiB, then asks whether glibc still serves a 2 MiB malloc by mmap (mallinfo2's count of mapped blocks goes
+# up). glibc raises its mmap threshold to the size of any mapped block freed through it (up to 32 MiB): a workspace
+# freed by free() would move it past 2 MiB, and from then on large blocks come from the heap, where blocks of
+# varying size leave holes -- the churn run's RSS climbed with the workspace.
+_PROBE = textwrap.dedent("""
+  import ctypes
+  import numpy as np
+  import pygrad
+  from pygrad import UOp, dtypes
+
+  class Mallinfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks "
+                                              "fordblks keepcost".split()]
+  libc = ctypes.CDLL(None)
+  libc.mallinfo2.restype, libc.malloc.restype = Mallinfo2, ctypes.c_void_p
+  libc.malloc.argtypes, libc.free.argtypes = [ctypes.c_size_t], [ctypes.c_void_p]
+  x = UOp.placeholder((64, 64), dtypes.float32)
+  y = x
+  for _ in range(100): y = (y * 0.999).sin()
+  g, = y.sum().gradient(x)
+  assert np.isfinite(pygrad.evaluate(g, {x: np.ones((64, 64), np.float32)}, engine="c")).all()
+  before = libc.mallinfo2().hblks
+  p = libc.malloc(2 << 20)
+  print(libc.mallinfo2().hblks - before)
+  libc.free(p)
+""")
+
+
+def _glibc() -> bool:
+  try:
+    return hasattr(ctypes.CDLL(None), "mallinfo2")
+  except OSError:
+    return False
+
+
+@pytest.mark.skipif(not _glibc(), reason="glibc's malloc (mallinfo2, its dynamic mmap threshold) is what this checks")
+def test_vm_workspace_leaves_the_malloc_threshold_alone():
+  """The VM's per-run register files come from the OS (csrc/mem.c) and go back to it, so however large they are,
+  evaluating never raises glibc's mmap threshold: a large block malloc'd afterwards is still mapped (1 block)."""
+  pkg = os.path.dirname(os.path.dirname(os.path.abspath(pygrad.__file__)))
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([pkg, os.environ.get("PYTHONPATH", "")]))
+  env.pop("MALLOC_MMAP_THRESHOLD_", None)
+  env.pop("MALLOC_TRIM_THRESHOLD_", None)
+  out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.split() == ["1"], "a 2 MiB malloc after evaluate came from the heap: glibc's mmap threshold rose"

@@ -244,6 +244,87 @@ def test_tinygrads_own_gradient_tests_pass_with_pygrad_installed(tmp_path):
   assert derived and derived[0] >= 30, out[-2000:]
 
 
+def _bench_graph(wl: str, size: int):
+  """pygrad.bench's workload wl (W1 residual MLP chain, W2 transformer blocks) built with tinygrad's Tensor API on
+  unrealized inputs, as bench/bench_tinygrad.py builds it: (root, root_grad, targets) as tinygrad UOps."""
+  from pygrad import bench as pb
+  args = pb.map_shapes(pb.input_shapes(wl, size), lambda s: Tensor.empty(*s, device=DEV))
+  root = pb.MODELS[wl](pb.MethodOps, *args)
+  return root.uop, root.uop.const_like(1.0), [t.uop for t in pb.flat(args)]
+
+
+@pytest.mark.parametrize("wl,size", [("W1", 120), ("W2", 8)])
+def test_round_trip_is_identity_at_size(wl, size, own_engine):
+  root, rg, targets = _bench_graph(wl, size)
+  p = pt.from_tinygrad(root)
+  assert len(p.toposort()) > 1000
+  assert pt.to_tinygrad(p) is root
+  grads = tg_gradient.compute_gradient(root, rg, set(targets))
+  gs = [grads[t] for t in targets]
+  assert all(b is g for b, g in zip(pt.to_tinygrad(pt.from_tinygrad(gs)), gs))
+
+
+def test_metadata_rides_the_fast_gradient_path(own_engine):
+  """tinygrad's Tensor API puts metadata on nearly every node: the derivation must still instantiate C templates
+  (no node's rule stepped in Python), and the gradient's nodes carry the backward metadata names tinygrad's own
+  derivation puts on them."""
+  from tinygrad.uop.ops import all_metadata
+  pt.compute_gradient(*_bench_graph("W1", 2))  # templates of every signature made once
+  stepped: list = []
+  if pygrad.core_name() == "c":  # the pure core has no templates: every rule runs in Python there
+    import pygrad.gradient.templated as templated
+    real = templated.step
+
+    def step(*a, **k):
+      stepped.append(a[0])
+      return (yield from real(*a, **k))
+
+  def names(grads, root, targets):
+    """Metadata on the gradient's nodes that depend on this graph's inputs (a node that does not, a constant
+    broadcast, is hash-consed with other graphs' nodes and carries their metadata too)."""
+    fwd, dep = set(root.toposort()), set(targets)
+    for u in root.toposort():
+      if any(s in dep for s in u.src): dep.add(u)
+    got = set()
+    for t in targets:
+      for u in grads[t].toposort():
+        if u not in fwd and any(s in dep for s in u.src):
+          dep.add(u)
+          got |= {(m.name, m.backward) for m in all_metadata.get(u, ())}
+    return got
+
+  root, rg, targets = _bench_graph("W1", 40)
+  want = names(tg_gradient.compute_gradient(root, rg, set(targets)), root, targets)
+  root, rg, targets = _bench_graph("W1", 40)
+  if pygrad.core_name() == "c": templated.step = step
+  try:
+    got = names(pt.compute_gradient(root, rg, targets), root, targets)
+  finally:
+    if pygrad.core_name() == "c": templated.step = real
+  assert not stepped
+  layer = {(n, True) for n in ("__matmul__", "relu", "sin", "exp2")}
+  assert layer <= want and got == want
+
+
+def test_conversions_leave_the_gc_as_they_found_it():
+  """The conversions pause Python's cyclic GC while they run (pygrad/interop/tinygrad_tables._no_gc): on return and
+  on error it is as before, enabled or not."""
+  import gc
+  x = Tensor.randn(3, device=DEV).realize()
+  y = (x * 2.0).sum()
+  was = gc.isenabled()
+  try:
+    for on in (True, False):
+      gc.enable() if on else gc.disable()
+      assert pt.to_tinygrad(pt.from_tinygrad(y.uop)) is y.uop
+      assert x.uop in pt.compute_gradient(y.uop, y.uop.const_like(1.0), {x.uop})
+      with pytest.raises(ValueError, match="NEG"):
+        pt.from_tinygrad(TUOp(TOps.NEG, src=(x.uop,)))
+      assert gc.isenabled() is on
+  finally:
+    gc.enable() if was else gc.disable()
+
+
 def test_metadata_crosses_both_ways():
   from tinygrad.uop.ops import all_metadata
   x = Tensor.randn(3, device=DEV).realize()

@@ -40,8 +40,9 @@ def test_deep_chain_gradient_keeps_one_register_per_live_value():
   for depth in (500, 4000):
     x, g = _sin_chain_gradient(depth)
     (loop,) = _loops(g, [x])
-    words, fused = lower.lower_loop(loop)
-    assert fused and words is not None
+    (part,) = lower.lower_loop(loop)
+    words = part.words
+    assert part.fused
     assert depth <= _nregs(words) <= depth + 16, (depth, _nregs(words))
 
 
@@ -65,7 +66,7 @@ def test_sin_writes_over_its_operand_exactly(dt, n):
   x = UOp.placeholder((n,), dt, "x")
   y = ((x * 1.5).sin() + 0.25).sin()  # x*1.5 and sin(..)+0.25 die at the SINs: their registers are reused
   loops = _loops(y, [x])
-  words, _ = lower.lower_loop(loops[-1])
+  words = lower.lower_loop(loops[-1])[0].words
   assert _nregs(words) == 4  # x, the two constants, and one register that all four ALU ops write in turn
   with np.errstate(over="ignore"):  # float16 holds no 3e6: inf, whose sine is NaN
     val = v.astype(dt.numpy if dt is not dtypes.bfloat16 else np.float32)
@@ -95,22 +96,42 @@ def test_register_limit_is_the_c_one():
     vmlib.prepare(head + kernel(n + 1))
 
 
-def test_a_kernel_past_the_register_file_runs_by_numpy(monkeypatch):
-  """A fused group whose live values do not fit the VM's register file is run by numpy (never a program the VM
-  refuses): here 60 shifted views of x, each a load with a register of its own, against a file made small."""
-  x = UOp.placeholder((68,), F32, "x")
+def _shifted_sum(n=60):
+  """60 shifted views of x summed: each a load with a register of its own, all live to the kernel's end."""
+  x = UOp.placeholder((n + 8,), F32, "x")
   h = x.shrink(((0, 8),))
-  for i in range(1, 60): h = h + x.shrink(((i, i + 8),)) * float(i)
+  for i in range(1, n): h = h + x.shrink(((i, i + 8),)) * float(i)
+  return x, h
+
+
+def test_a_kernel_past_the_register_file_is_split_and_runs_in_c(monkeypatch):
+  """A fused group whose live values do not fit the VM's register file is cut into kernels that do, the values
+  between them carried in arena buffers: it stays in C (on main it ran by numpy, op by op)."""
+  x, h = _shifted_sum()
   v = np.linspace(-1, 1, 68, dtype=np.float32)
-  want = numpy_eval.evaluate([h], {x: v})[0]
-  p = pygrad.compile(h, [x])
-  assert p.stats["numpy_kernels"] == 0
-  np.testing.assert_allclose(p(v), want, rtol=1e-5, atol=1e-5)
+  want = numpy_eval.evaluate([h, h.sum()], {x: v})
+  whole = pygrad.compile([h, h.sum(), x * 2.0], [x])
+  assert whole.stats["numpy_kernels"] == 0 and whole.stats["spills"] == 0
   monkeypatch.setattr(lower, "VM_MAXREGFILE", 128 + 30 * (16 + 64))  # 30 registers of an 8-element tile
+  p = pygrad.compile([h, h.sum(), x * 2.0], [x])
+  assert p.stats["numpy_kernels"] == 0 and p.stats["spills"] > 0 and p.stats["kernels"] > whole.stats["kernels"]
+  got, total, x2 = p(v)
+  for a, b in zip(whole(v), (got, total, x2)): assert a.tobytes() == b.tobytes()  # split: the same bits
+  np.testing.assert_allclose(got, want[0], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(total, want[1], rtol=1e-5, atol=1e-4)
+  np.testing.assert_array_equal(x2, v * 2)
+
+
+def test_a_kernel_no_split_can_fit_runs_by_numpy(monkeypatch):
+  """A register file too small for even one instruction's operands: the kernel runs by numpy, never a program the
+  VM refuses."""
+  x, h = _shifted_sum(8)
+  v = np.linspace(-1, 1, 16, dtype=np.float32)
+  monkeypatch.setattr(lower, "VM_MAXREGFILE", 128 + 2 * (16 + 64))
   p = pygrad.compile([h, x * 2.0], [x])
-  assert p.stats["numpy_kernels"] == 1 and p.stats["kernels"] == 1
+  assert p.stats["numpy_kernels"] == 2 and p.stats["kernels"] == 0
   got, x2 = p(v)
-  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(got, numpy_eval.evaluate([h], {x: v})[0], rtol=1e-5, atol=1e-5)
   np.testing.assert_array_equal(x2, v * 2)
 
 
@@ -136,3 +157,33 @@ def test_buffers_past_the_machines_memory_are_refused_before_allocating():
     pygrad.evaluate(out + 1.0, {x: np.ones(4, np.float32)}, engine="c")
   # a smaller expansion read as a view: nothing of its size is stored
   assert pygrad.evaluate(x.reshape(4, 1).expand(4, 2 ** 20).sum(), {x: np.ones(4, np.float32)}, engine="c") == 2 ** 22
+
+
+def test_internal_buffers_past_the_vm_bound_together_are_refused_naming_the_largest():
+  """Three internal values of 2**47 bytes each, live at once: each is within the VM's bound, their arena is not.
+  compile says so with a ValueError naming the buffer (before: the C validator's "bad program at word 6: slot size
+  out of range"); the numpy engine's allocation failure names the op and its size."""
+  x = UOp.placeholder((4,), F32, "x")
+  xe = x.reshape(4, 1).expand(4, 2 ** 43)
+  a, b, c = xe + 1.0, xe * 2.0, xe - 3.0
+  out = (a * b + c * a + b * c).sum()
+  with pytest.raises(ValueError, match=r"internal buffers need 422,212,465,065,984 bytes at once.*float32\[4, "
+                                       r"8796093022208\] \(140,737,488,355,328 bytes\)"):
+    pygrad.compile(out, [x])
+  with pytest.raises(MemoryError, match=r"numpy engine: (ADD|MUL) float32\[4, 8796093022208\] needs "
+                                        r"140,737,488,355,328 bytes"):
+    pygrad.evaluate(out, {x: np.ones(4, np.float32)}, engine="numpy")
+
+
+def test_numpy_engine_names_a_value_no_array_can_hold():
+  """A PAD to 2**62 elements of float32 (2**64 bytes: fits int64 as a shape, not as an array): the numpy engine says
+  which op and how many bytes, as the C engine does, instead of numpy's bare "array is too big"."""
+  x = UOp.placeholder((4,), F32, "x")
+  out = x.pad(((0, 2 ** 62 - 4),))
+  with pytest.raises(ValueError, match=r"numpy engine: PAD float32\[4611686018427387904\] needs "
+                                       r"18,446,744,073,709,551,616 bytes"):
+    pygrad.evaluate(out, {x: np.ones(4, np.float32)}, engine="numpy")
+  with pytest.raises(ValueError, match=r"PAD float32\[4611686018427387904\]"):
+    pygrad.evaluate(out, {x: np.ones(4, np.float32)}, engine="c")
+  with pytest.raises(MemoryError, match=r"numpy engine: PAD float32\[17592186044416\] needs 70,368,744,177,664"):
+    pygrad.evaluate(x.pad(((0, 2 ** 44 - 4),)), {x: np.ones(4, np.float32)}, engine="numpy")

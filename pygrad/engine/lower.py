@@ -8,7 +8,10 @@ passes that each do one thing:
 3. `peephole`: the rules of `pm_peephole` (UPat patterns over the kernel's KNodes) pick better instructions;
 4. `live_nodes`: dead-code elimination from the stores back;
 5. `allocate`: registers by liveness (a dying operand's register is reused in place; linear in the kernel's size);
-6. `emit`: the words, with the dot-product choice for a row's sum of products."""
+6. `emit`: the words, with the dot-product choice for a row's sum of products;
+7. `split`: a kernel whose register file would pass REGFILE_BUDGET (a deep chain's gradient keeps every forward
+   value live) is cut into several kernels over the same index space, the values one part needs from an earlier
+   part carried in arena buffers (spills)."""
 from __future__ import annotations
 import math
 from typing import NamedTuple
@@ -27,6 +30,12 @@ VR_DOT = value("vm_redops", "DOT")  # a row's sum of products, without the produ
 VM_MAXDIM, VM_MAXSIZE = value("consts", "VM_MAXDIM"), value("consts", "VM_MAXSIZE")
 VM_MAXREGS, VM_MAXREGFILE = value("consts", "VM_MAXREGS"), value("consts", "VM_MAXREGFILE")
 TILE, TILE_REDUCE = 4096, 8192  # elements per tile: registers of a fused group stay in L1/L2
+# bytes of one worker's register file (as PG_VM_MAXREGFILE counts them) past which a kernel is split: the VM
+# allocates a file per thread at every run. Not lower: a scalar register (80 bytes) is the cheapest home of a live
+# value, and splitting the 1M-deep chain's gradient (80 MB of them) at 16 MiB cost 2.3x its compile CPU time, +1 GB
+# of peak RSS and 2.6x its run time (bench/bench_deep_chain.py --regfile-budget); a tile register is 32 KB, so a
+# kernel splits past 4096 live tiles
+REGFILE_BUDGET = 128 << 20
 _CMP = (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ)
 _OPC = {op: OPCODES[op.name] for op in Ops if op.name in OPCODES}
 
@@ -240,11 +249,16 @@ def _is_dot(loop: Loop, kn: list[KNode], tops: list[KNode], rg: Regs) -> bool:
           top.op is Ops.MUL and top.opcode is None and top is kn[-1] and not any(rg.scalar[s] for s in top.src))
 
 
-def emit(loop: Loop, sp: Space, kn: list[KNode], tops: list[KNode], live: set[KNode], rg: Regs) -> list[int]:
-  """The VK_LOOP words: header, register file, loads, instructions, stores."""
+def _tile(loop: Loop, sp: Space) -> int:
+  return max(1, min(TILE if loop.redop is None else TILE_REDUCE, math.prod(sp.shape)))
+
+
+def emit(loop: Loop, sp: Space, kn: list[KNode], tops: list[KNode], live: set[KNode], rg: Regs, T: int = 0,
+         dot_ok: bool = True) -> list[int]:
+  """The VK_LOOP words: header, register file, loads, instructions, stores. T: the tile size (0: the loop's own);
+  dot_ok False keeps a reduction of a product from being a dot reduction (a split kernel decides as the whole)."""
   shape, nd, regs, reg_of = sp.shape, len(sp.shape), list(rg.file), rg.of
-  numel = math.prod(shape)
-  T = max(1, min(TILE if loop.redop is None else TILE_REDUCE, numel))
+  T = T or _tile(loop, sp)
   load_words, nload = [], 0
   for k, v in sp.loads.items():
     if k not in live: continue
@@ -276,7 +290,7 @@ def emit(loop: Loop, sp: Space, kn: list[KNode], tops: list[KNode], live: set[KN
   redmask = sum(1 << d for d in range(nd) if sp.red[d]) if loop.redop is not None else 0
   post = 0
   if loop.redop is not None: post = 1 if loop.rdtype is dtypes.float16 else 2 if loop.rdtype is dtypes.bfloat16 else 0
-  redop = VR_DOT if _is_dot(loop, kn, tops, rg) else VR[loop.redop]
+  redop = VR_DOT if dot_ok and _is_dot(loop, kn, tops, rg) else VR[loop.redop]
   words = [VK_LOOP, nd, T, redop, loop.rdtype.id if loop.rdtype is not None else 0, post, redmask, *shape,
            len(regs)]
   for ct, sc in regs: words += [ct, sc]
@@ -284,36 +298,226 @@ def emit(loop: Loop, sp: Space, kn: list[KNode], tops: list[KNode], live: set[KN
   return words
 
 
-def regfile_fits(words: list[int]) -> bool:
-  """Whether a VK_LOOP kernel's registers fit the VM: their count, and one worker's register file as
-  csrc/tables.h's PG_VM_MAXREGFILE counts it."""
+def regfile_bytes(words: list[int]) -> int:
+  """One worker's register file of a VK_LOOP kernel, as csrc/tables.h's PG_VM_MAXREGFILE counts it."""
   nd, T = words[1], words[2]
   nregs = words[7 + nd]
-  if nregs > VM_MAXREGS: return False
   nsc = sum(words[9 + nd:9 + nd + 2 * nregs:2])  # (compute type, scalar) pairs
-  return 128 + 16 * nregs + 64 * nsc + (T * 8 + 63) // 64 * 64 * (nregs - nsc) <= VM_MAXREGFILE
+  return 128 + 16 * nregs + 64 * nsc + (T * 8 + 63) // 64 * 64 * (nregs - nsc)
 
 
-def lower_loop(loop: Loop) -> tuple[list[int] | None, bool]:
-  """(words, is_fused_group) of one kernel; words None when the VM cannot take it: an index space of more than
-  VM_MAXDIM dims after simplification, or more registers than the VM holds (the program runs such a kernel with
-  numpy: engine/npkernel.py)."""
+def regfile_fits(words: list[int]) -> bool:
+  """Whether a VK_LOOP kernel's registers fit the VM: their count, and one worker's register file."""
+  return words[7 + words[1]] <= VM_MAXREGS and regfile_bytes(words) <= VM_MAXREGFILE
+
+
+# ---- 7. split ----
+_SCALAR_COST = 64 + 16  # register-file bytes of a scalar register (its slot and its two pointers)
+
+
+def _vec_cost(T: int) -> int: return (T * 8 + 63) // 64 * 64 + 16
+
+
+class Part(NamedTuple):
+  """One VM kernel of a planned loop: its words, whether it computes (a fused group), and the buffers it reads and
+  writes (for the arena's liveness)."""
+  words: list
+  fused: bool
+  bufs: list
+
+
+class Runs(NamedTuple):
+  """A kernel's ALU nodes cut into runs (one kernel each) and the run of each node."""
+  runs: list
+  run_of: dict
+
+
+def runs(kn: list[KNode], live: set[KNode], tops: list[KNode], sp: Space, T: int, cap: int,
+         maxregs: int) -> Runs | None:
+  """Cut the live ALU nodes, in order, into runs whose register files (loads, spill loads, results) stay within cap
+  bytes and maxregs registers. Within a run, registers are given exactly as `allocate` gives them to that run's
+  kernel: a value a later run reads is one of its stores, so it holds its register to the run's end, as it would
+  have held it to its later use; a load (a buffer's or an earlier run's value) holds one from the run's start.
+  Linear in the kernel's size. None when one node alone does not fit."""
+  vcost, shape = _vec_cost(T), sp.shape
+  load_sc = {k: v.mask is None and all(st == 0 or n == 1 for st, n in zip(v.strides, shape))
+             for k, v in sp.loads.items() if k in live}
+  spill_sc = math.prod(shape) == 1  # an earlier run's value is read from a buffer over the whole index space
+  alu = [k for k in kn if k.buf is None and k in live]
+  last: dict[KNode, KNode] = {}
+  for k in alu:
+    for s in k.src: last[s] = k
+  pinned, run_of, bool_id = set(tops), {}, dtypes.bool.id
+  cur: list[KNode] = []
+  out = [cur]
+  sc_of: dict = {}  # this run's loads and results -> scalar
+  reg_of: dict = {}  # this run's results -> register
+  rtype: list = []  # this run's result registers' (compute type, scalar)
+  free: dict = {}
+  used = nregs = i = 0
+  while i < len(alu):
+    k = alu[i]
+    src = k.src
+    if len(src) == 2 and src[0] is src[1]: src = src[:1]
+    elif len(src) == 3: src = tuple(dict.fromkeys(src))
+    add, sc, loads = 0, True, None
+    for s in src:
+      ssc = sc_of.get(s)
+      if ssc is None:  # a buffer's load, or an earlier run's value: a load register in this run
+        ssc = load_sc[s] if s.buf is not None else spill_sc
+        if loads is None: loads = [(s, ssc)]
+        else: loads.append((s, ssc))
+        add += _SCALAR_COST if ssc else vcost
+      if not ssc: sc = False
+    key = (bool_id if k.op in _CMP and k.opcode is None else _ct_id(k.dtype), sc)
+    reuse, dying = bool(free.get(key)), None
+    for s in src:
+      if last[s] is k:
+        r = reg_of.get(s)
+        if r is not None and s not in pinned:
+          if dying is None: dying = [r]
+          else: dying.append(r)
+          if rtype[r] == key: reuse = True
+    if not reuse: add += _SCALAR_COST if sc else vcost
+    grow = (len(loads) if loads else 0) + (not reuse)
+    if used + add > cap or nregs + grow > maxregs:
+      if not cur: return None  # alone in a run, it still does not fit
+      cur = []
+      out.append(cur)
+      sc_of, reg_of, rtype, free, used, nregs = {}, {}, [], {}, 0, 0
+      continue  # the same node again, first of a new run
+    if loads:
+      for s, ssc in loads: sc_of[s] = ssc
+    if dying:
+      for r in dying: free.setdefault(rtype[r], []).append(r)
+    fl = free.get(key)
+    if fl: r = fl.pop()
+    else:
+      r = len(rtype)
+      rtype.append(key)
+    used, nregs = used + add, nregs + grow
+    reg_of[k], sc_of[k], run_of[k] = r, sc, len(out) - 1
+    cur.append(k)
+    i += 1
+  return Runs(out, run_of)
+
+
+def _unsplit_scalar(kn: list[KNode], live: set[KNode], sp: Space) -> dict:
+  """Each live node's scalarity in the kernel unsplit (allocate's)."""
+  sc = {k: v.mask is None and all(st == 0 or n == 1 for st, n in zip(v.strides, sp.shape))
+        for k, v in sp.loads.items() if k in live}
+  for k in kn:
+    if k.buf is None and k in live: sc[k] = all(sc[s] for s in k.src)
+  return sc
+
+
+def split(loop: Loop, sp: Space, kn: list[KNode], tops: list[KNode], live: set[KNode], T: int, rs: Runs,
+          new_buf) -> list[Part] | None:
+  """One kernel per run, all over the kernel's simplified index space and tile size (so every element is computed
+  in the same tile as unsplit: the same results, bit for bit). A value read outside its run is stored by its run
+  into an arena buffer of its compute type over the whole index space (new_buf(stype, shape, dtype) makes it) and
+  loaded by the runs that read it; the kernel's stores go with the run computing their value, a reduction's with
+  the last run; a dot reduction stays one only if it was one unsplit."""
+  run_of, last_run = rs.run_of, len(rs.runs) - 1
+  red = loop.redop is not None
+  st, acc = [0] * len(sp.shape), 1
+  for d in range(len(sp.shape) - 1, -1, -1): st[d], acc = acc, acc * sp.shape[d]
+  store_run = [last_run if red or t.buf is not None else run_of[t] for t in tops]
+  carried: dict[KNode, Buf] = {}
+  for j, run in enumerate(rs.runs):
+    for k in run:
+      for s in k.src:
+        if s.buf is None and run_of[s] != j and s not in carried: carried[s] = None
+  for t, j in zip(tops, store_run):
+    if t.buf is None and run_of[t] != j: carried[t] = None
+  for s in carried: carried[s] = new_buf(compute_dtype(s.dtype), tuple(sp.shape), s.dtype)
+  top = tops[0]
+  dot_ok = (loop.redop is Ops.ADD and not top.is_load and top.op is Ops.MUL and
+            _is_dot(loop, kn, tops, Regs(None, None, _unsplit_scalar(kn, live, sp))))
+  parts = []
+  for j, run in enumerate(rs.runs):
+    new: dict[KNode, KNode] = {}
+    loads: dict[KNode, KView] = {}
+    kj: list[KNode] = []
+
+    def operand(s):
+      """s as this run reads it: a buffer's load, this run's node (rewritten or not), or an earlier run's value."""
+      if s.buf is not None:
+        if s not in loads:
+          loads[s] = sp.loads[s]
+          kj.append(s)
+        return s
+      r = new.get(s)
+      if r is None and run_of[s] != j:
+        b = carried[s]
+        r = new[s] = KNode(Ops.BUFFER, s.dtype, (), None, b, None)
+        loads[r] = KView(b, 0, st, None)
+        kj.append(r)
+      return s if r is None else r
+    for k in run:
+      changed = False
+      for s in k.src:
+        if s.buf is not None or s in new or run_of[s] != j: changed = operand(s) is not s or changed
+      if changed:
+        new[k] = KNode(k.op, k.dtype, tuple([new.get(s, s) for s in k.src]), k.arg, None, None, k.sdtype, k.opcode)
+      kj.append(new.get(k, k))
+    tj, vj = [], []
+    for k in run:
+      if k in carried:
+        tj.append(new.get(k, k))
+        vj.append(KView(carried[k], 0, st, None))
+    for t, v, r in zip(tops, sp.stores, store_run):
+      if r == j:
+        tj.append(operand(t))
+        vj.append(v)
+    lp = Loop(loop.shape, kj, [], loop.redop if j == last_run else None, loop.redaxes,
+              loop.rdtype if j == last_run else None)
+    spj, livej = Space(sp.shape, sp.red, loads, vj), set(kj)
+    words = emit(lp, spj, kj, tj, livej, allocate(kj, livej, tj, spj), T, dot_ok)
+    if not regfile_fits(words): return None
+    bufs = list({id(v.buf): v.buf for v in (*loads.values(), *vj)}.values())
+    parts.append(Part(words, True, bufs))
+  return parts
+
+
+def _loop_bufs(loop: Loop) -> list[Buf]:
+  """The distinct buffers a loop reads and writes, in order of first use."""
+  seen: dict[int, Buf] = {}
+  for k in loop.knodes:
+    if k.buf is not None and k.buf.id not in seen: seen[k.buf.id] = k.buf
+  for st in loop.stores: seen.setdefault(st.buf.id, st.buf)
+  return list(seen.values())
+
+
+def lower_loop(loop: Loop, new_buf=None) -> list[Part] | None:
+  """The VM kernels of one planned loop: one, or (given new_buf, which makes arena buffers) several when its register
+  file would pass REGFILE_BUDGET; None when the VM cannot take it: an index space of more than VM_MAXDIM dims after
+  simplification, or a register file past the VM's (the program runs such a kernel with numpy:
+  engine/npkernel.py)."""
   sp = index_space(loop)
-  if len(sp.shape) > VM_MAXDIM: return None, any(not k.is_load for k in loop.knodes)
+  if len(sp.shape) > VM_MAXDIM: return None
   if loop.redop is not None:
     g = contraction(loop, sp)
-    if g is not None: return g, True
+    if g is not None: return [Part(g, True, _loop_bufs(loop))]
   kn, tops = peephole(loop)
   live = live_nodes(kn, tops)
   rg = allocate(kn, live, tops, sp)
+  if new_buf is not None:
+    T = _tile(loop, sp)
+    cap = min(REGFILE_BUDGET, VM_MAXREGFILE) - 128 - (_vec_cost(T) if loop.redop is not None else 0)  # (a MOV's)
+    nsc = sum(sc for _, sc in rg.file)
+    if nsc * _SCALAR_COST + (len(rg.file) - nsc) * _vec_cost(T) > cap or len(rg.file) >= VM_MAXREGS:
+      rs = runs(kn, live, tops, sp, T, cap, VM_MAXREGS - 1)
+      if rs is not None and len(rs.runs) > 1: return split(loop, sp, kn, tops, live, T, rs, new_buf)
   words = emit(loop, sp, kn, tops, live, rg)
-  if not regfile_fits(words): return None, True
-  return words, any(not k.is_load for k in kn)
+  if not regfile_fits(words): return None
+  return [Part(words, any(not k.is_load for k in kn), _loop_bufs(loop))]
 
 
 # ---- the same kernel again ----
 _STANDIN = 1 << 56  # buffer ids of a kernel's template: no other word comes near (sizes, strides < VM_MAXSIZE)
 assert VM_MAXSIZE < _STANDIN
+_MISS = object()
 CACHE_MAX_NODES = 32  # larger kernels are rarely repeated, and their key would cost what lowering them does
 
 
@@ -328,10 +532,10 @@ class KernelCache:
     self.memo: dict = {}
     self.hits = 0
 
-  def lower(self, loop: Loop) -> tuple[list[int] | None, bool]:
-    """lower_loop(loop)'s result."""
+  def lower(self, loop: Loop, new_buf=None) -> list[Part] | None:
+    """lower_loop(loop, new_buf)'s result (a kernel small enough to be cached is never split)."""
     kn = loop.knodes
-    if len(kn) > CACHE_MAX_NODES: return lower_loop(loop)
+    if len(kn) > CACHE_MAX_NODES: return lower_loop(loop, new_buf)
     bufs: list[Buf] = []
     num: dict[int, int] = {}  # buffer id -> its number in this kernel
     pos: dict[KNode, int] = {}
@@ -353,18 +557,20 @@ class KernelCache:
         bufs.append(st.buf)
       key.append((pos[st.src], j, st.buf.stype, st.view.key()))
     kt = tuple(key)
-    hit = self.memo.get(kt)
-    if hit is None:
-      words, fused = lower_loop(_standin(loop, bufs, num))
-      patches = None if words is None else [(i, w - _STANDIN) for i, w in enumerate(words) if w >= _STANDIN]
-      hit = self.memo[kt] = (words, fused, patches)
+    hit = self.memo.get(kt, _MISS)
+    if hit is _MISS:
+      parts = lower_loop(_standin(loop, bufs, num))
+      if parts is None: hit = self.memo[kt] = None
+      else:
+        (words, fused, _), = parts
+        hit = self.memo[kt] = (words, fused, [(i, w - _STANDIN) for i, w in enumerate(words) if w >= _STANDIN])
     else:
       self.hits += 1
+    if hit is None: return None
     words, fused, patches = hit
-    if words is None: return None, fused
     words = list(words)
     for i, j in patches: words[i] = bufs[j].id
-    return words, fused
+    return [Part(words, fused, bufs)]
 
 
 def _standin(loop: Loop, bufs: list[Buf], num: dict[int, int]) -> Loop:
@@ -379,4 +585,5 @@ def _standin(loop: Loop, bufs: list[Buf], num: dict[int, int]) -> Loop:
   return Loop(loop.shape, [new[k] for k in loop.knodes], stores, loop.redop, loop.redaxes, loop.rdtype)
 
 
-__all__ = ["lower_loop", "KernelCache", "regfile_fits", "pm_peephole", "TILE", "TILE_REDUCE", "VM_MAXDIM", "VM_MAXSIZE"]
+__all__ = ["lower_loop", "Part", "KernelCache", "REGFILE_BUDGET", "regfile_bytes", "regfile_fits", "pm_peephole", "TILE",
+           "TILE_REDUCE", "VM_MAXDIM", "VM_MAXSIZE"]

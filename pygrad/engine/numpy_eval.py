@@ -41,6 +41,7 @@ buffers; AFTER(buffer, CALL) is that buffer's array after the call. COPY and the
 concatenates its shards along its axis (or, replicated, is its first shard).
 """
 from __future__ import annotations
+import math, sys
 import numpy as np
 from ..ops import Ops, GroupOp
 from ..dtype import dtypes
@@ -183,12 +184,25 @@ def _run(roots: list[UOp], ctx: _Ctx) -> list:
       if u.op is Ops.FUNCTION:
         stack.append(_Frame([u.src[0]], _Ctx(f.ctx.inputs, tuple(xs))))
         break
-      f.put(_EVAL[u.op](u, xs, f.ctx))
+      try: f.put(_EVAL[u.op](u, xs, f.ctx))
+      except (MemoryError, ValueError) as e: _too_big(u, e)
     else:
       stack.pop()
       out = [vals[r._id] for r in f.roots]
       if not stack: return out
       stack[-1].put(out[0])
+
+
+def _too_big(u: UOp, e: Exception):
+  """Re-raise numpy's failure to allocate node u's value (MemoryError, or ValueError past the address space) naming
+  the node and its size; any other error as it was."""
+  if u.dtype is dtypes.void: raise e  # a CALL's kernel's own error
+  n = math.prod(u.shape)
+  nbytes = n * u.dtype.itemsize
+  what = f"numpy engine: {u.op.name} {u.dtype.name}{list(u.shape)} needs {nbytes:,} bytes ({n:,} elements)"
+  if isinstance(e, MemoryError): raise MemoryError(f"{what}, which cannot be allocated: {e}") from e
+  if nbytes > sys.maxsize: raise ValueError(f"{what}, more than an array can hold: {e}") from e
+  raise e
 
 
 def _own(v, seen: set):

@@ -13,13 +13,15 @@ from .vmlib import ffi, lib
 from ..ids import value
 from .flatten import flatten
 from .planner import Planner, Loop, CallStep, Buf, compute_dtype
-from .lower import KernelCache, VK_GEMM
+from .lower import KernelCache, Part, VK_GEMM
 from .npkernel import NumpyKernel
 from .values import input_value, round_bfloat16, bindings, map_nested
 
 _MAGIC, _VERSION = value("consts", "VM_MAGIC"), value("consts", "VM_VERSION")
+VM_MAXSIZE = value("consts", "VM_MAXSIZE")  # csrc/tables.h: the bytes of a memory slot (the arena is one)
 from_buffer, NULL = ffi.from_buffer, ffi.NULL
 _ALIGN = 64
+_TRIM_NODES = 20_000  # graphs whose plan gives its freed heap pages back to the OS (see Program.__init__)
 
 
 def _memory_bytes() -> int | None:
@@ -29,14 +31,18 @@ def _memory_bytes() -> int | None:
 
 
 def _check_memory(arena_bytes: int, bufs: list[Buf]) -> None:
-  """MemoryError, before anything is allocated, when the program's buffers (the arena at its high-water mark and
-  the outputs) exceed the machine's memory: it names the largest of them."""
+  """Before anything is allocated: ValueError when the arena (every internal buffer live at once, at its high-water
+  mark) passes the VM's bound on a memory slot, MemoryError when the program's buffers (the arena and the outputs)
+  exceed the machine's memory; both name the largest buffer."""
+  big = [b for b in bufs if b.kind in ("arena", "output")]
+  top = max(big, key=lambda b: b.nbytes) if big else None
+  if arena_bytes > VM_MAXSIZE:
+    raise ValueError(f"pygrad VM: the program's internal buffers need {arena_bytes:,} bytes at once, past the VM's "
+                     f"2**{VM_MAXSIZE.bit_length() - 1}; the largest is {top.describe()} ({top.nbytes:,} bytes)")
   mem = _memory_bytes()
   if mem is None: return
-  big = [b for b in bufs if b.kind in ("arena", "output")]
   total = arena_bytes + sum(b.nbytes for b in big if b.kind == "output")
   if total <= mem: return
-  top = max(big, key=lambda b: b.nbytes)
   raise MemoryError(f"pygrad VM: the program's buffers need {total:,} bytes, more than this machine's {mem:,}; the "
                     f"largest is {top.describe()} ({top.nbytes:,} bytes)")
 
@@ -87,10 +93,11 @@ class _Holes:
 
 
 def _place(kernels: list, bufs: list[Buf]) -> int:
-  """Arena offsets for the internal buffers by liveness (first write to last use); returns the arena size."""
+  """Arena offsets for the internal buffers by liveness (first write to last use); returns the arena size. Kernels
+  are planned Loops or program steps (lowered Parts, CallSteps, NumpyKernels: each names its buffers)."""
   first, last = {}, {}
   for i, k in enumerate(kernels):
-    used = k.bufs if isinstance(k, CallStep) else [s.buf for s in k.stores] + [x.buf for x in k.knodes if x.is_load]
+    used = [s.buf for s in k.stores] + [x.buf for x in k.knodes if x.is_load] if isinstance(k, Loop) else k.bufs
     for b in used:
       if b.kind != "arena": continue
       first.setdefault(b.id, i)
@@ -134,7 +141,8 @@ class Program:
   or a contraction), "peak_bytes" (the arena of internal buffers at its high-water mark: every temporary the
   program holds; inputs and outputs excluded), "contractions" (matmuls run blocked), "segments" (C calls per run:
   one plus one per CALL or numpy kernel), "numpy_kernels" (kernels whose index space has more dims than the VM takes
-  even after merging, run by numpy between C segments)."""
+  even after merging, run by numpy between C segments), "spills" (values carried in arena buffers between the
+  kernels of a fused group split because its register file would pass lower.REGFILE_BUDGET)."""
 
   def __init__(self, outputs: UOp | list[UOp], inputs: list[UOp], keep_words: bool = False):
     self._single = isinstance(outputs, UOp)
@@ -144,14 +152,33 @@ class Program:
       if not isinstance(u, UOp) or u.op not in (Ops.BUFFER, Ops.DEFINE_VAR, Ops.PARAM):
         raise ValueError(f"compile: inputs must be BUFFER or DEFINE_VAR nodes, got {getattr(u, 'op', u)!r}")
     self.inputs = list(inputs)
-    with _no_cycle_gc(): self._plan(outputs, keep_words)
+    with _no_cycle_gc(): self.nodes = self._plan(outputs, keep_words)
+    # planning made ~1 KB of short-lived Python objects per node, now freed; glibc keeps freed heap pages that lie
+    # below live blocks for good, so a long-running process planning big graphs would hold its largest plan's
+    # transient memory forever (csrc/mem.c, pg_mem_trim): under 1 ms after a plan of 0.4 s (20k nodes) or more
+    if self.nodes >= _TRIM_NODES: lib.pg_mem_trim()
 
-  def _plan(self, outputs: list[UOp], keep_words: bool) -> None:
+  def _plan(self, outputs: list[UOp], keep_words: bool) -> int:
+    """Plans the graph; returns its node count."""
     nodes, shaped = flatten(outputs)
     pl = Planner(nodes, shaped, self.inputs)
     self._shaped = pl.outputs
     self._out_bufs = sorted((b for b in pl.bufs if b.kind == "output"), key=lambda b: b.index)
-    self.arena_bytes = _place(pl.kernels, pl.bufs)
+    # lowering first: a loop whose register file would be too large is split, with arena buffers of its own
+    nplanned = len(pl.bufs)
+
+    def spill_buf(stype, shape, dtype): return pl._buf("arena", stype, shape, dtype)
+    steps, lowering, nnp = [], KernelCache(), 0
+    for k in pl.kernels:
+      if isinstance(k, Loop):
+        parts = lowering.lower(k, spill_buf)
+        if parts is not None:
+          steps += parts
+          continue
+        k = NumpyKernel(k)  # more dims or registers than the VM takes: a numpy step between two C segments
+        nnp += 1
+      steps.append(k)
+    self.arena_bytes = _place(steps, pl.bufs)
     _check_memory(self.arena_bytes, pl.bufs)
     for b in pl.bufs: b.node = None  # (named in errors until here) no buffer keeps the graph alive, nor a cycle
     pool, consts = 0, []
@@ -172,17 +199,12 @@ class Program:
       table += [slot, b.offset, b.nbytes]
     head = [_MAGIC, _VERSION, self._nslots, len(pl.bufs)]
     self._slot_sizes = slot_size
-    self._steps, seg, nk, nfused, ngemm, nnp = [], [], 0, 0, 0, 0
-    lowering = KernelCache()
-    for k in pl.kernels + [None]:
-      if isinstance(k, Loop):
-        w, fused = lowering.lower(k)
-        if w is not None:
-          seg.append(w)
-          nk, nfused, ngemm = nk + 1, nfused + fused, ngemm + (w[0] == VK_GEMM)
-          continue
-        k = NumpyKernel(k)  # more dims than the VM takes: a numpy step between two C segments
-        nnp += 1
+    self._steps, seg, nk, nfused, ngemm = [], [], 0, 0, 0
+    for k in steps + [None]:
+      if isinstance(k, Part):
+        seg.append(k.words)
+        nk, nfused, ngemm = nk + 1, nfused + k.fused, ngemm + (k.words[0] == VK_GEMM)
+        continue
       if seg:
         words = head + [len(seg)] + slot_size + table
         for w in seg: words += w
@@ -192,7 +214,7 @@ class Program:
       if k is not None: self._steps.append(k)
     self.stats = {"kernels": nk, "fused_groups": nfused, "peak_bytes": self.arena_bytes, "contractions": ngemm,
                   "segments": sum(1 for s in self._steps if not isinstance(s, (CallStep, NumpyKernel))),
-                  "numpy_kernels": nnp}
+                  "numpy_kernels": nnp, "spills": len(pl.bufs) - nplanned}
     self._lock = threading.Lock()
     self._arena = self._fixed = None
     self._in_spec = [(u.shape, np.dtype(u.dtype.numpy), u.op is Ops.BUFFER and u.dtype is not dtypes.bfloat16)
@@ -203,6 +225,7 @@ class Program:
     plain = len(self._steps) == 1 and not isinstance(self._steps[0], (CallStep, NumpyKernel)) and \
         all(o is not None and type(o) is not tuple for o in self._shaped)
     self._flat = [(o.buf.index, o.shape) for o in self._shaped] if plain else None
+    return len(nodes)
 
   def __reduce__(self):
     """A program pickles as its graph and inputs (in pygrad's format, through the UOps' pickling) and is compiled
@@ -305,7 +328,11 @@ def evaluate_c(outputs: list[UOp], inputs: dict | None) -> list:
   validated by values.bindings as the numpy engine does: a valid binding the outputs do not use is ignored."""
   binds = bindings(inputs)
   keys = [k for k, _ in binds.values()]
-  return Program(list(outputs), keys)(*[v for _, v in binds.values()])
+  prog = Program(list(outputs), keys)
+  res, big = prog(*[v for _, v in binds.values()]), prog.nodes >= _TRIM_NODES
+  del prog  # a big program's tables (~0.6 KB per node) are heap the process would keep: trim after them too
+  if big: lib.pg_mem_trim()
+  return res
 
 
 __all__ = ["Program", "compile_program", "evaluate_c"]

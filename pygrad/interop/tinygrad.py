@@ -30,7 +30,7 @@ from pygrad import UOp, Ops
 import pygrad.gradient as _pg_gradient
 from .tinygrad_in import _In
 from .tinygrad_out import _Out
-from .tinygrad_tables import TUOp, _DT, _WEAK, _local, _tg_gradient
+from .tinygrad_tables import TUOp, _DT, _WEAK, _local, _no_gc, _tg_gradient
 
 __all__ = ["from_tinygrad", "to_tinygrad", "compute_gradient", "install", "uninstall", "installed"]
 
@@ -39,32 +39,37 @@ __all__ = ["from_tinygrad", "to_tinygrad", "compute_gradient", "install", "unins
 def from_tinygrad(roots):
   """tinygrad UOps (one, or a list/tuple) -> the pygrad UOps with the same meaning; every node converted."""
   cin = _In()
-  if isinstance(roots, (list, tuple)): return type(roots)(cin.build([cin.add(r) for r in roots]))
-  return cin.build([cin.add(roots)])[0]
+  with _no_gc():
+    if isinstance(roots, (list, tuple)): return type(roots)(cin.build([cin.add(r) for r in roots]))
+    return cin.build([cin.add(roots)])[0]
 
 
 def to_tinygrad(roots):
   """pygrad UOps (one, or a list/tuple) -> tinygrad UOps; nodes that came from tinygrad are tinygrad's own again."""
-  if isinstance(roots, (list, tuple)): return type(roots)(_Out().convert(list(roots)))
-  return _Out().convert([roots])[0]
+  with _no_gc():
+    if isinstance(roots, (list, tuple)): return type(roots)(_Out().convert(list(roots)))
+    return _Out().convert([roots])[0]
 
 def compute_gradient(root: TUOp, root_grad: TUOp, targets) -> dict:
   """tinygrad's compute_gradient, derived by pygrad: a dict from each reached target (and root) to its gradient,
   tinygrad UOps in and out. Gradients of nodes between root and the targets are not returned (tinygrad's callers
   read only the targets')."""
-  cin, proot, pgrad, ptargets = convert_in(root, root_grad, targets)
-  grads = derive(cin, proot, pgrad, ptargets)
-  return convert_out(cin, root, root_grad, ptargets, grads)
+  with _no_gc():
+    cin, proot, pgrad, ptargets = convert_in(root, root_grad, targets)
+    grads = derive(cin, proot, pgrad, ptargets)
+    return convert_out(cin, root, root_grad, ptargets, grads)
 
 
 def convert_in(root: TUOp, root_grad: TUOp, targets):
   """compute_gradient's first phase: the graph above the targets into pygrad (the rest opaque), in one build."""
   targets = set(targets)
   cin = _In(targets=targets)
-  rows = [cin.add(root), cin.add(root_grad, _DT.get(root.dtype)) if root_grad.dtype in _WEAK else cin.add(root_grad)]
-  reached = [t for t in targets if t in cin.live]
-  rows += [cin.add(t) for t in reached]
-  proot, pgrad, *pts = cin.build(rows)
+  with _no_gc():
+    rows = [cin.add(root),
+            cin.add(root_grad, _DT.get(root.dtype)) if root_grad.dtype in _WEAK else cin.add(root_grad)]
+    reached = [t for t in targets if t in cin.live]
+    rows += [cin.add(t) for t in reached]
+    proot, pgrad, *pts = cin.build(rows)
   return cin, proot, pgrad, dict(zip(reached, pts))
 
 
@@ -73,7 +78,7 @@ def derive(cin, proot: UOp, pgrad: UOp, ptargets: dict) -> dict:
   stack = _local.__dict__.setdefault("stack", [])
   stack.append(cin)
   try:
-    return _pg_gradient.compute_gradient(proot, pgrad, set(ptargets.values()))
+    with _no_gc(): return _pg_gradient.compute_gradient(proot, pgrad, set(ptargets.values()))
   finally:
     stack.pop()
 
@@ -82,7 +87,7 @@ def convert_out(cin, root: TUOp, root_grad: TUOp, ptargets: dict, grads: dict) -
   """compute_gradient's last phase: the targets' gradients back into tinygrad, forward nodes reused."""
   got = [(t, g) for t, p in ptargets.items() if (g := grads.get(p)) is not None and g.op is not Ops.NOOP]
   ret = {root: root_grad}
-  ret.update(zip((t for t, _ in got), _Out(cin.rev()).convert([g for _, g in got])))
+  with _no_gc(): ret.update(zip((t for t, _ in got), _Out(cin.rev()).convert([g for _, g in got])))
   return ret
 
 

@@ -1,6 +1,6 @@
 """tinygrad -> pygrad: a tinygrad graph as a node table made in one bulk build (see pygrad/interop/tinygrad.py)."""
 from __future__ import annotations
-import itertools
+import itertools, weakref
 import numpy as np
 from pygrad import UOp, Metadata
 from pygrad.uop import handle
@@ -11,8 +11,24 @@ from .tinygrad_tables import AddrSpace, ParamArg, TOps, TUOp, _AFTER, _ALU_I, _A
   _RESHAPE, _ROP, _SAME_I, _SHRINK, _SINK, _TG, _TUPLE, _VOID, _WEAK, _ints, _is_assign, _operand_want, _pcallinfo, \
   _pdtype, _tg_metadata, _value_srcs, tdtypes
 
+_MD_IN1: dict = {}  # (name, backward) of tinygrad's Metadata -> pygrad's metadata 1-tuple
+_wref = weakref.ref
+# ops whose sources are all values (the rest: _value_srcs)
+_PLAIN = frozenset(_ALU_I) | frozenset(_SAME_I) | {TOps.REDUCE, TOps.CAST, TOps.BITCAST, TOps.PERMUTE, TOps.FLIP}
+
 
 def _md_in(md: tuple) -> tuple:
+  """pygrad's metadata for a tinygrad metadata tuple: one tuple object per distinct content (the builder interns each
+  object once). tinygrad makes a new Metadata per Tensor method call, whose hash and == run in Python: a 1-tuple (the
+  usual) is looked up by its item's (name, backward)."""
+  if len(md) == 1:
+    m = md[0]
+    k = (m.name, m.backward)
+    got = _MD_IN1.get(k)
+    if got is None:
+      if len(_MD_IN1) >= 4096: _MD_IN1.clear()
+      got = _MD_IN1[k] = (Metadata(m.name, "", m.backward),)
+    return got
   got = _MD_IN.get(md)
   if got is None:
     if len(_MD_IN) >= 4096: _MD_IN.clear()
@@ -65,6 +81,8 @@ class _In:
     self.keep: list = []   # after build: handles that keep every row alive
     self._rev = None
     self.mdon = len(_tg_metadata) > 0
+    self.shapes: dict = {}  # shape (or other int tuple arg) -> its one object in this conversion
+    self.tsh: dict = {}     # tinygrad node -> its _shape (tinygrad's is a property computed in Python)
 
   def _row(self, op: int, dt: int, src: tuple, arg=None, tag=None) -> int:
     rows = self.rows
@@ -100,8 +118,11 @@ class _In:
     if self.md:
       pdref = np.zeros(n, np.int32)
       for r, m in self.md.items():
-        objs.append(m)
-        pdref[r if new is None else new[r]] = len(objs)
+        k = seen.get(id(m))
+        if k is None:
+          objs.append(m)
+          k = seen[id(m)] = len(objs)
+        pdref[r if new is None else new[r]] = k
     used = np.zeros(n, bool)
     used[flat] = True
     want = list(want) if new is None else new[want].tolist()
@@ -125,19 +146,23 @@ class _In:
   def _walk(self, root: TUOp) -> None:
     """Post-order over value sources; each node on a target path (every node, without targets) is converted when
     its sources are done. Weak, device-less and opaque nodes are made when a converted user asks for them."""
-    live, memo, targets, known, one, put = self.live, self.memo, self.targets, self.known, self._one, self._put
+    live, memo, targets, known, one, puts, mdd = self.live, self.memo, self.targets, self.known, self._one, \
+      self.puts, self.md
+    mdget = _tg_metadata.data.get if self.mdon else None  # the WeakKeyDictionary's dict: its get is a Python frame
+    plain, weak = _PLAIN, _WEAK
     stack: list = [(root, None)]
+    pop, push = stack.pop, stack.append
     while stack:
-      u, vs = stack.pop()
+      u, vs = pop()
       if u in live: continue
       if vs is None:  # first visit: its value sources go first
         if known is not None and u in known:
           live[u] = True
           continue
-        vs = _value_srcs(u)
-        stack.append((u, vs))
+        vs = u.src if u.op in plain else _value_srcs(u)
+        push((u, vs))
         for s in reversed(vs):
-          if s not in live: stack.append((s, None))
+          if s not in live: push((s, None))
         continue
       if targets is None: below = True
       else:
@@ -147,7 +172,13 @@ class _In:
             below = True
             break
       live[u] = below or u in targets
-      if below and u not in memo and u.dtype not in _WEAK: put(u, one(u, None))
+      if below and u.dtype not in weak and u not in memo:
+        r = memo[u] = one(u, None)
+        puts.append((r, u))
+        if mdget is not None and (md := mdget(_wref(u))):
+          m = _md_in(md)
+          cur = mdd.get(r)
+          mdd[r] = m if cur is None else cur + tuple(x for x in m if x not in cur)
 
   def _put(self, u: TUOp, r: int, want=None) -> None:
     self.memo[(u, want) if u.dtype in _WEAK else u] = r
@@ -155,6 +186,20 @@ class _In:
     if self.mdon and (md := _tg_metadata.get(u)):
       m, cur = _md_in(md), self.md.get(r)
       self.md[r] = m if cur is None else cur + tuple(x for x in m if x not in cur)
+
+  def _shape(self, u: TUOp) -> tuple:
+    """u's shape, static (checked), one tuple object per distinct shape in this conversion (the builder interns
+    each object once)."""
+    sh = u._shape
+    got = self.shapes.get(sh)
+    if got is None: got = self.shapes[sh] = _ints(sh, u)
+    return got
+
+  def _canon(self, v):
+    """One object per distinct hashable arg v of ints (tinygrad's shapes and axes): interned once by the builder."""
+    got = self.shapes.get(v)
+    if got is None: got = self.shapes[v] = v
+    return got
 
   def _have(self, key):
     """The row of a key converted already (a node of `known` becomes a row given as that node), or None."""
@@ -212,7 +257,9 @@ class _In:
     tag = (_TG, u) if u.dtype in _WEAK else None
     rows = self.rows
     if op in _ALU_I:
-      shape, memo = u._shape, self.memo
+      memo, tsh = self.memo, self.tsh
+      shape = tsh.get(u)
+      if shape is None: shape = tsh[u] = u._shape
       srcs = []
       w = _NOWANT
       for s in u.src:
@@ -222,8 +269,9 @@ class _In:
         else:
           r = memo.get(s)
           if r is None: r = self._get(s)
-        ss = s._shape
-        srcs.append(self._bcast(r, ss, shape) if ss and ss != shape else r)
+        ss = tsh.get(s)
+        if ss is None: ss = tsh[s] = s._shape
+        srcs.append(self._bcast(r, ss, shape) if ss and ss is not shape and ss != shape else r)
       d = _BOOL if op in _CMP else _DTI.get(u.dtype)
       rows.append((_ALU_I[op], _pdtype(u, want).id if d is None else d, tuple(srcs), None, tag))
       return len(rows) - 1
@@ -241,8 +289,8 @@ class _In:
       if n == 0: raise ValueError("from_tinygrad: REDUCE over no axes has no pygrad form")
       x = self._src(u.src[0], want)
       d = rows[x][1]
-      rows.append((_REDUCEOP, d, (x,), (_ROP.get(rop, rop), tuple(range(n))), _REDUCE))
-      rows.append((_RESHAPE, d, (len(rows) - 1,), u._shape, _REDUCE))
+      rows.append((_REDUCEOP, d, (x,), self._canon((_ROP.get(rop, rop), tuple(range(n)))), _REDUCE))
+      rows.append((_RESHAPE, d, (len(rows) - 1,), self._shape(u), _REDUCE))
       return len(rows) - 1
     if op is TOps.CAST or op is TOps.BITCAST:
       return self._row(_CAST if op is TOps.CAST else _BITCAST, _pdtype(u, want).id, (self._get(u.src[0]),), None, tag)
@@ -315,20 +363,21 @@ class _In:
     """The rows of a movement op; shapes from tinygrad's (static: checked), offsets from its shape operands."""
     op, rows = u.op, self.rows
     d = rows[x][1]
-    if op is TOps.PERMUTE: rows.append((_PERMUTE, d, (x,), tuple(u.arg), tag))
+    if op is TOps.PERMUTE: rows.append((_PERMUTE, d, (x,), self._canon(tuple(u.arg)), tag))
     elif op is TOps.FLIP: rows.append((_FLIP, d, (x,), tuple(bool(f) for f in u.arg), tag))
-    elif op is TOps.RESHAPE: rows.append((_RESHAPE, d, (x,), _ints(u._shape, u), tag))
+    elif op is TOps.RESHAPE: rows.append((_RESHAPE, d, (x,), self._shape(u), tag))
     elif op is TOps.EXPAND:
-      shape, xsh = _ints(u._shape, u), u.src[0]._shape
+      shape, xsh = self._shape(u), u.src[0]._shape
       t = tag if tag is not None else _EXPAND
-      rows.append((_RESHAPE, d, (x,), (1,) * (len(shape) - len(xsh)) + xsh, t))
+      rows.append((_RESHAPE, d, (x,), self._canon((1,) * (len(shape) - len(xsh)) + xsh), t))
       rows.append((_EXPANDOP, d, (len(rows) - 1,), shape, t))
     else:
       pairs = tuple((o, sz) for o, sz in u.marg)
       _ints(sum(pairs, ()), u)
       if op is TOps.PAD:
-        rows.append((_PAD, d, (x,), tuple((o, sz - o - s) for (o, sz), s in zip(pairs, u.src[0]._shape)), tag))
-      else: rows.append((_SHRINK, d, (x,), tuple((o, o + sz) for o, sz in pairs), tag))
+        rows.append((_PAD, d, (x,), self._canon(tuple((o, sz - o - s) for (o, sz), s in zip(pairs, u.src[0]._shape))),
+                     tag))
+      else: rows.append((_SHRINK, d, (x,), self._canon(tuple((o, o + sz) for o, sz in pairs)), tag))
     return len(rows) - 1
 
   def _opaque_buffer(self, u: TUOp) -> int:

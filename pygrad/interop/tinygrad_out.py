@@ -1,7 +1,7 @@
 """pygrad -> tinygrad: a pygrad graph's node table (one export call) made into tinygrad UOps (see
 pygrad/interop/tinygrad.py)."""
 from __future__ import annotations
-import math
+import math, weakref
 import numpy as np
 from pygrad import UOp, Ops
 import pygrad.uop as _pg_uop
@@ -11,9 +11,10 @@ from pygrad.serialize import export, _rows_of
 from .tinygrad_tables import TMetadata, TOps, TUOp, _AFTER, _ASSIGN, _BCAST, _BITCAST, _BUFFER, _CALL, _CAST, _CONST, \
   _CONTIGUOUS, _COPY, _DEFINE_VAR, _EXPAND, _EXPANDOP, _FLIP, _FUNCTION, _GETTUPLE, _IDENT, _INFO, _MD_OUT, _NOOP, \
   _PAD, _PARAM, _PERMUTE, _REDUCE, _REDUCEOP, _RESHAPE, _SHRINK, _SINK, _TALU_I, _TDT_I, _TG, _TOPS, _TUPLE, _WEAK, \
-  _tcallinfo, _tg_metadata, shape_to_shape_arg
+  _tcallinfo, _tg_metadata, _tmake_for, shape_to_shape_arg
 
 _args_objs, _meta_vals, _core_info = ARGS.objs, META.vals, CORE.info
+_wref = weakref.ref
 
 
 class _Out:
@@ -25,6 +26,9 @@ class _Out:
     self.shapes: dict = {}  # static shape -> tinygrad's shape operand
     self.consts: dict = {}  # (dtype id, arg id) -> tinygrad CONST
     self.reduced: dict = {}  # REDUCE_AXIS row -> (tinygrad REDUCE, its shape, the keepdim shape)
+    self.mk = _tmake_for()  # tinygrad's UOp(op, dtype, src, arg), hash-consed
+    self.rshape: dict = {}  # row -> its shape (read from the core once)
+    self.plans: dict = {}  # (shape, axes or shape) -> how a REDUCE_AXIS or EXPAND of that shape is made
 
   def convert(self, roots: list) -> list:
     """The tinygrad nodes of `roots`, rows in topological order; nodes known already, and nodes only they reach,
@@ -43,7 +47,8 @@ class _Out:
     self.out = out = [None] * n
     idl, opl, dtl, tagl, pdl, objs = self.ids, self.op, self.dt, self.tag, pdata.tolist(), _args_objs
     md = _pg_uop._md_count and pdata.any()
-    one, lazy, reduced, talu, tdt = self._one, self._lazy, self.reduced, _TALU_I, _TDT_I
+    mdata, mdrm, mds = _tg_metadata.data, _tg_metadata._remove, {}  # the WeakKeyDictionary's own dict (see below)
+    one, lazy, mk, talu, tdt = self._one, self._lazy, self.mk, _TALU_I, _TDT_I
     for i in range(n):
       nid = idl[i]
       t = known.get(nid)
@@ -52,10 +57,23 @@ class _Out:
         continue
       if need is not None and nid not in need: continue  # only nodes known already use it
       o = opl[i]
-      if o in talu and not tagl[i]:  # the hot path: an ALU op
-        src = tuple([out[j] if out[j] is not None else lazy(j) for j in srcl[stl[i]:stl[i + 1]]])
+      if o in talu and not tagl[i]:  # the hot path: an ALU op (sources inline for the usual one or two)
+        a, b = stl[i], stl[i + 1]
+        j = srcl[a]
+        x = out[j]
+        if x is None: x = lazy(j)
+        if b - a == 2:
+          j = srcl[a + 1]
+          y = out[j]
+          src = (x, y if y is not None else lazy(j))
+        elif b - a == 1: src = (x,)
+        else: src = tuple([out[j] if out[j] is not None else lazy(j) for j in srcl[a:b]])
         # the dtype is given unless every operand is weak (then tinygrad's promotion decides, as it did before)
-        t = out[i] = TUOp(talu[o], None if all(s.dtype in _WEAK for s in src) else tdt[dtl[i]], src)
+        for x in src:
+          if x.dtype not in _WEAK:
+            t = out[i] = mk(talu[o], tdt[dtl[i]], src)
+            break
+        else: t = out[i] = TUOp(talu[o], src=src)
       else:
         tg = objs[tagl[i]] if tagl[i] else None
         # the helper of a pair, or an explicit broadcast: made only if asked for on its own (see _lazy)
@@ -64,7 +82,11 @@ class _Out:
         if o == _REDUCEOP and tg is None:  # its keepdim reshape is made only if a user needs it (see _reshaped)
           t = self._reduce(i)
         else: t = out[i] = one(i, o, tg)
-      if md and pdl[i] and t not in _tg_metadata: _tg_metadata[t] = self._md(pdl[i])
+      # all_metadata[t] = ... unless t has some, as tinygrad's WeakKeyDictionary would set it, minus its Python frames
+      if md and (p := pdl[i]) and _wref(t) not in mdata:
+        m = mds.get(p)
+        if m is None: m = mds[p] = self._md(p)
+        mdata[_wref(t, mdrm)] = m
     return [self._get(int(i)) for i in _rows_of(ids, [r._id for r in roots])]
 
   @staticmethod
@@ -78,7 +100,10 @@ class _Out:
 
   def _srcs(self, i: int) -> list: return self.src[self.start[i]:self.start[i + 1]]
 
-  def _shape(self, i: int) -> tuple: return _meta_vals[_core_info(self.ids[i])[5]][0]
+  def _shape(self, i: int) -> tuple:
+    got = self.rshape.get(i)
+    if got is None: got = self.rshape[i] = _meta_vals[_core_info(self.ids[i])[5]][0]
+    return got
 
   def _get(self, i: int) -> TUOp:
     t = self.out[i]
@@ -93,7 +118,7 @@ class _Out:
     elif tg == _EXPAND: ret = self._mop(self._get(x), TOps.RESHAPE, a)
     else:
       xt = self._get(x)
-      ret = self._mop(TUOp(TOps.REDUCE, xt.dtype, (xt,), (getattr(TOps, a[0].name), len(a[1]))), TOps.RESHAPE,
+      ret = self._mop(self.mk(TOps.REDUCE, xt.dtype, (xt,), (_trop(a[0]), len(a[1]))), TOps.RESHAPE,
                       self._shape(i))
     self.out[i] = ret
     return ret
@@ -106,36 +131,49 @@ class _Out:
   def _mop(self, x: TUOp, op, arg) -> TUOp:
     """tinygrad's x._mop(op, arg) for static arguments, made directly: its symbolic simplify of the shape operands
     changes nothing on ints, and costs more than the node (the round-trip tests check the nodes are tinygrad's)."""
-    if op is TOps.PERMUTE or op is TOps.FLIP: return TUOp(op, x.dtype, (x,), arg)
-    if op is TOps.RESHAPE: return TUOp(op, x.dtype, (x, self._shape_arg(arg)))
+    mk = self.mk
+    if op is TOps.PERMUTE or op is TOps.FLIP: return mk(op, x.dtype, (x,), arg)
+    if op is TOps.RESHAPE: return mk(op, x.dtype, (x, self._shape_arg(arg)))
     if not arg: return x
-    if op is TOps.EXPAND: return TUOp(op, x.dtype, (x, self._shape_arg(arg)))
-    return TUOp(op, x.dtype, (x, self._shape_arg(tuple(a for a, _ in arg)), self._shape_arg(tuple(b for _, b in arg))))
+    if op is TOps.EXPAND: return mk(op, x.dtype, (x, self._shape_arg(arg)))
+    return mk(op, x.dtype, (x, self._shape_arg(tuple(a for a, _ in arg)), self._shape_arg(tuple(b for _, b in arg))))
 
   def _expand(self, r: int, shape: tuple) -> TUOp:
     """pygrad's EXPAND of row r (size-1 axes grow in place) as tinygrad's: drop those axes, prepend them grown,
     permute back."""
     src = self._shape(r)
-    grow = [i for i, (a, b) in enumerate(zip(src, shape)) if a != b]
-    rest = [i for i in range(len(shape)) if i not in grow]
-    y = self._mop(self._reshaped(r, tuple(src[i] for i in rest)), TOps.EXPAND, tuple(shape[i] for i in grow))
-    order = grow + rest
-    perm = tuple(order.index(j) for j in range(len(shape)))
-    return y if perm == tuple(range(len(shape))) else self._mop(y, TOps.PERMUTE, perm)
+    k = (src, shape)
+    plan = self.plans.get(k)
+    if plan is None:
+      grow = [i for i, (a, b) in enumerate(zip(src, shape)) if a != b]
+      rest = [i for i in range(len(shape)) if i not in grow]
+      order = grow + rest
+      perm = tuple(order.index(j) for j in range(len(shape)))
+      plan = self.plans[k] = (tuple(src[i] for i in rest), tuple(shape[i] for i in grow),
+                              None if perm == tuple(range(len(shape))) else perm)
+    kept, grown, perm = plan
+    y = self._mop(self._reshaped(r, kept), TOps.EXPAND, grown)
+    return y if perm is None else self._mop(y, TOps.PERMUTE, perm)
 
   def _reduce(self, i: int) -> TUOp:
     """pygrad's REDUCE_AXIS (axes kept) as tinygrad's: reduced axes permuted to the front and reduced (dropped).
     Remembered with its shape and the keepdim shape, which a reshape is made to only if a user needs it."""
     x, rop, axes = self.src[self.start[i]], *_args_objs[self.arg[i]]
     src = self._shape(x)
-    x = self._get(x)
-    red = [a for a in sorted(axes) if src[a] != 1]
-    rest = [k for k in range(len(src)) if k not in red]
-    if red:
+    k = (src, axes)
+    plan = self.plans.get(k)
+    if plan is None:
+      red = [a for a in sorted(axes) if src[a] != 1]
+      rest = [k for k in range(len(src)) if k not in red]
       perm = tuple(red + rest)
-      if perm != tuple(range(len(src))): x = self._mop(x, TOps.PERMUTE, perm)
-      x = TUOp(TOps.REDUCE, x.dtype, (x,), (getattr(TOps, rop.name), len(red)))
-    self.reduced[i] = (x, tuple(src[k] for k in rest), tuple(1 if k in axes else s for k, s in enumerate(src)))
+      plan = self.plans[k] = (len(red), None if perm == tuple(range(len(src))) else perm,
+                              tuple(src[k] for k in rest), tuple(1 if k in axes else s for k, s in enumerate(src)))
+    n, perm, kept, keep = plan
+    x = self._get(x)
+    if n:
+      if perm is not None: x = self._mop(x, TOps.PERMUTE, perm)
+      x = self.mk(TOps.REDUCE, x.dtype, (x,), (_trop(rop), n))
+    self.reduced[i] = (x, kept, keep)
     return x
 
   def _reshaped(self, r: int, shape: tuple) -> TUOp:
@@ -152,7 +190,7 @@ class _Out:
       src = tuple(get(j) for j in self._srcs(i))
       # the dtype is given unless every operand is weak (then tinygrad's promotion decides, as it did before)
       for s in src:
-        if s.dtype not in _WEAK: return TUOp(_TALU_I[o], _TDT_I[self.dt[i]], src)
+        if s.dtype not in _WEAK: return self.mk(_TALU_I[o], _TDT_I[self.dt[i]], src)
       return TUOp(_TALU_I[o], src=src)
     if o == _CONST:
       k = (self.dt[i], self.arg[i])
@@ -163,7 +201,7 @@ class _Out:
       r = self.src[self.start[i]]
       if tag == _REDUCE and self.op[r] == _REDUCEOP and _args_objs[self.tag[r]] == _REDUCE:
         xt, ra = get(self.src[self.start[r]]), _args_objs[self.arg[r]]
-        return TUOp(TOps.REDUCE, xt.dtype, (xt,), (getattr(TOps, ra[0].name), len(ra[1])))
+        return self.mk(TOps.REDUCE, xt.dtype, (xt,), (_trop(ra[0]), len(ra[1])))
       return self._reshaped(r, a)
     if o == _EXPANDOP:
       r = self.src[self.start[i]]
@@ -179,11 +217,11 @@ class _Out:
     if o == _SHRINK: return self._mop(x, TOps.SHRINK, tuple((b, e - b) for b, e in a))
     if o == _CAST or o == _BITCAST:
       d = _TDT_I[self.dt[i]]
-      return TUOp(TOps.CAST if o == _CAST else TOps.BITCAST, d, (x,), d)
+      return self.mk(TOps.CAST if o == _CAST else TOps.BITCAST, d, (x,), d)
     if o == _CONTIGUOUS and type(tag) is tuple and tag[0] == _ASSIGN:
       view = tag[1]
       return view.after(view.store(x))
-    if o in _IDENT: return TUOp(_TOPS[o], x.dtype, (x,))
+    if o in _IDENT: return self.mk(_TOPS[o], x.dtype, (x,))
     if o == _COPY: return TUOp(TOps.COPY, src=(x,), arg=a)
     if o == _BUFFER:
       if isinstance(a[0], TUOp): return a[0]
@@ -204,6 +242,15 @@ class _Out:
       if o == _CALL: raise ValueError(f"to_tinygrad: CALL {a.name!r} has a pygrad kernel; tinygrad cannot run it")
       return TUOp(TOps.FUNCTION, src=tuple(get(j) for j in srcs), arg=info)
     raise ValueError(f"to_tinygrad: pygrad op {Ops(o).name} has no tinygrad counterpart")
+
+
+_TROP = {o: getattr(TOps, o.name) for o in (Ops.ADD, Ops.MAX, Ops.MUL)}
+
+
+def _trop(o) -> TOps:
+  """tinygrad's reduce op of pygrad's (by table: an enum's .name is a Python property)."""
+  t = _TROP.get(o)
+  return t if t is not None else getattr(TOps, o.name)
 
 
 _SLOT0 = -(1 << 48)  # below tinygrad's own slots (counters from 0, and -id(buffer) for adopted storage)
