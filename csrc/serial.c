@@ -356,6 +356,9 @@ void pg_serial_cache_free(pg_sigcache *c) {
   free(c);
 }
 
+#define BUILD_PEND 4096  /* nodes made before their table entries are written together (build_link) */
+#define BUILD_USERS 2    /* users of a row the builder lists (to prove a node new: pg_serial_build_run) */
+#define BUILD_AHEAD 16   /* rows ahead of the one being made whose table slot is prefetched, if they are leaves */
 struct pg_build {
   pg_store *st;
   int64_t n, next;              /* nodes in the table; the first not made yet */
@@ -369,6 +372,10 @@ struct pg_build {
   int32_t *tmp;                 /* a node's source ids */
   int64_t tmpcap;
   int held;                     /* whether the arg/tag/pdata holds were taken */
+  int32_t *nuse;                /* per made row: users it has among the nodes the builder made new (-1: not made new) */
+  int32_t *users;               /* per made row: the first BUILD_USERS of those users (rows) */
+  int64_t npend;                /* nodes made but not entered in the store's table yet (build_link) */
+  pg_slot pend[BUILD_PEND];
 };
 
 /* key words of node i: op, dtype, arg, nsrc, then each source's dtype and meta; returns the hash */
@@ -524,9 +531,11 @@ pg_build *pg_serial_build_new(pg_store *st, int64_t n, const int32_t *op, const 
   b->ids = (int32_t *)malloc((size_t)(n ? n : 1) * sizeof *b->ids);
   b->meta = (int32_t *)malloc((size_t)(n ? n : 1) * sizeof *b->meta);
   b->sdt = (int32_t *)malloc((size_t)(n ? n : 1) * sizeof *b->sdt);
+  b->nuse = (int32_t *)malloc((size_t)(n ? n : 1) * sizeof *b->nuse);
+  b->users = (int32_t *)malloc((size_t)(n ? n : 1) * BUILD_USERS * sizeof *b->users);
   b->tmpcap = maxs ? maxs : 1;
   b->tmp = (int32_t *)malloc((size_t)b->tmpcap * sizeof *b->tmp);
-  if (!b->ids || !b->meta || !b->sdt || !b->tmp) {
+  if (!b->ids || !b->meta || !b->sdt || !b->nuse || !b->users || !b->tmp) {
     pg_serial_build_delete(b);
     return NULL;
   }
@@ -547,6 +556,7 @@ pg_build *pg_serial_build_new(pg_store *st, int64_t n, const int32_t *op, const 
       }
       nd->rc++;
       b->ids[i] = given[i];
+      b->nuse[i] = -1;  /* not made by the builder: users unknown */
       b->meta[i] = nd->meta;
       b->sdt[i] = nd->dtype;
       b->next = i + 1;
@@ -569,23 +579,95 @@ static void build_pdata_locked(pg_build *b, pg_node *nd, int64_t i) {
   }
 }
 
+/* enter the nodes made by pg_store_make_new_locked in the store's table, with the lock held */
+static void build_link_locked(pg_build *b) {
+  pg_store_link_locked(b->st, b->pend, b->npend);
+  b->npend = 0;
+}
+
+/* the node of row i (sources b->tmp, hash h) if a node the builder made new among the users of row s has that key;
+   -1 if none has; -2 if row s may have users the builder does not know. Every user of a node holds a reference to
+   it, so when row s's node has no references but the builder's own one and its known users', those are all of them */
+static int32_t build_known_user(const pg_build *b, int64_t s, int64_t i, uint32_t h) {
+  int32_t k = b->nuse[s] > 0 ? b->nuse[s] : 0, q;
+  const pg_node *nd = pg_node_at(b->st, (uint32_t)b->ids[s]);  /* live: the builder holds it */
+  if (k > BUILD_USERS || nd->rc != 1u + (uint32_t)k) return -2;
+  for (q = 0; q < k; q++) {
+    int32_t id = b->ids[b->users[BUILD_USERS * s + q]];
+    if (pg_key_equal(pg_node_at(b->st, (uint32_t)id), h, b->op[i], b->dtype[i], b->tmp,
+                     (int32_t)(b->start[i + 1] - b->start[i]), b->arg[i], b->tag[i]))
+      return id;
+  }
+  return -1;
+}
+
+/* row i was made as a new node: it is a user its sources' rows know, and it has none yet */
+static void build_count_users(pg_build *b, int64_t i) {
+  int64_t j;
+  b->nuse[i] = 0;
+  for (j = b->start[i]; j < b->start[i + 1]; j++) {
+    int32_t s = b->src[j];
+    if (b->nuse[s] < 0) continue;
+    if (b->nuse[s] == INT32_MAX) b->nuse[s] = -1;  /* too many to count: unknown from now on */
+    else {
+      if (b->nuse[s] < BUILD_USERS) b->users[BUILD_USERS * (int64_t)s + b->nuse[s]] = (int32_t)i;
+      b->nuse[s]++;
+    }
+  }
+}
+
+/* prefetch the table slot of row i if it is a leaf (its key has no ids of made nodes, so it is known early) */
+static void build_prefetch_leaf(const pg_build *b, int64_t i) {
+  if (i < b->n && b->start[i + 1] == b->start[i]) {
+    uint32_t h = pg_key_hash(b->op[i], b->dtype[i], NULL, 0, b->arg[i], b->tag[i]);
+    PG_PREFETCH(&b->st->slots[h & b->st->mask]);
+  }
+}
+
 /* make nodes from b->next on until one needs Python; returns PG_BUILD_DONE, or PG_BUILD_ASK with *pos the node
-   Python must make (then pg_serial_build_set), or an error with *pos the node */
+   Python must make (then pg_serial_build_set), or an error with *pos the node.
+   A table much larger than the caches costs a cache miss per table lookup, and in a table in topological order
+   each lookup waits on the one before (the key holds the id the previous row got). So most rows skip it: a row with
+   a source whose users the builder all knows (build_known_user; in a graph not alive yet, nearly every row has one)
+   is either one of those users or new, and a new one is entered in the table later, with many others whose misses
+   overlap (pg_store_make_new_locked). */
 int pg_serial_build_run(pg_build *b, int64_t *pos) {
   pg_store *st = b->st;
   int r = PG_BUILD_DONE;
   pg_lock_take(&st->lock);
   while (b->next < b->n) {
     int64_t i = b->next, j, ns = b->start[i + 1] - b->start[i];
-    int32_t meta, id;
+    int32_t meta, id = -2;
+    uint32_t h;
     if (b->known && b->known[i] >= 0) meta = b->known[i];
     else {
       if (b->flags[b->op[i]] & FLAG_ASK) { r = PG_BUILD_ASK; break; }
       meta = sig_find(b, i, sig_hash(b, i));
       if (meta < 0) { r = PG_BUILD_ASK; break; }
     }
+    build_prefetch_leaf(b, i + BUILD_AHEAD);
     for (j = 0; j < ns; j++) b->tmp[j] = b->ids[b->src[b->start[i] + j]];
-    id = pg_store_make_locked(st, b->op[i], b->dtype[i], b->tmp, (int32_t)ns, b->arg[i], b->tag[i], meta);
+    h = pg_key_hash(b->op[i], b->dtype[i], b->tmp, (int32_t)ns, b->arg[i], b->tag[i]);
+    for (j = 0; j < ns && id == -2; j++) id = build_known_user(b, b->src[b->start[i] + j], i, h);
+    if (id >= 0) {  /* an earlier row's node */
+      pg_node *nd = pg_node_at(st, (uint32_t)id);
+      if (nd->rc == UINT32_MAX) id = PG_ERR_NOMEM;
+      else nd->rc++;
+      if (id >= 0) b->nuse[i] = -1;
+    } else if (id == -1) {  /* new */
+      if (b->npend == BUILD_PEND) build_link_locked(b);
+      id = pg_store_make_new_locked(st, h, b->op[i], b->dtype[i], b->tmp, (int32_t)ns, b->arg[i], b->tag[i], meta);
+      if (id >= 0) {
+        b->pend[b->npend].hash = h;
+        b->pend[b->npend++].id = (uint32_t)id;
+        build_count_users(b, i);
+      }
+    } else {
+      if (b->npend && ns) build_link_locked(b);  /* the lookup must see every node made (a leaf is none of them) */
+      id = pg_store_make_locked(st, b->op[i], b->dtype[i], b->tmp, (int32_t)ns, b->arg[i], b->tag[i], meta);
+      if (id >= 0 && pg_node_at(st, (uint32_t)id)->rc == 1) build_count_users(b, i);  /* made, not found */
+      else b->nuse[i] = -1;
+    }
     if (id < 0) { r = id; break; }
     build_pdata_locked(b, pg_node_at(st, (uint32_t)id), i);
     b->ids[i] = id;
@@ -593,6 +675,7 @@ int pg_serial_build_run(pg_build *b, int64_t *pos) {
     b->sdt[i] = b->dtype[i];
     b->next = i + 1;
   }
+  build_link_locked(b);
   pg_lock_drop(&st->lock);
   *pos = b->next;
   return r;
@@ -616,6 +699,7 @@ int pg_serial_build_set(pg_build *b, int32_t id) {
     b->ids[i] = id;
     b->meta[i] = nd->meta;
     b->sdt[i] = nd->dtype;
+    b->nuse[i] = -1;  /* made or found by Python: users unknown */
     b->next = i + 1;
     if (b->flags[b->op[i]] & FLAG_CACHE) r = sig_add(b, i, nd->meta);
   }
@@ -675,6 +759,8 @@ void pg_serial_build_delete(pg_build *b) {
   free(b->ids);
   free(b->meta);
   free(b->sdt);
+  free(b->nuse);
+  free(b->users);
   free(b->tmp);
   free(b);
 }

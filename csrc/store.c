@@ -7,41 +7,6 @@
 
 #define INIT_SLOTS 1024u
 
-/* one round of the key hash: xor a word in, multiply, fold the high half down */
-static PG_INLINE uint64_t hash_mix(uint64_t h, uint32_t w) {
-  h ^= w;
-  h *= 0xff51afd7ed558ccdull;
-  return h ^ (h >> 32);
-}
-
-/* the hash of a key; meta is not part of the key (it is derived from it). Finished with murmur3's fmix64 so the
-   low bits, which pick the slot, depend on every word */
-static PG_INLINE uint32_t key_hash(int32_t op, int32_t dtype, const int32_t *src, int32_t nsrc, int32_t arg,
-                                   int32_t tag) {
-  uint64_t h = 0x243f6a8885a308d3ull;
-  int32_t i;
-  h = hash_mix(h, (uint32_t)op ^ ((uint32_t)dtype << 16) ^ ((uint32_t)nsrc << 24));
-  for (i = 0; i < nsrc; i++) h = hash_mix(h, (uint32_t)src[i]);
-  h = hash_mix(h, (uint32_t)arg);
-  h = hash_mix(h, (uint32_t)tag);
-  h ^= h >> 33;
-  h *= 0xc4ceb9fe1a85ec53ull;
-  h ^= h >> 33;
-  return (uint32_t)h;
-}
-
-/* whether node n has exactly this key */
-static PG_INLINE int key_equal(const pg_node *n, uint32_t h, int32_t op, int32_t dtype, const int32_t *src,
-                               int32_t nsrc, int32_t arg, int32_t tag) {
-  const int32_t *s;
-  int32_t i;
-  if (n->hash != h || n->op != op || n->dtype != dtype || n->nsrc != nsrc || n->arg != arg || n->tag != tag) return 0;
-  s = pg_node_src(n);
-  for (i = 0; i < nsrc; i++)
-    if (s[i] != src[i]) return 0;
-  return 1;
-}
-
 /* a table of n empty slots (n a power of two), or NULL */
 static pg_slot *slots_new(uint32_t n) {
   pg_slot *t = (pg_slot *)pg_mem_alloc((size_t)n * sizeof *t);  /* mem.h: outgrown tables go back to the OS */
@@ -107,7 +72,6 @@ pg_store *pg_store_new(void) {
   }
   st->mask = INIT_SLOTS - 1;
   st->users = 1;  /* the owner's */
-  st->free_head = PG_NIL;
   st->epoch = 1;
   return st;
 }
@@ -121,6 +85,7 @@ static void store_free(pg_store *st) {
   }
   for (i = 0; i < st->npages; i++) free(st->pages[i]);
   free(st->pages);
+  free(st->freeids);
   pg_mem_free(st->slots, ((size_t)st->mask + 1) * sizeof *st->slots);
   free(st->argrc);
   free(st->argid);
@@ -153,9 +118,16 @@ void pg_store_release(pg_store *st) {
 /* make sure the slot for a new id exists (a new page when nalloc crosses a page boundary) */
 static int reserve_slot(pg_store *st) {
   pg_node *page;
-  if (st->free_head != PG_NIL) return 0;                    /* a recycled id */
+  if (st->nfree) return 0;                                  /* a recycled id */
   if (st->nalloc >= PG_MAX_NODES) return PG_ERR_NOMEM;      /* ids are int32 */
   if ((st->nalloc >> PG_PAGE_BITS) < st->npages) return 0;  /* room in the last page */
+  if (((uint64_t)st->npages + 1) * PG_PAGE_SIZE > st->freecap) {  /* every id may be freed at once: room for all */
+    uint64_t cap = st->freecap ? (uint64_t)st->freecap * 2 : 4 * PG_PAGE_SIZE;
+    uint32_t *f = (uint32_t *)realloc(st->freeids, (size_t)cap * sizeof *f);
+    if (!f) return PG_ERR_NOMEM;
+    st->freeids = f;
+    st->freecap = cap;
+  }
   if (st->npages == st->pagecap) {
     uint32_t cap = st->pagecap ? st->pagecap * 2 : 16;
     pg_node **pp = (pg_node **)realloc(st->pages, (size_t)cap * sizeof *pp);
@@ -186,26 +158,24 @@ int pg_store_arg_check_locked(const pg_store *st, int32_t aid) {
   return st->argid[k] != aid || st->argrc[k] < 0 ? PG_ERR_ARG_GONE : 0;
 }
 
-/* make with the lock held: look the key up, else validate, allocate and link a new node */
-int32_t pg_store_make_locked(pg_store *st, int32_t op, int32_t dtype, const int32_t *src, int32_t nsrc, int32_t arg,
-                             int32_t tag, int32_t meta) {
-  uint32_t h, id, slot;
+/* enter id (hash h), which is not in the table, in the first empty slot of its probe run */
+static PG_INLINE void table_put(pg_store *st, uint32_t h, uint32_t id) {
+  uint32_t slot;
+  for (slot = h & st->mask; st->slots[slot].id != PG_NIL; slot = (slot + 1) & st->mask) {}
+  st->slots[slot].hash = h;
+  st->slots[slot].id = id;
+}
+
+#define PG_FREE_AHEAD 8  /* recycled ids ahead of the one being taken whose node is prefetched */
+
+/* validate, allocate and fill a new node with key hash h (no live node has its key), not entered in the table;
+   returns its id or an error (then nothing changed) */
+static int32_t node_add(pg_store *st, uint32_t h, int32_t op, int32_t dtype, const int32_t *src, int32_t nsrc,
+                        int32_t arg, int32_t tag, int32_t meta) {
+  uint32_t id;
   int32_t i, *ext = NULL;
   pg_node *n;
   int err;
-  if (nsrc < 0 || (nsrc > 0 && !src)) return PG_ERR_BADID;
-  h = key_hash(op, dtype, src, nsrc, arg, tag);
-  for (slot = h & st->mask;; slot = (slot + 1) & st->mask) {
-    pg_slot e = st->slots[slot];
-    if (e.id == PG_NIL) break;  /* not there: slot is where it goes */
-    if (e.hash != h) continue;
-    n = pg_node_at(st, e.id);
-    if (key_equal(n, h, op, dtype, src, nsrc, arg, tag)) {  /* a match implies its sources and args are valid */
-      if (n->rc == UINT32_MAX) return PG_ERR_NOMEM;         /* out of references */
-      n->rc++;
-      return (int32_t)e.id;
-    }
-  }
   for (i = 0; i < nsrc; i++) {
     pg_node *s = pg_node_live(st, src[i]);
     if (!s) return PG_ERR_BADID;
@@ -222,19 +192,21 @@ int32_t pg_store_make_locked(pg_store *st, int32_t op, int32_t dtype, const int3
     free(ext);
     return err;
   }
-  if (((uint64_t)st->live + 1) * 4 > ((uint64_t)st->mask + 1) * 3) {  /* keep the load factor <= 3/4 */
-    if (table_grow(st) == 0) {
-      for (slot = h & st->mask; st->slots[slot].id != PG_NIL; slot = (slot + 1) & st->mask) {}
-    } else if ((uint64_t)st->live + 1 > st->mask) {  /* no memory to grow, and probes need one empty slot */
-      free(ext);
-      return PG_ERR_NOMEM;
-    }
+  /* keep the load factor <= 3/4 (live counts nodes not entered yet, so their slots are there when they are) */
+  if (((uint64_t)st->live + 1) * 4 > ((uint64_t)st->mask + 1) * 3 && table_grow(st) != 0 &&
+      (uint64_t)st->live + 1 > st->mask) {  /* no memory to grow, and probes need one empty slot */
+    free(ext);
+    return PG_ERR_NOMEM;
   }
   /* nothing can fail from here on */
-  if (st->free_head != PG_NIL) {
-    id = st->free_head;
+  if (st->nfree) {
+    id = st->freeids[--st->nfree];
     n = pg_node_at(st, id);
-    st->free_head = n->mark;
+    if (st->nfree >= PG_FREE_AHEAD) {  /* a recycled node is anywhere: fetch the one a later make gets */
+      const char *p = (const char *)pg_node_at(st, st->freeids[st->nfree - PG_FREE_AHEAD]);
+      PG_PREFETCH(p);
+      PG_PREFETCH(p + sizeof *n - 1);
+    }
   } else {
     id = st->nalloc++;
     n = pg_node_at(st, id);
@@ -259,10 +231,51 @@ int32_t pg_store_make_locked(pg_store *st, int32_t op, int32_t dtype, const int3
     memset(n->src.in, 0, sizeof n->src.in);
     if (nsrc) memcpy(n->src.in, src, (size_t)nsrc * sizeof *src);
   }
-  st->slots[slot].hash = h;
-  st->slots[slot].id = id;
   st->live++;
   return (int32_t)id;
+}
+
+/* make with the lock held: look the key up, else validate, allocate and link a new node */
+int32_t pg_store_make_locked(pg_store *st, int32_t op, int32_t dtype, const int32_t *src, int32_t nsrc, int32_t arg,
+                             int32_t tag, int32_t meta) {
+  uint32_t h, slot;
+  int32_t id;
+  if (nsrc < 0 || (nsrc > 0 && !src)) return PG_ERR_BADID;
+  h = pg_key_hash(op, dtype, src, nsrc, arg, tag);
+  for (slot = h & st->mask;; slot = (slot + 1) & st->mask) {
+    pg_slot e = st->slots[slot];
+    pg_node *n;
+    if (e.id == PG_NIL) break;  /* not there */
+    if (e.hash != h) continue;
+    n = pg_node_at(st, e.id);
+    if (pg_key_equal(n, h, op, dtype, src, nsrc, arg, tag)) {  /* a match implies its sources and args are valid */
+      if (n->rc == UINT32_MAX) return PG_ERR_NOMEM;         /* out of references */
+      n->rc++;
+      return (int32_t)e.id;
+    }
+  }
+  id = node_add(st, h, op, dtype, src, nsrc, arg, tag, meta);
+  if (id >= 0) table_put(st, h, (uint32_t)id);  /* the probe run just read is in cache (unless the table grew) */
+  return id;
+}
+
+/* see store_impl.h: node_add without the lookup, and without entering the node in the table */
+int32_t pg_store_make_new_locked(pg_store *st, uint32_t h, int32_t op, int32_t dtype, const int32_t *src,
+                                 int32_t nsrc, int32_t arg, int32_t tag, int32_t meta) {
+  if (nsrc < 0 || (nsrc > 0 && !src)) return PG_ERR_BADID;
+  return node_add(st, h, op, dtype, src, nsrc, arg, tag, meta);
+}
+
+/* see store_impl.h. Each entry's probe run starts at a random slot of a table much larger than the caches: the
+   slots PG_LINK_AHEAD entries on are prefetched, so the misses overlap instead of coming one after another. */
+#define PG_LINK_AHEAD 16
+void pg_store_link_locked(pg_store *st, const pg_slot *pend, int64_t n) {
+  int64_t k;
+  for (k = 0; k < n && k < PG_LINK_AHEAD; k++) PG_PREFETCH(&st->slots[pend[k].hash & st->mask]);
+  for (k = 0; k < n; k++) {
+    if (k + PG_LINK_AHEAD < n) PG_PREFETCH(&st->slots[pend[k + PG_LINK_AHEAD].hash & st->mask]);
+    table_put(st, pend[k].hash, pend[k].id);
+  }
 }
 
 /* the node with these fields, with one new reference for the caller; or a negative error */
@@ -367,8 +380,7 @@ int pg_store_decref_locked(pg_store *st, int32_t id) {
     }
     if (n->nsrc > PG_INLINE_SRC) free(n->src.ext);
     n->nsrc = 0;
-    n->mark = st->free_head;
-    st->free_head = cur;
+    st->freeids[st->nfree++] = cur;  /* room: nfree < nalloc <= freecap */
     st->live--;
   }
   return 0;
@@ -587,7 +599,7 @@ uint32_t pg_store_epoch_locked(pg_store *st, uint32_t k) {
     uint32_t i;
     for (i = 0; i < st->nalloc; i++) {
       pg_node *n = pg_node_at(st, i);
-      if (n->rc) n->mark = 0;  /* free slots keep their free-list link */
+      n->mark = 0;
     }
     st->epoch = 1;
   }

@@ -23,7 +23,7 @@ typedef struct pg_slot { uint32_t hash, id; } pg_slot;
 typedef struct pg_node {
   uint32_t hash;  /* hash of the key (op, dtype, src, arg, tag), cached for lookup and rehash */
   uint32_t rc;    /* references: users plus Python handles; 0 marks a free slot */
-  uint32_t mark;  /* walk epoch while live; the intrusive stack link while being freed or free */
+  uint32_t mark;  /* walk epoch while live; the intrusive stack link while being freed */
   int32_t op, dtype, nsrc, arg, tag, meta, pdata;
   union { int32_t in[PG_INLINE_SRC]; int32_t *ext; } src;
 } pg_node;
@@ -35,7 +35,10 @@ struct pg_store {
   pg_node **pages;       /* pages[id >> PG_PAGE_BITS][id & (PG_PAGE_SIZE - 1)] */
   uint32_t npages, pagecap;
   uint32_t nalloc;       /* ids handed out so far: [0, nalloc) */
-  uint32_t free_head;    /* LIFO of freed ids, linked through mark (PyCore's free list order) */
+  uint32_t *freeids;     /* stack of freed ids, the next to reuse last (PyCore's free list order): an array, not a
+                            list through the nodes, so the nodes that makes will reuse can be fetched ahead */
+  uint32_t nfree;
+  uint64_t freecap;      /* >= npages * PG_PAGE_SIZE: freeing never allocates */
   int64_t live;
   pg_slot *slots;        /* open addressing, linear probing, backward-shift deletion; id PG_NIL = empty */
   uint32_t mask;         /* slots - 1 (a power of two minus one) */
@@ -51,6 +54,16 @@ struct pg_store {
   void *scratch;         /* walk stack, kept between walks while small */
   size_t scratchcap;     /* bytes */
 };
+
+/* prefetch the cache line at p for writing (a hint: nothing where the compiler has no such builtin) */
+#if defined(__GNUC__) || defined(__clang__)
+#define PG_PREFETCH(p) __builtin_prefetch((p), 1)
+#elif defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
+#include <xmmintrin.h>
+#define PG_PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
+#else
+#define PG_PREFETCH(p) ((void)(p))
+#endif
 
 /* the slot of an arg/tag/pdata id (csrc/tables.h): the index of its count */
 #define PG_ARG_SLOT(aid) ((int32_t)((uint32_t)(aid) & ((1u << PG_ARG_SLOT_BITS) - 1)))
@@ -73,9 +86,53 @@ static PG_INLINE const int32_t *pg_node_src(const pg_node *n) {
   return n->nsrc <= PG_INLINE_SRC ? n->src.in : n->src.ext;
 }
 
+/* one round of the key hash: xor a word in, multiply, fold the high half down */
+static PG_INLINE uint64_t pg_hash_mix(uint64_t h, uint32_t w) {
+  h ^= w;
+  h *= 0xff51afd7ed558ccdull;
+  return h ^ (h >> 32);
+}
+
+/* the hash of a key; meta is not part of the key (it is derived from it). Finished with murmur3's fmix64 so the
+   low bits, which pick the slot, depend on every word */
+static PG_INLINE uint32_t pg_key_hash(int32_t op, int32_t dtype, const int32_t *src, int32_t nsrc, int32_t arg,
+                                      int32_t tag) {
+  uint64_t h = 0x243f6a8885a308d3ull;
+  int32_t i;
+  h = pg_hash_mix(h, (uint32_t)op ^ ((uint32_t)dtype << 16) ^ ((uint32_t)nsrc << 24));
+  for (i = 0; i < nsrc; i++) h = pg_hash_mix(h, (uint32_t)src[i]);
+  h = pg_hash_mix(h, (uint32_t)arg);
+  h = pg_hash_mix(h, (uint32_t)tag);
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ull;
+  h ^= h >> 33;
+  return (uint32_t)h;
+}
+
+/* whether node n has exactly this key */
+static PG_INLINE int pg_key_equal(const pg_node *n, uint32_t h, int32_t op, int32_t dtype, const int32_t *src,
+                                  int32_t nsrc, int32_t arg, int32_t tag) {
+  const int32_t *s;
+  int32_t i;
+  if (n->hash != h || n->op != op || n->dtype != dtype || n->nsrc != nsrc || n->arg != arg || n->tag != tag) return 0;
+  s = pg_node_src(n);
+  for (i = 0; i < nsrc; i++)
+    if (s[i] != src[i]) return 0;
+  return 1;
+}
+
 /* unlocked store operations for C passes that already hold st->lock (same semantics as the public ones) */
 int32_t pg_store_make_locked(pg_store *st, int32_t op, int32_t dtype, const int32_t *src, int32_t nsrc, int32_t arg,
                              int32_t tag, int32_t meta);
+/* Bulk insertion in two steps, for a caller that has proved that no live node has the key (e.g. the key has a
+   source all of whose users the caller knows, and none has the key: every user of a node holds a reference to it):
+   make_new makes the node (id, or an error) without the table lookup, h being the key's pg_key_hash, but does not
+   enter it in the table; link enters such nodes, given as (hash, id) slots. Until then the table lacks them: the
+   caller links every node it made this way before it looks a key up that one of them may have, frees a node, or
+   drops the lock. Linking many at once lets the table's cache misses overlap. */
+int32_t pg_store_make_new_locked(pg_store *st, uint32_t h, int32_t op, int32_t dtype, const int32_t *src,
+                                 int32_t nsrc, int32_t arg, int32_t tag, int32_t meta);
+void pg_store_link_locked(pg_store *st, const pg_slot *pend, int64_t n);
 int pg_store_decref_locked(pg_store *st, int32_t id);
 int pg_store_set_pdata_locked(pg_store *st, int32_t id, int32_t pdata);
 void pg_store_reserve_locked(pg_store *st, int64_t extra);

@@ -1,0 +1,156 @@
+"""The bulk builder's fast path (csrc/serial.c, pg_serial_build_run): rows proved new skip the table lookup and are
+entered in the table in batches. Identity must not change: rows equal to live nodes, to each other, or to nodes
+made earlier in the same build give those nodes, on both cores (pygrad.build) and id for id with PyCore (the raw
+builder on a private C store)."""
+from __future__ import annotations
+import random
+import numpy as np
+import pytest
+import pygrad
+from pygrad import UOp, Ops, dtypes
+from pygrad.core.pycore import PyCore
+
+try:
+  from pygrad.core.ccore import CCore, ffi, lib
+except ImportError:  # the C core is not built: the raw builder's tests skip
+  CCore = None
+
+F32 = dtypes.float32.id
+
+
+def _table(rows):
+  """(ops, dtypes, (starts, flat)) of rows given as (op, sources)."""
+  ops = np.array([int(o) for o, _ in rows])
+  starts = np.zeros(len(rows) + 1, np.int64)
+  starts[1:] = np.cumsum([len(s) for _, s in rows])
+  flat = np.array([j for _, s in rows for j in s], np.int64)
+  return ops, np.full(len(rows), F32), (starts, flat)
+
+
+def test_rows_equal_to_live_nodes_are_those_nodes():
+  x = UOp.placeholder((4,), dtypes.float32, name="bulk_x")
+  live = [x]
+  for i in range(40): live.append(live[-1].sin() if i % 2 else live[-1] + x)
+  rows = [(Ops.BUFFER, ())]
+  for i in range(40): rows.append((Ops.SIN, (i,)) if i % 2 else (Ops.ADD, (i, 0)))
+  for i in range(40, 80): rows.append((Ops.EXP2, (i,)))  # on top of the live part: new nodes
+  ops, dts, srcs = _table(rows)
+  before = pygrad.live_nodes()
+  got = pygrad.build(ops, dts, srcs, [x.arg] + [None] * 80, roots=[20, 40, 80])
+  want = live[40]
+  for _ in range(40): want = want.exp2()
+  assert got[0] is live[20] and got[1] is live[40] and got[2] is want
+  assert pygrad.live_nodes() == before + 40
+  del got, want
+  assert pygrad.live_nodes() == before
+
+
+def test_equal_rows_are_one_node():
+  """Rows equal to an earlier row of the same build: a user the builder lists (one or two), one it stopped listing
+  (a source with three users), and a row whose source is such a duplicate (its node then has users the builder does
+  not list, so the table lookup finds them)."""
+  x = UOp.placeholder((3,), dtypes.float32, name="bulk_y")
+  rows = [(Ops.BUFFER, ()), (Ops.SIN, (0,)), (Ops.SIN, (0,)), (Ops.EXP2, (1,)), (Ops.EXP2, (1,)),
+          (Ops.LOG2, (0,)), (Ops.SQRT, (0,)), (Ops.SIN, (0,)), (Ops.SIN, (4,)), (Ops.SIN, (3,)),
+          (Ops.ADD, (8, 9)), (Ops.ADD, (8, 9))]
+  ops, dts, srcs = _table(rows)
+  r = pygrad.build(ops, dts, srcs, [x.arg] + [None] * 11, roots=list(range(12)))
+  assert r[0] is x and r[1] is r[2] is r[7] is x.sin()
+  assert r[3] is r[4] is x.sin().exp2() and r[8] is r[9] is x.sin().exp2().sin()
+  assert r[10] is r[11] is r[8] + r[8]
+  assert r[5] is x.log2() and r[6] is x.sqrt()
+  assert len(UOp.sink(*r).toposort()) == 8  # seven distinct nodes and the sink
+
+
+def test_long_chain_with_repeats_matches_methods():
+  """A table much larger than the store's empty hash table (it grows once, before the rows are made), whose rows
+  now and then repeat earlier ones."""
+  x = UOp.placeholder((2,), dtypes.float32, name="bulk_z")
+  rng = random.Random(5)
+  rows, want = [(Ops.BUFFER, ())], [x]
+  for i in range(1, 30000):
+    k = rng.randrange(8)
+    if k == 0:  # the same as an earlier row
+      j = rng.randrange(1, i)
+      rows.append(rows[j])
+      want.append(want[j])
+    elif k == 1:
+      j = rng.randrange(i)
+      rows.append((Ops.ADD, (i - 1, j)))
+      want.append(want[i - 1] + want[j])
+    else:
+      rows.append((Ops.SIN, (i - 1,)))
+      want.append(want[i - 1].sin())
+  ops, dts, srcs = _table(rows)
+  got = pygrad.build(ops, dts, srcs, [x.arg] + [None] * (len(rows) - 1), roots=list(range(0, len(rows), 7)))
+  assert all(g is w for g, w in zip(got, want[::7]))
+
+
+# ---- the raw builder on a private store, id for id against PyCore ----
+LEAF, ADD, SIN = 0, 13, 20
+
+
+def _raw_build(core: CCore, rows: list[tuple[int, tuple[int, ...]]]) -> list[int]:
+  """The ids of rows (op, sources as rows) built by pg_serial_build_* on core's store (every meta known: 0)."""
+  n = len(rows)
+  op = np.array([o for o, _ in rows], np.int32)
+  zero = np.zeros(n, np.int32)
+  start = np.zeros(n + 1, np.int64)
+  start[1:] = np.cumsum([len(s) for _, s in rows])
+  src = np.array([j for _, s in rows for j in s] or [0], np.int32)
+  flags = np.ones(64, np.uint8)
+  err, where, pos = ffi.new("int *"), ffi.new("int64_t *"), ffi.new("int64_t *")
+  i32 = lambda a: ffi.from_buffer("int32_t[]", a)  # noqa: E731
+  dt = np.ones(n, np.int32)
+  b = core.serial_build_new(n, i32(op), i32(dt), ffi.from_buffer("int64_t[]", start), i32(src), i32(zero),
+                            i32(zero), ffi.NULL, ffi.NULL, 0, i32(zero), ffi.from_buffer("uint8_t[]", flags), 64, 16,
+                            err, where)
+  assert b != ffi.NULL, (err[0], where[0])
+  try:
+    assert lib.pg_serial_build_run(b, pos) == lib.PG_BUILD_DONE
+    ids = np.empty(n, np.int32)
+    assert lib.pg_serial_build_ids(b, ffi.from_buffer("int32_t[]", ids), n) == 0
+    for i in ids.tolist(): core.incref(i)  # the caller's references: the builder's go with it
+  finally:
+    lib.pg_serial_build_delete(b)
+  return ids.tolist()
+
+
+def _py_build(core: PyCore, rows) -> list[int]:
+  """The same rows made one by one (the reference: lookups, and the same id recycling)."""
+  ids: list[int] = []
+  for o, s in rows: ids.append(core.make(o, 1, tuple(ids[j] for j in s), 0, 0, 0))
+  return ids
+
+
+def _random_rows(rng: random.Random, n: int):
+  rows = [(LEAF, ())]
+  for i in range(1, n):
+    k = rng.randrange(10)
+    if k == 0: rows.append(rows[rng.randrange(i)])
+    elif k == 1: rows.append((LEAF, ()))
+    elif k < 4: rows.append((ADD, (rng.randrange(i), rng.randrange(i))))
+    else: rows.append((SIN, (i - 1,)))
+  return rows
+
+
+@pytest.mark.skipif(CCore is None, reason="pygrad._core is not built")
+@pytest.mark.parametrize("seed", range(6))
+def test_raw_builder_matches_pycore_id_for_id(seed):
+  """A store already holding some nodes (made, and some freed so that ids are recycled), then a table that
+  repeats some of them and itself: the same ids as PyCore making the rows one by one, and every node is in the
+  table afterwards (made again, the same id)."""
+  rng = random.Random(seed)
+  pre = _random_rows(rng, 2000)
+  rows = pre[:1000] + [(o, tuple(j + 1000 for j in s)) for o, s in _random_rows(rng, 20000 + seed * 7000)]
+  c, p = CCore(), PyCore()
+  kept = []
+  for core in (c, p):
+    ids = _py_build(core, pre)
+    drop = random.Random(seed + 100).sample(range(len(ids)), 1500)
+    for i in drop: core.decref(ids[i])
+    kept.append([ids[i] for i in sorted(set(range(len(ids))) - set(drop))])
+  got, want = _raw_build(c, rows), _py_build(p, rows)
+  assert got == want and c.live() == p.live()
+  again = [c.make(o, 1, tuple(got[j] for j in s), 0, 0, 0) for o, s in rows]
+  assert again == got
