@@ -5,6 +5,7 @@ chain held only through its last node. Each measurement runs in a fresh subproce
 chosen at import); runs alternate the cores and the tables report medians. Writes bench/results/core.md.
 
   python bench/bench_core.py [--nodes 1000000] [--repeat 3] [--out bench/results] [--calls]
+  python bench/bench_core.py --base CHECKOUT    # before/after: calls and W3 build vs another (built) checkout
 """
 from __future__ import annotations
 import argparse, gc, json, os, platform, statistics, subprocess, sys, time
@@ -138,6 +139,12 @@ def calls_worker(n: int) -> dict:
     made.append(nid)
     return nid
   r["stage: core make (cffi call + store)"] = _per_call(make, fresh((4, 3)))
+  r["stage: core call, trivial (`CORE.id_bound()`: the crossing alone)"] = _per_call(lambda x: CORE.id_bound(),
+                                                                                     lambda _: range(n))
+
+  def one(x, y): return x
+  def method(x): return one(x, b)
+  r["stage: a Python call level (a function calling a function)"] = _per_call(method, lambda _: range(n)) - r["loop"]
   new_style = "_op" in UOp.__slots__
 
   def obj(nid):
@@ -206,14 +213,42 @@ def calls_table(runs, med) -> str:
   return head + "\n" + "\n".join("| " + " | ".join(r) + " |" for r in rows)
 
 
-def run_worker(core: str, kind: str, n: int) -> dict:
+def run_worker(core: str, kind: str, n: int, tree: str | None = None) -> dict:
+  """One worker in a fresh process: this file's with the pygrad this interpreter imports, or (tree) the worker of
+  another checkout with that checkout's pygrad."""
   env = dict(os.environ, PYGRAD_CORE=core)
-  env["PYTHONPATH"] = _pygrad_dir() + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-  p = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", kind, "--nodes", str(n)], env=env,
-                     capture_output=True, text=True, timeout=3600)
+  path = tree if tree else _pygrad_dir()
+  env["PYTHONPATH"] = path + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+  script = os.path.join(tree, "bench", "bench_core.py") if tree else os.path.abspath(__file__)
+  p = subprocess.run([sys.executable, script, "--worker", kind, "--nodes", str(n)], env=env,
+                     capture_output=True, text=True, timeout=3600, cwd=tree or None)
   for line in p.stdout.splitlines():
     if line.startswith("RESULT "): return json.loads(line[7:])
   raise RuntimeError(f"{kind} worker on the {core} core failed: {p.stderr.strip()[-2000:]}")
+
+
+def compare(base: str, repeat: int, n: int) -> str:
+  """Before / after on the C core: the calls worker (20,000 calls) and the W3 build of n ops, from the checkout
+  `base` (built in place) and from this tree, alternating, in fresh processes; a markdown table of medians."""
+  trees = {"before": os.path.abspath(base), "after": ROOT}
+  runs: dict = {(t, k): [] for t in trees for k in ("calls", "w3")}
+  for rep in range(repeat):
+    for kind in ("calls", "w3"):
+      for t in (list(trees) if rep % 2 == 0 else list(trees)[::-1]):
+        print(f"run {rep + 1}/{repeat}: {kind}, {t} ({trees[t]}) ...", flush=True)
+        runs[(t, kind)].append(run_worker("c", kind, n, trees[t]))
+  out = []
+  for kind in ("calls", "w3"):
+    keys = list(dict.fromkeys(k for t in trees for r in runs[(t, kind)] for k in r))
+    out.append(f"| {kind} (C core) | before | after | before / after |\n|---|---|---|---|")
+    for k in keys:
+      b, a = (statistics.median(r[k] for r in runs[(t, kind)]) if k in runs[(t, kind)][0] else None
+              for t in trees)
+      if isinstance(a, int) or isinstance(b, int): continue  # counts, not times
+      out.append(f"| {k} | {'-' if b is None else f'{b:.4g}'} | {'-' if a is None else f'{a:.4g}'} | "
+                 f"{f'{b / a:.2f}x' if a and b else ''} |")
+    out.append("")
+  return "\n".join(out)
 
 
 def main(argv=None) -> int:
@@ -222,6 +257,7 @@ def main(argv=None) -> int:
   ap.add_argument("--repeat", type=int, default=3)
   ap.add_argument("--out", default=os.path.join(HERE, "results"))
   ap.add_argument("--calls", action="store_true", help="only the per-call breakdown of single-node methods")
+  ap.add_argument("--base", metavar="CHECKOUT", help="only before/after: this tree against another checkout")
   ap.add_argument("--worker", choices=("dag", "chain", "calls", "w3"), help=argparse.SUPPRESS)
   a = ap.parse_args(argv)
   if a.worker:
@@ -232,6 +268,10 @@ def main(argv=None) -> int:
     print("RESULT " + json.dumps(r), flush=True)
     return 0
 
+  if a.base:
+    print()
+    print(compare(a.base, a.repeat, a.nodes))
+    return 0
   kinds = ("calls",) if a.calls else ("calls", "w3", "dag", "chain")
   runs: dict[tuple[str, str], list[dict]] = {(c, k): [] for c in CORES for k in kinds}
   t0 = time.perf_counter()

@@ -3,7 +3,7 @@ tanh, sigmoid, relu, abs, minimum, mean, softmax, matmul, ...) decompose into pr
 operands numpy-style (RESHAPE + EXPAND) and turn Python scalars into () constants of the other operand's dtype."""
 from __future__ import annotations
 import functools, math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, cast
 from .ops import Ops
 from .dtype import DType, dtypes, promote
 
@@ -11,14 +11,18 @@ if TYPE_CHECKING:  # the methods' annotations name the class they are mixed into
   from .uop import UOp
 else:
   UOp = None  # bound by uop.py once the class exists, as are the node makers below
-_alu1 = _alu2 = _alu2k = _const = _movement = _node = None
+_alu2 = _const = _movement = _node = None
 _LN2, _INV_LN2 = math.log(2), 1 / math.log(2)
 _IOTA = tuple(tuple(range(n)) for n in range(9))  # identity orders (a permute by one is the node itself)
 
 
-def _bind(cls, alu1, alu2, alu2k, const, movement, node) -> None:
-  global UOp, _alu1, _alu2, _alu2k, _const, _movement, _node
-  UOp, _alu1, _alu2, _alu2k, _const, _movement, _node = cls, alu1, alu2, alu2k, const, movement, node
+def _bind(cls, alu2, const, movement, node, unary_method, binary_method) -> None:
+  """Bind the node makers, and make the single-node methods (marked by _unary/_binary) with uop.py's factories."""
+  global UOp, _alu2, _const, _movement, _node
+  UOp, _alu2, _const, _movement, _node = cls, alu2, const, movement, node
+  for name, v in list(vars(MathMixin).items()):
+    if type(v) is _Single:
+      setattr(MathMixin, name, unary_method(v.op) if v.reverse is None else binary_method(v.op, v.reverse))
 
 
 def _index(what: str, v) -> int:
@@ -54,28 +58,22 @@ def _bshape(a: tuple, b: tuple) -> tuple:
   return tuple(out)
 
 
-def _binary(op: Ops, reverse: bool = False):
-  """The method for op(self, x) (op(x, self) if reverse). The common single-node cases -- node operands of one
-  dtype and compatible shapes, or a Python scalar of the node's kind -- go straight to one core call (alu2/alu2k);
-  those return None for anything else, which _bin promotes, broadcasts or reports."""
-  if reverse:
-    def method(self, x):
-      r = _alu2(op, x, self) if type(x) is UOp else _alu2k(op, self, x, 1)
-      return self._bin(op, x, True) if r is None else r
-  else:
-    def method(self, x):
-      r = _alu2(op, self, x) if type(x) is UOp else _alu2k(op, self, x, 0)
-      return self._bin(op, x) if r is None else r
-  method.__name__ = method.__qualname__ = f"{op.name.lower()}{' (reflected)' if reverse else ''}"
-  return method
+class _Single:
+  """A single-node method to be made by uop.py once UOp exists (see _bind): op(self), or op(self, x) (op(x, self)
+  if reverse). The common cases -- node operands of one dtype and compatible shapes, or a Python scalar of the node's
+  kind -- are one core call; the rest goes through alu2/alu2k, then _bin promotes, broadcasts or reports. The op is
+  bound in the method, not read as `Ops.X` in its body: an enum member lookup goes through EnumType's __getattr__
+  hook and costs ~150 ns, as much as the rest of the call."""
+  __slots__ = ("op", "reverse")
+
+  def __init__(self, op: Ops, reverse: bool | None):
+    self.op, self.reverse = op, reverse
 
 
-def _unary(op: Ops):
-  """The method for op(self): one core call (alu1). The op is bound here, not read as `Ops.X` in the body: an
-  enum member lookup goes through EnumType's __getattr__ hook and costs ~150 ns, as much as the rest of the call."""
-  def method(self) -> UOp: return _alu1(op, self)
-  method.__name__ = method.__qualname__ = op.name.lower()
-  return method
+# typed as the methods _bind makes of them
+def _binary(op: Ops, reverse: bool = False) -> Callable[[Any, Any], UOp]:
+  return cast("Callable[[Any, Any], UOp]", _Single(op, reverse))
+def _unary(op: Ops) -> Callable[[Any], UOp]: return cast("Callable[[Any], UOp]", _Single(op, None))
 
 
 # movement ops bound once, for the same reason

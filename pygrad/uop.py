@@ -244,7 +244,16 @@ def movement(op: Ops, x: UOp, arg) -> UOp:
   if hit is not None:
     try: nid = _make1(op, d.id, x._id, hit[2], 0, hit[1])
     except ArgGone: nid = _ERR_GONE  # the pure core raises where the C core returns the code
-    if nid >= 0: return _wrap(nid, op, d, arg, None, hit[0], x._device, hit[1])
+    if nid >= 0:
+      if nid in _handles: return _wrap(nid, op, d, arg, None, hit[0], x._device, hit[1])
+      o = _new_handle(UOp)  # _wrap's fresh-node branch inline, as in pygrad/fastmethods.py
+      o._id, o._op, o._dtype, o._arg, o._tag, o._shape, o._device, o._src, o._m = \
+        nid, op, d, arg, None, hit[0], x._device, None, hit[1]
+      w = _Ref(o, _on_dead)
+      w.nid = nid
+      if _claim(nid, w) is not w: o = _register(o, w, nid)
+      if _md_open: _attach_current(o)
+      return o
     if nid != _ERR_GONE: return UOp(op, None, (x,), arg)
     ARGS.forget(hit[2])  # drained since it was cached: intern it again below
   shape = _SHAPE[op](op, (x,), arg)
@@ -626,7 +635,8 @@ _NONE: dict = {}
 _UNARY_OK, _BINARY_OUT = _tables()
 from . import mathops as _mathops  # noqa: E402
 _META0 = META.get((), None)
-_mathops._bind(UOp, alu1, alu2, alu2k, const, movement, node)
+from .fastmethods import unary_method, binary_method  # noqa: E402
+_mathops._bind(UOp, alu2, const, movement, node, unary_method, binary_method)
 if CORE.programs:  # multi-node methods instantiate cached programs in one C call (pygrad/templates.py)
   from . import templates as _templates  # noqa: E402
   _templates.install(UOp)

@@ -794,3 +794,73 @@ def test_placeholder_fast_path_is_the_generic_node():
                          ((2.0,), {}, TypeError), ((True,), {}, TypeError)]:
     with pytest.raises(err):
       UOp.placeholder(shape, **kw)
+
+
+def test_single_node_methods_are_the_generic_nodes():
+  """The single-node methods' fast paths (uop.unary_method / binary_method: the core call and the handle's
+  publication inline) give the node, and the one handle, that the generic constructor gives: fresh and existing
+  nodes, every value dtype an op takes, node and float operands, shapes equal or ()."""
+  from pygrad.uop import _UNARY_OK, _BINARY_OUT
+  for op, name in ((Ops.SIN, "sin"), (Ops.EXP2, "exp2"), (Ops.SQRT, "sqrt"), (Ops.RECIPROCAL, "reciprocal"),
+                   (Ops.TRUNC, "trunc"), (Ops.LOG2, "log2")):
+    for d in _UNARY_OK[op]:
+      x = ph(2, 3, dtype=d)
+      y = getattr(x, name)()  # fresh
+      assert y is UOp(op, None, (x,)) and y is getattr(x, name)() and (y.op, y.dtype, y.shape) == (op, d, (2, 3))
+  for op, method in ((Ops.ADD, "__add__"), (Ops.MUL, "__mul__"), (Ops.MAX, "maximum"), (Ops.CMPLT, "__lt__"),
+                     (Ops.CMPNE, "ne"), (Ops.XOR, "__xor__"), (Ops.POW, "__pow__")):
+    for d, out in _BINARY_OUT[op].items():
+      a, b, s = ph(2, 3, dtype=d), ph(2, 3, dtype=d), ph(dtype=d)
+      for u, v in ((a, b), (a, s), (s, a), (a, a)):
+        y = getattr(u, method)(v)
+        assert y is UOp(op, None, (u, v)) and y is getattr(u, method)(v)
+        assert (y.dtype, y.shape, y.device, y.src) == (out, (2, 3), "CPU", (u, v))
+      if d.kind == "f":
+        for k in (2.5, -0.0, 0.0, math.nan, math.inf, 1e300):
+          y = getattr(a, method)(k)
+          c = y.src[1]
+          assert c.op is Ops.CONST and c.dtype is d and type(c.arg) is float and y is getattr(a, method)(k)
+          assert c is UOp.const(k, d) and y is UOp(op, None, (a, c))
+        assert a.__mul__(0.0) is not a.__mul__(-0.0)
+
+
+def test_single_node_methods_keep_the_generic_errors():
+  """Off the fast paths (dtype, device, shape, operand type) the methods raise what they raised before."""
+  a, i = ph(2, 3), ph(2, 3, dtype=I32)
+  with pytest.raises(ValueError, match="broadcast"): a + ph(3, 2)
+  with pytest.raises(TypeError, match="SIN"): UOp.sink().sin()
+  with pytest.raises(TypeError, match="SIN"): ph(2, dtype=BOOL).sin()
+  with pytest.raises(ValueError, match="different devices"): a + ph(2, 3, device="CPU:1")
+  with pytest.raises(TypeError, match="operand"): a * "2"
+  with pytest.raises(TypeError, match="XOR"): a ^ a
+  assert (a + i).dtype is F32 and (i * 2.5).dtype is F32 and (i * 2).dtype is I32
+
+
+def test_float_constant_ids_survive_being_drained():
+  """The binary methods remember a float constant's interned arg id without holding it: once every node naming the
+  constant is freed and the interner drains (and reuses) the id, `x * k` interns k again (both cores)."""
+  from pygrad.intern import ARGS
+  k = 4241.25
+  for _ in range(3):
+    x = ph(5)
+    y = x * k
+    aid = pygrad.uop._core_info(y.src[1]._id)[3]
+    del x, y
+    gc.collect()
+    pygrad.live_nodes()
+    ARGS.drain()
+    assert aid not in ARGS.objs  # drained: the remembered id is gone
+    keep = [UOp.const(k + 1 + j) for j in range(4)]  # new constants take the freed slots, a later generation
+    y = ph(5) * k
+    assert y.src[1].arg == k and y.src[1] is UOp.const(k) and ARGS.objs[pygrad.uop._core_info(y.src[1]._id)[3]] == k
+    del keep, y
+
+
+def test_single_node_methods_free_what_they_make():
+  """Nodes made by the fast paths are freed with their last handle: live_nodes() returns to its baseline."""
+  base = live_after_gc()
+  x = ph(64)
+  y = x
+  for j in range(2000): y = (y * 1.5 + x).sin() if j % 2 else (y.exp2() * x).maximum(x)
+  del x, y
+  assert live_after_gc() == base
