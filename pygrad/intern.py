@@ -16,8 +16,13 @@ def argkey(x):
     return (float, x, math.copysign(1.0, x) < 0) if x == 0.0 else (float, x)
   if t is tuple:
     for e in x:
-      if type(e) is not int: return (tuple, *map(argkey, x))
-    return (_INTS, x)  # the common case, a shape or axes: ints only
+      if type(e) is not int: break
+    else: return (_INTS, x)  # the common case, a shape or axes: ints only
+    out = [tuple]
+    for e in x:  # ints and strs (a BUFFER's index, device, name) in argkey's own form, without a call each
+      te = type(e)
+      out.append((te, e) if te is int or te is str or te is bool else argkey(e))
+    return tuple(out)
   if t is complex: return (complex, argkey(x.real), argkey(x.imag))
   try:
     hash(x)
