@@ -9,6 +9,12 @@
 #define G_KC 256
 #define G_MC 96
 #define G_NC 2048
+#define G_DJ 5
+#if VM_VBYTES == 64  /* 20 accumulators and 5 operands: AVX-512 has the 32 registers they need */
+#define G_DR 4
+#else
+#define G_DR 2
+#endif
 
 /* rows [i0, i0+mc) x depth [p0, p0+kc) of A into MR-row panels (zero rows pad the last panel) */
 VM_TGT static void GFN(pack_a)(GT *dst, const GT *a, int64_t mc, int64_t kc, int64_t sn, int64_t sk) {
@@ -102,46 +108,134 @@ VM_TGT static void GFN(micro)(int64_t kc, const GT *ap, int64_t ars, int64_t aps
     }
 }
 
-/* C[i0:i1, j0:j1] (+)= A B over depth [pc, pc+kc) for a narrow C (fewer columns than VM_GEMM_NARROW) whose A rows run
-   along the depth: a tile MR x NR would be mostly padding, so each row of C is one vector (columns in groups of VL)
-   accumulating A[i, p] * B[p, cols] over p, eight rows at a time (eight independent multiply-add chains). The
-   group's B rows are copied, zero padded, into bt first; rows past i1 read row i0 again and are dropped. */
-VM_TGT static void GFN(gemm_narrow)(const vm_gemm *g, const GT *a, const GT *b, GT *c, int64_t i0, int64_t i1,
-                                    int64_t j0, int64_t j1, int64_t pc, int64_t kc, GT *bt) {
-  int64_t jg, i, j, p, r;
-  for (jg = j0; jg < j1; jg += G_VL) {
-    int64_t w = j1 - jg < G_VL ? j1 - jg : G_VL;
-    for (p = 0; p < kc; p++) {
-      for (j = 0; j < w; j++) bt[p * G_VL + j] = b[(pc + p) * g->sbk + (jg + j) * g->sbm];
-      for (; j < G_VL; j++) bt[p * G_VL + j] = 0;
-    }
-    for (i = i0; i < i1; i += 8) {
-      const GT *ar[8];
-      GT t[8][G_VL];
-      int64_t rows = i1 - i < 8 ? i1 - i : 8;
-      for (r = 0; r < 8; r++) ar[r] = a + (i + (r < rows ? r : 0)) * g->san + pc;
+/* the sum of v's lanes, halving: lane l + lane l + VL/2, and so on down to one (the non-GNU path adds in the same
+   order). On x86 the halves are taken with intrinsics: a memcpy of part of v would keep v, and with it the
+   accumulators of gemm_dot, in memory */
 #if defined(__GNUC__)
-      {
-        GV acc[8];
-        memset(acc, 0, sizeof acc);
-        for (p = 0; p < kc; p++) {
-          GV bv;
-          memcpy(&bv, bt + p * G_VL, sizeof bv);
-          for (r = 0; r < 8; r++) G_MADD(acc[r], ar[r][p], bv);
+VM_TGT static inline GT GFN(hsum)(GV v) {
+  GT t[16 / sizeof(GT)];
+#if VM_X86 && VM_VBYTES >= 32 && defined(G_F32)
+#if VM_VBYTES == 64
+  __m256 h = _mm256_add_ps(_mm512_castps512_ps256((__m512)v), _mm512_extractf32x8_ps((__m512)v, 1));
+#else
+  __m256 h = (__m256)v;
+#endif
+  __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+#elif VM_X86 && VM_VBYTES >= 32
+#if VM_VBYTES == 64
+  __m256d h = _mm256_add_pd(_mm512_castpd512_pd256((__m512d)v), _mm512_extractf64x4_pd((__m512d)v, 1));
+#else
+  __m256d h = (__m256d)v;
+#endif
+  __m128d q = _mm_add_pd(_mm256_castpd256_pd128(h), _mm256_extractf128_pd(h, 1));
+#else
+#if VM_VBYTES == 64
+  G32 h, h2;
+  memcpy(&h, &v, 32);
+  memcpy(&h2, (const char *)&v + 32, 32);
+  h += h2;
+#elif VM_VBYTES == 32
+  GV h = v;
+#endif
+#if VM_VBYTES >= 32
+  G16 q, q2;
+  memcpy(&q, &h, 16);
+  memcpy(&q2, (const char *)&h + 16, 16);
+  q += q2;
+#else
+  GV q = v;
+#endif
+#endif
+  memcpy(t, &q, 16);
+#if defined(G_F32)
+  return (t[0] + t[2]) + (t[1] + t[3]);
+#else
+  return t[0] + t[1];
+#endif
+}
+#endif
+
+/* C[i0:i1, j0:j1] (+)= A B over depth [pc, pc+kc) for a narrow C (fewer columns than VM_GEMM_NARROW) whose A rows
+   run along the depth. A tile with vectors along C's columns would leave most lanes empty (10 of 16 at m = 10) and
+   broadcast one A element per multiply-add; here vectors run along the depth instead: every element of C is a dot
+   product of an A row (read in place) and a B column, and a tile of DR rows x DJ columns keeps DR x DJ vector
+   accumulators, loading DR + DJ vectors per DR x DJ multiply-adds, every lane busy. The lanes are summed at the end
+   (hsum) and the depth's last kc % VL products added in order. B's columns are copied, zero padded to a multiple of
+   DJ, into bt first (column j at bt + j * kcs); rows past i1 read row i0 again and are dropped. Each element's sum
+   runs in the same order whatever rows or columns the call covers, so any split of C gives the same bits. */
+VM_TGT static void GFN(gemm_dot)(const vm_gemm *g, const GT *a, const GT *b, GT *c, int64_t i0, int64_t i1,
+                                 int64_t j0, int64_t j1, int64_t pc, int64_t kc, GT *bt) {
+  int64_t nj = j1 - j0, njp = (nj + G_DJ - 1) / G_DJ * G_DJ, kcs = (kc + 15) / 16 * 16, kv = kc / G_VL * G_VL;
+  int64_t jg, i, j, p, r, q;
+  for (j = 0; j < njp; j++) {
+    GT *o = bt + j * kcs;
+    if (j >= nj) for (p = 0; p < kc; p++) o[p] = 0;
+    else if (g->sbk == 1) memcpy(o, b + pc + (j0 + j) * g->sbm, (size_t)kc * sizeof(GT));
+    else for (p = 0; p < kc; p++) o[p] = b[(pc + p) * g->sbk + (j0 + j) * g->sbm];
+  }
+  for (i = i0; i < i1; i += G_DR) {
+    const GT *ar[G_DR];
+    int64_t rows = i1 - i < G_DR ? i1 - i : G_DR;
+    for (r = 0; r < G_DR; r++) ar[r] = a + (i + (r < rows ? r : 0)) * g->san + pc;
+    for (jg = 0; jg < njp; jg += G_DJ) {
+      const GT *bc = bt + jg * kcs;
+      GT s[G_DR][G_DJ];
+#if defined(__GNUC__)
+      {  /* named accumulators c<row><column>: an array of them would live in memory */
+#define G_DOT_DECL(r) \
+        GV a##r, c##r##0 = z, c##r##1 = z, c##r##2 = z, c##r##3 = z, c##r##4 = z;
+#define G_DOT_SUM(r) \
+        s[r][0] = GFN(hsum)(c##r##0); s[r][1] = GFN(hsum)(c##r##1); s[r][2] = GFN(hsum)(c##r##2); \
+        s[r][3] = GFN(hsum)(c##r##3); s[r][4] = GFN(hsum)(c##r##4);
+        GV z = {0}, bv;
+        G_DOT_DECL(0) G_DOT_DECL(1)
+#if G_DR == 4
+        G_DOT_DECL(2) G_DOT_DECL(3)
+#define G_DOT_COL(q) \
+          memcpy(&bv, bc + q * kcs + p, sizeof bv); \
+          G_VMADD(c0##q, a0, bv); G_VMADD(c1##q, a1, bv); G_VMADD(c2##q, a2, bv); G_VMADD(c3##q, a3, bv);
+#else
+#define G_DOT_COL(q) \
+          memcpy(&bv, bc + q * kcs + p, sizeof bv); \
+          G_VMADD(c0##q, a0, bv); G_VMADD(c1##q, a1, bv);
+#endif
+        for (p = 0; p < kv; p += G_VL) {
+          memcpy(&a0, ar[0] + p, sizeof a0);
+          memcpy(&a1, ar[1] + p, sizeof a1);
+#if G_DR == 4
+          memcpy(&a2, ar[2] + p, sizeof a2);
+          memcpy(&a3, ar[3] + p, sizeof a3);
+#endif
+          G_DOT_COL(0) G_DOT_COL(1) G_DOT_COL(2) G_DOT_COL(3) G_DOT_COL(4)
         }
-        memcpy(t, acc, sizeof t);
+        G_DOT_SUM(0) G_DOT_SUM(1)
+#if G_DR == 4
+        G_DOT_SUM(2) G_DOT_SUM(3)
+#endif
+#undef G_DOT_DECL
+#undef G_DOT_SUM
+#undef G_DOT_COL
       }
 #else
-      for (r = 0; r < 8; r++)
-        for (j = 0; j < G_VL; j++) t[r][j] = 0;
-      for (p = 0; p < kc; p++)
-        for (r = 0; r < 8; r++)
-          for (j = 0; j < G_VL; j++) t[r][j] += ar[r][p] * bt[p * G_VL + j];
+      GT acc[G_DR][G_DJ][G_VL];
+      int64_t l, w;
+      memset(acc, 0, sizeof acc);
+      for (p = 0; p < kv; p += G_VL)
+        for (q = 0; q < G_DJ; q++)
+          for (r = 0; r < G_DR; r++)
+            for (l = 0; l < G_VL; l++) acc[r][q][l] += ar[r][p + l] * bc[q * kcs + p + l];
+      for (r = 0; r < G_DR; r++)
+        for (q = 0; q < G_DJ; q++) {
+          for (w = G_VL / 2; w >= 1; w /= 2)
+            for (l = 0; l < w; l++) acc[r][q][l] += acc[r][q][l + w];
+          s[r][q] = acc[r][q][0];
+        }
 #endif
       for (r = 0; r < rows; r++)
-        for (j = 0; j < w; j++) {
-          GT *o = c + (i + r) * g->scn + (jg + j) * g->scm;
-          *o = pc > 0 ? *o + t[r][j] : t[r][j];
+        for (q = 0; q < G_DJ && jg + q < nj; q++) {
+          GT v = s[r][q], *o = c + (i + r) * g->scn + (j0 + jg + q) * g->scm;
+          for (p = kv; p < kc; p++) v += ar[r][p] * bc[q * kcs + p];
+          *o = pc > 0 ? *o + v : v;
         }
     }
   }
@@ -151,7 +245,8 @@ VM_TGT static void GFN(gemm_narrow)(const vm_gemm *g, const GT *a, const GT *b, 
    both at depth up to KC */
 VM_TGT static size_t GFN(gemm_ws)(const vm_gemm *g) {
   int64_t mc = g->n < G_MC ? g->n : G_MC, kc = g->k < G_KC ? g->k : G_KC, nc = g->m < G_NC ? g->m : G_NC;
-  return (size_t)(((mc + G_MR - 1) / G_MR * G_MR + (nc + G_NR - 1) / G_NR * G_NR) * kc + 32) * sizeof(GT) + 64;
+  int64_t kcs = (kc + 15) / 16 * 16;  /* (gemm_dot's copy of B: up to nc + DJ - 1 columns, kcs apart) */
+  return (size_t)(((mc + G_MR - 1) / G_MR * G_MR + (nc + G_NR - 1) / G_NR * G_NR + G_DJ) * kcs + 32) * sizeof(GT) + 64;
 }
 
 /* C[i0:i1, j0:j1] = A[i0:i1, :] B[:, j0:j1] of one batch element, packing into ws (gemm_ws bytes). Every element
@@ -171,9 +266,9 @@ VM_TGT static void GFN(gemm_part)(const vm_gemm *g, const char *a_, const char *
   }
   apack = (GT *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
   bpack = apack + ((mcmax + G_MR - 1) / G_MR * G_MR * kcmax + 16) / 16 * 16;
-  if (g->m < VM_GEMM_NARROW && direct) {  /* bpack holds NR >= VL columns by KC rows, so one VL-wide group fits */
+  if (g->m < VM_GEMM_NARROW && direct) {  /* bpack holds the block's columns (gemm_ws) */
     for (pc = 0; pc < g->k; pc += G_KC)
-      GFN(gemm_narrow)(g, a, b, c, i0, i1, j0, j1, pc, g->k - pc < G_KC ? g->k - pc : G_KC, bpack);
+      GFN(gemm_dot)(g, a, b, c, i0, i1, j0, j1, pc, g->k - pc < G_KC ? g->k - pc : G_KC, bpack);
     return;
   }
   for (jc = j0; jc < j1; jc += G_NC) {
@@ -201,3 +296,5 @@ VM_TGT static void GFN(gemm_part)(const vm_gemm *g, const char *a_, const char *
 #undef G_KC
 #undef G_MC
 #undef G_NC
+#undef G_DR
+#undef G_DJ

@@ -217,6 +217,7 @@ class Program:
                   "numpy_kernels": nnp, "spills": len(pl.bufs) - nplanned}
     self._lock = threading.Lock()
     self._arena = self._fixed = None
+    self._planned_sizes = True
     self._in_spec = [(u.shape, np.dtype(u.dtype.numpy), u.op is Ops.BUFFER and u.dtype is not dtypes.bfloat16)
                      for u in self.inputs]
     self._out_spec = [(b.shape, b.stype.numpy) for b in self._out_bufs]
@@ -224,7 +225,9 @@ class Program:
     # of nested outputs: the output at position i is buffer `_flat[i][0]` reshaped to `_flat[i][1]`
     plain = len(self._steps) == 1 and not isinstance(self._steps[0], (CallStep, NumpyKernel)) and \
         all(o is not None and type(o) is not tuple for o in self._shaped)
-    self._flat = [(o.buf.index, o.shape) for o in self._shaped] if plain else None
+    # (shape None: the buffer is made in the output's shape, no reshape needed)
+    self._flat = [(o.buf.index, None if o.shape == self._out_spec[o.buf.index][0] else o.shape)
+                  for o in self._shaped] if plain else None
     return len(nodes)
 
   def __reduce__(self):
@@ -250,12 +253,13 @@ class Program:
         keep.append(ffi.from_buffer(a))
         slots[i] = keep[-1]
       sizes[i] = a.nbytes
+    sizes[2:n] = self._slot_sizes[2:n]
     return slots, sizes, keep
 
   def __call__(self, *arrays: Any) -> Any:
     if len(arrays) != len(self.inputs):
       raise ValueError(f"program takes {len(self.inputs)} inputs, got {len(arrays)}")
-    ins = []
+    ins, converted = [], False
     for u, v, (shape, npdt, fast) in zip(self.inputs, arrays, self._in_spec):
       if fast and type(v) is np.ndarray and v.dtype == npdt and v.shape == shape:
         f = v.flags
@@ -263,41 +267,55 @@ class Program:
           ins.append(v)  # already what the VM reads: no conversion, no copy
           continue
       ins.append(self._check(u, v))
+      converted = True
     outs = [np.empty(shape, dt) for shape, dt in self._out_spec]
+    io = ins + outs
+    keep = [from_buffer(a) if a.nbytes else NULL for a in io]  # (kept alive until the run returns)
     mine = self._lock.acquire(blocking=False)
     try:
       if mine:
-        if self._arena is None:
+        if self._fixed is None:
           self._arena = self._arena_array()
           self._fixed = self._fixed_slots(self._arena)
+          self._planned_sizes = True
         arena = self._arena
         slots, sizes, _ = self._fixed
       else:
         arena = self._arena_array()  # another thread runs this program: a private arena
         slots, sizes, _keep = self._fixed_slots(arena)
-      io = ins + outs
-      mem = [arena, self._pool] + io
-      keep = [from_buffer(a) if a.nbytes else NULL for a in io]  # (kept alive until the run returns)
       n = self._nslots
       if n > 2:
         slots[2:n] = keep
-        sizes[2:n] = [a.nbytes for a in io]
-      n = self._nslots
-      for st in self._steps:
-        if isinstance(st, CallStep): self._call(st, mem)
-        elif isinstance(st, NumpyKernel): st.run(lambda b: self._memory(mem, b))
-        else:
-          rc = lib.pg_vm_run(st, slots, sizes, n)
-          if rc < 0: raise MemoryError("pygrad VM: out of memory") if rc == lib.PG_ERR_NOMEM else \
-              RuntimeError(f"pygrad VM: run failed with error {rc}")
+        # the sizes the VM checks: arrays that passed the check above and the outputs have the planned ones, which
+        # the kept table holds (_fixed_slots) unless a converted input's run wrote its own
+        if converted or not mine:
+          sizes[2:n] = [a.nbytes for a in io]
+          if mine: self._planned_sizes = False
+        elif not self._planned_sizes:
+          sizes[2:n] = self._slot_sizes[2:n]
+          self._planned_sizes = True
+      if self._flat is not None:  # one C segment (most programs): no step dispatch, no memory map
+        self._vm_run(self._steps[0], slots, sizes, n)
+      else:
+        mem = [arena, self._pool] + io
+        for st in self._steps:
+          if isinstance(st, CallStep): self._call(st, mem)
+          elif isinstance(st, NumpyKernel): st.run(lambda b: self._memory(mem, b))
+          else: self._vm_run(st, slots, sizes, n)
     finally:
       if mine: self._lock.release()
     if self._flat is not None:
-      res = [outs[i].reshape(shape) for i, shape in self._flat]
+      res = [outs[i] if shape is None else outs[i].reshape(shape) for i, shape in self._flat]
     else:
       res = [map_nested(o, lambda b: None if b is None else outs[b.buf.index].reshape(b.shape))
              for o in self._shaped]
     return res[0] if self._single else res
+
+  @staticmethod
+  def _vm_run(st, slots, sizes, n: int) -> None:
+    rc = lib.pg_vm_run(st, slots, sizes, n)
+    if rc < 0: raise MemoryError("pygrad VM: out of memory") if rc == lib.PG_ERR_NOMEM else \
+        RuntimeError(f"pygrad VM: run failed with error {rc}")
 
   def _memory(self, mem: list, b: Buf) -> np.ndarray:
     """Buffer b's storage in this run's memory, as a flat array of its storage type."""
