@@ -108,8 +108,8 @@ VM_TGT static void GFN(micro)(int64_t kc, const GT *ap, int64_t ars, int64_t aps
     }
 }
 
-/* the sum of v's lanes, halving: lane l + lane l + VL/2, and so on down to one (the non-GNU path adds in the same
-   order). On x86 the halves are taken with intrinsics: a memcpy of part of v would keep v, and with it the
+/* the sum of v's lanes, halving: lane l + lane l + VL/2, and so on down to one (gemm_dot's portable path adds in
+   this order, hsum4 in its own: the bits may differ between builds, never between thread counts). On x86 the halves are taken with intrinsics: a memcpy of part of v would keep v, and with it the
    accumulators of gemm_dot, in memory */
 #if defined(__GNUC__)
 VM_TGT static inline GT GFN(hsum)(GV v) {
@@ -155,6 +155,32 @@ VM_TGT static inline GT GFN(hsum)(GV v) {
 }
 #endif
 
+/* the lane sums of four float32 vectors at once (gemm_dot's tile ends with 20 of them): pairs interleaved and added,
+   then the 128-bit lanes; a third of the shuffles of four hsum calls. Elsewhere four hsum calls */
+#if defined(__GNUC__)
+VM_TGT static inline void GFN(hsum4)(GV x0, GV x1, GV x2, GV x3, GT *o0, GT *o1, GT *o2, GT *o3) {
+#if VM_X86 && VM_VBYTES == 64 && defined(G_F32)
+  __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps((__m512)x0, (__m512)x1), _mm512_unpackhi_ps((__m512)x0, (__m512)x1));
+  __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps((__m512)x2, (__m512)x3), _mm512_unpackhi_ps((__m512)x2, (__m512)x3));
+  __m512 u = _mm512_add_ps(_mm512_shuffle_ps(t0, t1, 0x44), _mm512_shuffle_ps(t0, t1, 0xee));
+  __m256 h = _mm256_add_ps(_mm512_castps512_ps256(u), _mm512_extractf32x8_ps(u, 1));
+  __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+#elif VM_X86 && VM_VBYTES == 32 && defined(G_F32)
+  __m256 t0 = _mm256_add_ps(_mm256_unpacklo_ps((__m256)x0, (__m256)x1), _mm256_unpackhi_ps((__m256)x0, (__m256)x1));
+  __m256 t1 = _mm256_add_ps(_mm256_unpacklo_ps((__m256)x2, (__m256)x3), _mm256_unpackhi_ps((__m256)x2, (__m256)x3));
+  __m256 u = _mm256_add_ps(_mm256_shuffle_ps(t0, t1, 0x44), _mm256_shuffle_ps(t0, t1, 0xee));
+  __m128 q = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+#endif
+#if VM_X86 && VM_VBYTES >= 32 && defined(G_F32)
+  GT t[4];
+  memcpy(t, &q, sizeof t);
+  *o0 = t[0]; *o1 = t[1]; *o2 = t[2]; *o3 = t[3];
+#else
+  *o0 = GFN(hsum)(x0); *o1 = GFN(hsum)(x1); *o2 = GFN(hsum)(x2); *o3 = GFN(hsum)(x3);
+#endif
+}
+#endif
+
 /* C[i0:i1, j0:j1] (+)= A B over depth [pc, pc+kc) for a narrow C (fewer columns than VM_GEMM_NARROW) whose A rows
    run along the depth. A tile with vectors along C's columns would leave most lanes empty (10 of 16 at m = 10) and
    broadcast one A element per multiply-add; here vectors run along the depth instead: every element of C is a dot
@@ -184,9 +210,7 @@ VM_TGT static void GFN(gemm_dot)(const vm_gemm *g, const GT *a, const GT *b, GT 
       {  /* named accumulators c<row><column>: an array of them would live in memory */
 #define G_DOT_DECL(r) \
         GV a##r, c##r##0 = z, c##r##1 = z, c##r##2 = z, c##r##3 = z, c##r##4 = z;
-#define G_DOT_SUM(r) \
-        s[r][0] = GFN(hsum)(c##r##0); s[r][1] = GFN(hsum)(c##r##1); s[r][2] = GFN(hsum)(c##r##2); \
-        s[r][3] = GFN(hsum)(c##r##3); s[r][4] = GFN(hsum)(c##r##4);
+#define G_DOT_SUM(r) GFN(hsum4)(c##r##0, c##r##1, c##r##2, c##r##3, &s[r][0], &s[r][1], &s[r][2], &s[r][3]);
         GV z = {0}, bv;
         G_DOT_DECL(0) G_DOT_DECL(1)
 #if G_DR == 4
@@ -211,6 +235,10 @@ VM_TGT static void GFN(gemm_dot)(const vm_gemm *g, const GT *a, const GT *b, GT 
         G_DOT_SUM(0) G_DOT_SUM(1)
 #if G_DR == 4
         G_DOT_SUM(2) G_DOT_SUM(3)
+        GFN(hsum4)(c04, c14, c24, c34, &s[0][4], &s[1][4], &s[2][4], &s[3][4]);
+#else
+        s[0][4] = GFN(hsum)(c04);
+        s[1][4] = GFN(hsum)(c14);
 #endif
 #undef G_DOT_DECL
 #undef G_DOT_SUM
