@@ -280,12 +280,14 @@ def test_matmul(n, k, m, dt):
 
 
 @pytest.mark.parametrize("isa", [0, 1, 2])
-@pytest.mark.parametrize("n,k,m", [(37, 300, 10), (130, 64, 15), (9, 600, 3), (128, 256, 10), (64, 520, 1)])
+@pytest.mark.parametrize("n,k,m", [(37, 300, 10), (130, 64, 15), (9, 600, 3), (128, 256, 10), (64, 520, 1),
+                                   (5, 7, 11), (258, 33, 5), (131, 1000, 12)])
 @pytest.mark.parametrize("dt", (dtypes.float32, dtypes.float64), ids=lambda d: d.name)
 def test_narrow_matmul_on_every_instruction_set(isa, n, k, m, dt):
-  """A C narrower than 16 columns whose A rows are contiguous runs one vector per row (gemm_narrow): column groups
-  wider than one vector, depths past one block, row counts that are no multiple of the 8 rows done at once, and a
-  transposed B (w.T) all give A @ B, on every instruction-set clone, and the same bits on 1 and 2 threads."""
+  """A C narrower than 16 columns whose A rows are contiguous runs as dot products along the depth (gemm_dot): column
+  counts that are no multiple of the 5 columns of a tile, row counts no multiple of its 2 or 4 rows, depths shorter
+  than a vector, no multiple of one and past one block, and a transposed B (w.T, copied by rows) all give A @ B, on
+  every instruction-set clone, and the same bits on 1, 2 and 3 threads."""
   from pygrad.engine import vmlib
   before = pygrad.get_num_threads()
   try:
@@ -300,11 +302,12 @@ def test_narrow_matmul_on_every_instruction_set(isa, n, k, m, dt):
     p = program.compile_program([x @ w, x @ wt.T], [x, w, wt])
     tol = dict(rtol=1e-4, atol=1e-4) if dt is dtypes.float32 else dict(rtol=1e-10, atol=1e-10)
     outs = []
-    for nt in (1, 2):
+    for nt in (1, 2, 3):
       pygrad.set_num_threads(nt)
       outs.append(p(a, b, np.ascontiguousarray(b.T)))
       for o in outs[-1]: np.testing.assert_allclose(o, a @ b, **tol)
-    for o1, o2 in zip(*outs): np.testing.assert_array_equal(o1, o2)
+    for o in outs[1:]:
+      for o1, o2 in zip(outs[0], o): np.testing.assert_array_equal(o1, o2)
   finally:
     vmlib.set_isa(-1)
     pygrad.set_num_threads(before)
@@ -362,6 +365,22 @@ def test_program_reuse_and_multiple_outputs():
     np.testing.assert_allclose(r[1], (a * a).sum())
     np.testing.assert_array_equal(r[2], a)
     assert r[2] is not a
+
+
+def test_program_alternating_converted_and_exact_inputs():
+  """A call whose input is converted (a list, a strided view) passes that array's sizes to the VM; a call whose
+  inputs are exact arrays uses the planned sizes kept with the program: alternating them stays right."""
+  x, y = UOp.placeholder((4, 6), dtypes.float32, "x"), UOp.placeholder((6, 3), dtypes.float32, "y")
+  p = program.compile_program([x @ y, x.sum(1)], [x, y])
+  rng = np.random.default_rng(3)
+  for i in range(4):
+    a, b = _arr((4, 6), rng), _arr((6, 3), rng)
+    ins = [(a, b), (a.tolist(), b), (a, _arr((6, 6), rng)[:, ::2]), (a, b)][i]
+    r = p(*ins)
+    na, nb = (np.asarray(v, np.float32) for v in ins)
+    np.testing.assert_allclose(r[0], na @ nb, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(r[1], na.sum(1), rtol=1e-5, atol=1e-5)
+    assert r[0].shape == (4, 3) and r[1].shape == (4,)
 
 
 @pytest.mark.parametrize("fn,ref,lo,hi", [("sin", np.sin, -8000, 8000), ("sin", np.sin, -3e7, 3e7),
