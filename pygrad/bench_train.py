@@ -188,7 +188,7 @@ def engines(work: str, nall: int) -> dict:
   return out
 
 
-SETTLE_S = 0.15
+SETTLE_S, WARM_S = 0.15, 0.03
 
 
 def measure(work: str, reps: int, steps: int, nall: int) -> tuple[dict, dict]:
@@ -205,9 +205,12 @@ def measure(work: str, reps: int, steps: int, nall: int) -> tuple[dict, dict]:
     for label, (run, threads) in runs.items():  # alternate engines inside each repetition
       threads()
       # the engine that ran last may still spin its idle threads on the other core (OpenBLAS ~0.1 s, OpenMP and
-      # XLA pools less): let them sleep, then wake this engine's own threads and caches with untimed steps
+      # XLA pools less): let them sleep, then wake this engine's own threads and caches with untimed steps. For
+      # WARM_S, not a step count: after the pause the first few ms of steps ran up to 1.3x slow on every engine
+      # (clocks and caches cold), which two or three untimed steps did not cover
       time.sleep(SETTLE_S)
-      for _ in range(max(2, steps // 4)): run()
+      w = time.perf_counter()
+      while time.perf_counter() - w < WARM_S: run()
       t = time.perf_counter()
       for _ in range(steps): run()
       times[label].append((time.perf_counter() - t) / steps)
