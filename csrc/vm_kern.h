@@ -73,6 +73,11 @@ VM_TGT static void VM_FN(exp2_f32d)(float *d, const float *x, int64_t n) {
 #endif
 
 VM_TGT static void VM_FN(log2_f32)(float *d, const float *x, int64_t n) {
+  /* the NaN of a negative input is the one this machine's invalid operation makes (0/0 at run time, as libm's
+     log2f does; the NAN macro is +NaN while x86's default NaN has the sign bit set), so a BITCAST of it agrees
+     with the numpy engine bit for bit */
+  volatile float zero = 0.0f;
+  const float invalid = zero / zero;
   int64_t i;
   for (i = 0; i < n; i++) {
     float xf = x[i], res;
@@ -96,7 +101,7 @@ VM_TGT static void VM_FN(log2_f32)(float *d, const float *x, int64_t n) {
     r = e + s * p;
     res = (float)r;
     res = xf == 0.0f ? -HUGE_VALF : res;
-    res = xf < 0.0f ? NAN : res;
+    res = xf < 0.0f ? invalid : res;
     d[i] = (xf != xf || xf == HUGE_VALF) ? xf : res;
   }
 }
