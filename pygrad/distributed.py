@@ -144,7 +144,7 @@ def _gather_in_order(client, futures: list, resubmit, timeout: float, retries: i
     done = [i for i, f in futs.items() if f.status == "finished"]
     if done:  # one round trip for every finished chunk
       try:
-        vals = client.gather([futs[i] for i in done])
+        vals = client.gather([futs[i] for i in done], direct=True)
       except Exception:  # a result went with its worker between the check and the fetch: its status says so next
         vals = None
       if vals is not None:
@@ -221,6 +221,7 @@ class DataParallel:
     self.graph_bytes = len(blob)
     # the graph goes to every worker once; tasks name it by this future (a worker reads its local replica)
     self._blob = client.scatter(blob, broadcast=True, hash=False)
+    self._held: list = []
 
   def _reductions(self, reduce) -> list[str]:
     if not isinstance(reduce, dict): raise TypeError(f"DataParallel: reduce must be a dict, got {reduce!r:.80}")
@@ -260,12 +261,21 @@ class DataParallel:
     shared = self._shared(arrays, nchunks)
     client = self.client
 
-    def submit(c: int):
-      args = [chunks[c][i] if i in chunks[c] else shared[i] for i in range(len(self.inputs))]
-      return client.submit(_run, self.key, self._blob, len(self._outs), *args, pure=False)
+    def args(c: int) -> list:
+      return [chunks[c][i] if i in chunks[c] else shared[i] for i in range(len(self.inputs))]
 
-    futures = [submit(c) for c in range(nchunks)]
-    parts = _gather_in_order(client, futures, lambda c: submit(c), self.timeout, self.retries)
+    def submit(c: int):
+      return client.submit(_run, self.key, self._blob, len(self._outs), *args(c), pure=False)
+
+    # every chunk in one message: the client batches its messages to the scheduler 10 ms apart, so chunks submitted
+    # one by one would start 10 ms after each other
+    per_chunk = [args(c) for c in range(nchunks)]
+    futures = client.map(_run, [self.key] * nchunks, [self._blob] * nchunks, [len(self._outs)] * nchunks,
+                         *[[a[i] for a in per_chunk] for i in range(len(self.inputs))], pure=False)
+    # the last call's futures are released after this call's tasks went out, not before: their release message
+    # would otherwise take the batch slot and hold this call's tasks back by up to those 10 ms
+    self._held = futures
+    parts = _gather_in_order(client, futures, submit, self.timeout, self.retries)
     res = [self._combine(j, [p[j] for p in parts]) for j in range(len(self._outs))]
     return res[0] if self._single else res
 
