@@ -121,11 +121,12 @@ class _Lost(Exception):
   """A chunk's task or data went away with its worker."""
 
 
-def _gather_in_order(client, futures: list, resubmit, timeout: float, retries: int) -> list:
+def _gather_in_order(client, futures: list, resubmit, timeout: float, retries: int, direct: bool | None = None) -> list:
   """The results of `futures` in order. Dask re-runs a task whose worker died elsewhere by itself; a chunk that still
   comes back lost (its worker died too often, or data only it held went with it) is resubmitted by `resubmit(i)`, up
   to `retries` times, on the workers that remain. An error raised by a task is raised here, a chunk not done within
-  `timeout` seconds is a TimeoutError naming it and its worker: never a hang, never a partial result."""
+  `timeout` seconds is a TimeoutError naming it and its worker: never a hang, never a partial result. `direct`: fetch
+  the results from the workers, not through the scheduler (see _direct)."""
   dist = _dask()
   deadline = time.monotonic() + timeout
   results: list = [None] * len(futures)
@@ -144,7 +145,7 @@ def _gather_in_order(client, futures: list, resubmit, timeout: float, retries: i
     done = [i for i, f in futs.items() if f.status == "finished"]
     if done:  # one round trip for every finished chunk
       try:
-        vals = client.gather([futs[i] for i in done], direct=True)
+        vals = client.gather([futs[i] for i in done], direct=direct)
       except Exception:  # a result went with its worker between the check and the fetch: its status says so next
         vals = None
       if vals is not None:
@@ -161,6 +162,19 @@ def _gather_in_order(client, futures: list, resubmit, timeout: float, retries: i
                              f"({type(exc).__name__}: {exc}); workers now: {_workers(client)}") from exc
         futs[i] = resubmit(i)
   return results
+
+
+def _direct(client) -> bool | None:
+  """Whether to fetch results from the workers directly: the client's own setting if it has one, else yes when every
+  worker is on this machine's loopback (reachable by definition; a fetch through the scheduler costs an extra hop,
+  ~2 ms a call here), else Dask's default (through the scheduler: a client outside the cluster's network, as on
+  Kubernetes, may not reach the workers)."""
+  if client.direct_to_workers is not None: return client.direct_to_workers
+  try:
+    ws = client.scheduler_info()["workers"]
+  except Exception:
+    return None
+  return True if ws and all(w.startswith(("tcp://127.", "inproc://", "tls://127.")) for w in ws) else None
 
 
 def _exception(f):
@@ -222,6 +236,7 @@ class DataParallel:
     # the graph goes to every worker once; tasks name it by this future (a worker reads its local replica)
     self._blob = client.scatter(blob, broadcast=True, hash=False)
     self._held: list = []
+    self._direct = _direct(client)  # asks the scheduler: once, not per call
 
   def _reductions(self, reduce) -> list[str]:
     if not isinstance(reduce, dict): raise TypeError(f"DataParallel: reduce must be a dict, got {reduce!r:.80}")
@@ -275,7 +290,7 @@ class DataParallel:
     # the last call's futures are released after this call's tasks went out, not before: their release message
     # would otherwise take the batch slot and hold this call's tasks back by up to those 10 ms
     self._held = futures
-    parts = _gather_in_order(client, futures, submit, self.timeout, self.retries)
+    parts = _gather_in_order(client, futures, submit, self.timeout, self.retries, self._direct)
     res = [self._combine(j, [p[j] for p in parts]) for j in range(len(self._outs))]
     return res[0] if self._single else res
 

@@ -234,3 +234,35 @@ def test_data_parallel_step_is_the_whole_batch_step(client):
   got = data_parallel_step((8, 16, 3), 64, 0.1, client)(x, y, *params)
   want = mlp_step((8, 16, 3), 64, 0.1)(x, y, *params)
   for g, w in zip(got, want): np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+class _FakeClient:
+  def __init__(self, workers, direct=None): self.direct_to_workers, self._ws = direct, workers
+  def scheduler_info(self): return {"workers": {w: {} for w in self._ws}}
+
+
+def test_results_come_straight_from_workers_only_where_they_are_reachable():
+  # loopback workers are reachable: no hop through the scheduler
+  assert pd._direct(_FakeClient(["tcp://127.0.0.1:4001", "tcp://127.0.0.1:4002"])) is True
+  # workers elsewhere (a cluster the client may sit outside of, as on Kubernetes): Dask's default, via the scheduler
+  assert pd._direct(_FakeClient(["tcp://127.0.0.1:4001", "tcp://10.0.0.7:4002"])) is None
+  # the client's own choice wins either way
+  assert pd._direct(_FakeClient(["tcp://10.0.0.7:4002"], direct=True)) is True
+  assert pd._direct(_FakeClient(["tcp://127.0.0.1:4001"], direct=False)) is False
+
+
+def _on_scheduler(keys, dask_scheduler=None):
+  return [k for k in keys if k in dask_scheduler.tasks]
+
+
+def test_a_call_keeps_only_its_own_results_on_the_cluster(client):
+  # a call's futures are held until the next call's tasks are out (their release would delay them), never longer
+  dp, outs, ins = _dp(client, 16)
+  dp(*_data(32, seed=4))
+  first = [f.key for f in dp._held]
+  assert len(first) == 2 and client.run_on_scheduler(_on_scheduler, first) == first
+  dp(*_data(32, seed=5))
+  assert len(dp._held) == 2 and not set(first) & {f.key for f in dp._held}
+  deadline = time.monotonic() + 10
+  while client.run_on_scheduler(_on_scheduler, first) and time.monotonic() < deadline: time.sleep(0.05)
+  assert client.run_on_scheduler(_on_scheduler, first) == []  # the first call's results are gone from the cluster
