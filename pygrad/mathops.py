@@ -179,7 +179,8 @@ class MathMixin:
   maximum = _binary(Ops.MAX)
   def minimum(self, x) -> UOp:
     a, b = self._pair(x)
-    if dtypes.is_unsigned(a.dtype) or dtypes.is_bool(a.dtype): return (a < b).where(a, b)
+    # on ints -x is no order reversal: -MIN wraps to MIN (so minimum(MIN, 3) was 3), hence a select
+    if not dtypes.is_float(a.dtype): return (a < b).where(a, b)
     return -((-a).maximum(-b))
   def where(self, x, y) -> UOp:
     """cond.where(x, y): x where self is True, else y."""
@@ -279,10 +280,12 @@ class MathMixin:
   def prod(self, axis=None, keepdim: bool = False) -> UOp: return self._reduce(Ops.MUL, axis, keepdim)
   def max(self, axis=None, keepdim: bool = False) -> UOp: return self._reduce(Ops.MAX, axis, keepdim)
   def min(self, axis=None, keepdim: bool = False) -> UOp:
-    if dtypes.is_unsigned(self.dtype) or dtypes.is_bool(self.dtype):
-      # x -> x ^ all-ones reverses the order of unsigned ints and bools exactly (where wrapping -x would map 0 to
-      # the bottom of the order, not the top), so the min is the max of the flipped values, flipped back
-      ones = True if dtypes.is_bool(self.dtype) else 2 ** (8 * self.dtype.itemsize) - 1
+    if not dtypes.is_float(self.dtype):
+      # x -> x ^ all-ones (~x = -x - 1 on signed ints) reverses the order of ints and bools exactly, where wrapping
+      # -x does not (-MIN is MIN, so the min of [MIN, 5] was 5; on unsigned ints -0 is 0, the bottom of the order),
+      # so the min is the max of the flipped values, flipped back; over an empty axis that is the dtype's maximum
+      ones = True if dtypes.is_bool(self.dtype) else -1 if not dtypes.is_unsigned(self.dtype) else \
+        2 ** (8 * self.dtype.itemsize) - 1
       return (self ^ ones).max(axis, keepdim) ^ ones
     return -((-self).max(axis, keepdim))
   def mean(self, axis=None, keepdim: bool = False) -> UOp:
