@@ -433,11 +433,40 @@ static int row_valid(const vm_view *v, const int64_t *idx, int nd) {
   return 1;
 }
 
+/* a transposed view's tile, read along its rows' direction: nr rows of outer index idx0 on, that lie in one run of
+   the last outer dim, whose stride is smaller than the inner one (a matrix read through its transpose). Read row by
+   row, each element would come from another cache line, and a power-of-two stride maps them all to a few cache
+   sets; column by column, each run of rows is one line. A copy of the same bits either way; 0: not such a tile */
+static int gather_columns(const vm_view *v, const char *base, const int64_t *shape, int nd, const int64_t *idx0,
+                          int64_t nr, int64_t c0, int64_t nc, char *dst) {
+  int64_t so, si, r, c, off;
+  if (nd < 1 || nr < 2 || v->masked || v->stype != vm_ct(v->stype) || idx0[nd - 1] + nr > shape[nd - 1]) return 0;
+  so = v->st[nd - 1];
+  si = v->st[nd];
+  if (so == 0 || (so < 0 ? -so : so) >= (si < 0 ? -si : si)) return 0;
+  off = row_off(v, idx0, nd) + c0 * si;
+  if (v->esize == 4) {
+    const uint32_t *s = (const uint32_t *)base + off;
+    uint32_t *d = (uint32_t *)dst;
+    for (c = 0; c < nc; c++)
+      for (r = 0; r < nr; r++) d[r * nc + c] = s[c * si + r * so];
+  } else if (v->esize == 8) {
+    const uint64_t *s = (const uint64_t *)base + off;
+    uint64_t *d = (uint64_t *)dst;
+    for (c = 0; c < nc; c++)
+      for (r = 0; r < nr; r++) d[r * nc + c] = s[c * si + r * so];
+  } else {
+    return 0;
+  }
+  return 1;
+}
+
 /* fill a tile register from a view: nr rows from outer index idx0, columns [c0, c0+nc) */
 static void gather(const vm_view *v, const char *base, const int64_t *shape, int nd, const int64_t *idx0, int64_t nr,
                    int64_t c0, int64_t nc, char *dst) {
   int64_t idx[VM_MAXDIM], r, ces = vm_esize(vm_ct(v->stype)), si = v->st[nd], lo = v->lo[nd], hi = v->hi[nd];
   int d;
+  if (gather_columns(v, base, shape, nd, idx0, nr, c0, nc, dst)) return;
   for (d = 0; d < nd; d++) idx[d] = idx0[d];
   for (r = 0; r < nr; r++) {
     char *o = dst + r * nc * ces;
@@ -726,6 +755,12 @@ static int run_gemm(const vm_kernel *k, char *const *bufp, int32_t nthreads, con
   /* a narrow C: vectors along its long side (decided by shape and strides alone), unless A's rows run along the
      depth, when each row of C is one vector (vm_gemm.h, gemm_narrow) */
   if (g->m < VM_GEMM_NARROW && g->n >= 2 * g->m && g->sak != 1) {
+    gemm_transpose(g, &swapped);
+    g = &swapped;
+  } else if (g->scn == 1 && g->scm != 1 && g->n >= VM_GEMM_NARROW) {
+    /* C written transposed (a weight's gradient, x.T @ g, planned as (g.T @ x).T): every register tile would be
+       stored element by element; as C^T = B^T A^T its rows are contiguous and take vector stores. Each element's
+       sum keeps its order (the products commute), so the bits are the same */
     gemm_transpose(g, &swapped);
     g = &swapped;
   }

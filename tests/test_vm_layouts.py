@@ -1,0 +1,73 @@
+"""The C interpreter on operands in a layout other than row-major: elementwise kernels reading a matrix through its
+transpose (csrc/vm.c, gather_columns: the tile is copied column by column) and contractions whose C is written
+transposed, a weight's gradient (run_gemm: run as C^T = B^T A^T). Both are copies or reorderings of the same
+operations, so results are the exact bits of numpy (elementwise) or of the same sums computed the other way round
+(contractions), for 1, 2 and 3 threads."""
+from __future__ import annotations
+import numpy as np
+import pytest
+import pygrad
+from pygrad import UOp, dtypes
+
+pytest.importorskip("pygrad.engine.program", reason="the compiled interpreter is not built", exc_type=ImportError)
+from pygrad.engine import numpy_eval  # noqa: E402
+
+
+@pytest.fixture
+def restore_threads():
+  n = pygrad.get_num_threads()
+  yield
+  pygrad.set_num_threads(n)
+
+
+def _val(shape, seed, dt):
+  rng = np.random.default_rng(seed)
+  if np.dtype(dt).kind == "i": return rng.integers(-1000, 1000, shape).astype(dt)
+  return rng.standard_normal(shape).astype(dt)
+
+
+# (shape of x, permutation that makes the read transposed, whether to flip the permuted view's first axis)
+LAYOUTS = [((256, 256), (1, 0), False), ((37, 300), (1, 0), False), ((300, 37), (1, 0), True),
+           ((5, 40, 70), (0, 2, 1), False), ((40, 6, 64), (2, 1, 0), False), ((1024, 3), (1, 0), False)]
+
+
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float64, dtypes.int32], ids=lambda d: d.name)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: f"{l[0]}-{l[1]}-{'flip' if l[2] else 'noflip'}")
+def test_elementwise_through_a_transpose_is_exact(layout, dt, restore_threads):
+  shape, perm, flip = layout
+  x = UOp.placeholder(shape, dt, "x")
+  xt = x.permute(perm)
+  if flip: xt = xt.flip(0)
+  y = UOp.placeholder(xt.shape, dt, "y")
+  vx, vy = _val(shape, 1, dt.numpy), _val(xt.shape, 2, dt.numpy)
+  outs = [xt + y, xt * y + xt, xt.sum(1)]
+  prog = pygrad.compile(outs, [x, y])
+  want = numpy_eval.evaluate(outs, {x: vx, y: vy})
+  for n in (1, 2, 3):
+    pygrad.set_num_threads(n)
+    got = prog(vx, vy)
+    for g, w in zip(got[:2], want[:2]): np.testing.assert_array_equal(g, w)  # one rounding per op: numpy's bits
+    np.testing.assert_allclose(got[2], want[2], rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float64], ids=lambda d: d.name)
+@pytest.mark.parametrize("nkm", [(128, 256, 256), (64, 128, 256), (256, 128, 16), (37, 53, 300), (300, 100, 17)])
+def test_weight_gradient_contraction_written_transposed(nkm, dt, restore_threads):
+  """The gradient of sum((x @ w) * c) by w is planned as a contraction whose C is written transposed; it adds the
+  same products in the same order as x.T @ c and (c.T @ x).T: the same bits on every thread count, numpy's values."""
+  n, k, m = nkm
+  x, w, c = UOp.placeholder((k, n), dt, "x"), UOp.placeholder((n, m), dt, "w"), UOp.placeholder((k, m), dt, "c")
+  vx, vw, vc = _val((k, n), 3, dt.numpy), _val((n, m), 4, dt.numpy), _val((k, m), 5, dt.numpy)
+  gw, = ((x @ w) * c).sum().gradient(w)
+  half = np.dtype(dt.numpy).type(0.5)
+  prog = pygrad.compile([gw, x.T @ c, (c.T @ x).T, w - gw * 0.5], [x, w, c])
+  ref = None
+  for nt in (1, 2, 3):
+    pygrad.set_num_threads(nt)
+    got = [np.asarray(o) for o in prog(vx, vw, vc)]
+    assert got[0].tobytes() == got[1].tobytes() == got[2].tobytes()
+    np.testing.assert_array_equal(got[3], vw - got[0] * half)
+    if ref is None: ref = got[0]
+    assert got[0].tobytes() == ref.tobytes(), f"{nt} threads differ from 1"
+  tol = 2e-4 if dt is dtypes.float32 else 1e-10
+  np.testing.assert_allclose(ref, vx.T.astype(np.float64) @ vc.astype(np.float64), rtol=tol, atol=tol * k)
