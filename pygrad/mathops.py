@@ -172,8 +172,13 @@ class MathMixin:
   __lshift__, __rlshift__ = _binary(Ops.SHL), _binary(Ops.SHL, True)
   __rshift__, __rrshift__ = _binary(Ops.SHR), _binary(Ops.SHR, True)
   __lt__, __gt__ = _binary(Ops.CMPLT), _binary(Ops.CMPLT, True)
-  def __le__(self, x): return self._bin(Ops.CMPLT, x, True).ne(True)
-  def __ge__(self, x): return self._bin(Ops.CMPLT, x).ne(True)
+  # a <= b is not(b < a) only without NaN: on floats that made NaN <= 1 True, so floats compare (a < b) | (a == b)
+  def __le__(self, x):
+    a, b = self._pair(x)
+    return (a < b) | a.eq(b) if dtypes.is_float(a.dtype) else (b < a).ne(True)
+  def __ge__(self, x):
+    a, b = self._pair(x)
+    return (b < a) | a.eq(b) if dtypes.is_float(a.dtype) else (a < b).ne(True)
   eq, ne = _binary(Ops.CMPEQ), _binary(Ops.CMPNE)
   def logical_not(self) -> UOp: return self.ne(True)
   maximum = _binary(Ops.MAX)
@@ -201,7 +206,11 @@ class MathMixin:
   # ---- unary math ----
   reciprocal, sqrt, sin = _unary(Ops.RECIPROCAL), _unary(Ops.SQRT), _unary(Ops.SIN)
   exp2, log2, trunc = _unary(Ops.EXP2), _unary(Ops.LOG2), _unary(Ops.TRUNC)
-  def cos(self) -> UOp: return ((math.pi / 2) - self).sin()
+  def cos(self) -> UOp:
+    # 1 - 2 sin(x/2)**2: x/2 is exact, where pi/2 - x rounds away x's low bits (cos(1e8) in float32 was off by 1.4, in
+    # float16 cos(1000) by 0.07); this is within 2 ulp of 1 for every x
+    h = (self * 0.5).sin()
+    return 1 - 2 * (h * h)
   def exp(self) -> UOp: return (self * _INV_LN2).exp2()
   def log(self) -> UOp: return self.log2() * _LN2
   def floor(self) -> UOp:
@@ -209,7 +218,9 @@ class MathMixin:
     return (self < t).where(t - 1, t)
   def sign(self) -> UOp:
     if dtypes.is_unsigned(self.dtype): return self.ne(0).cast(self.dtype)  # no -1 to pick: numpy's 0 or 1
-    return self.ne(0).where((self < 0).where(self.const_like(-1), self.const_like(1)), self.const_like(0))
+    # x * 0 at zero and NaN: sign(NaN) is NaN (numpy, JAX; it was 1) and sign(-0.0) is -0.0, so that abs(-0.0) =
+    # -0.0 * -0.0 is +0.0 (it was -0.0); the gradient is unchanged: x * 0 passes none
+    return (self > 0).where(self.const_like(1), (self < 0).where(self.const_like(-1), self * 0))
   def abs(self) -> UOp: return self * self.sign()
   def relu(self) -> UOp: return (self > 0).where(self, 0)
   def sigmoid(self) -> UOp: return (1 + (-self).exp()).reciprocal()

@@ -24,6 +24,9 @@ def _run(outs, vals, engine):
 @example(recipe={"inputs": [((3,), "bfloat16")], "seed": 0, "plain": False,  # log2 of a negative, bitcast
                  "steps": [("unary", [0, 2, 0, 0, 0, 0, 0, 0]), ("unary", [0] * 8), ("unary", [0] * 8),
                            ("cast", [1, 0, 0, 0, 0, 0, 0, 0])]})
+@example(recipe={"inputs": [((2, 3), "float64")], "seed": 54, "plain": False,  # a float sum's bits, bitcast
+                 "steps": [("movement", [0, 1, 1, 0, 0, 0, 0, 0]), ("reduce", [1, 0, 0, 0, 0, 0, 0, 0]),
+                           ("cast", [2, 0, 0, 0, 0, 0, 0, 0])]})
 def test_c_engine_equals_numpy_engine(recipe):
   b = build(recipe)
   vals = input_values(recipe, b.bufs)

@@ -97,3 +97,36 @@ def test_float_to_int_casts_truncate_saturate_and_send_nan_to_zero(src, engine):
       lo, hi = int(np.iinfo(dt.np).min), int(np.iinfo(dt.np).max)
       want = [0 if math.isnan(f) else hi if f >= hi else lo if f <= lo else math.trunc(f) for f in ref]
     assert got == want, dt.name
+
+
+SPECIAL = [0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 1e30, -1e30, math.inf, -math.inf, math.nan, 1e-30]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("dt", [dtypes.float16, dtypes.float32, dtypes.float64], ids=lambda d: d.name)
+def test_float_comparisons_sign_and_abs_at_special_values(dt, engine):
+  # a <= b was not(b < a), so NaN <= 1 and NaN >= 1 were True; sign(NaN) was 1 (numpy and JAX: NaN); abs(-0.0) was
+  # -0.0 (IEEE abs clears the sign: +0.0)
+  with np.errstate(all="ignore"):
+    a = np.array([p for p in SPECIAL for _ in SPECIAL], dt.np)
+    b = np.array([q for _ in SPECIAL for q in SPECIAL], dt.np)
+  x, y = UOp.placeholder(a.shape, dt), UOp.placeholder(b.shape, dt)
+  got = pygrad.evaluate([x <= y, x >= y, x < y, x > y, x <= 1.0, x >= 1.0, x.sign(), x.abs()], {x: a, y: b},
+                        engine=engine)
+  with np.errstate(all="ignore"):
+    want = [a <= b, a >= b, a < b, a > b, a <= 1.0, a >= 1.0, np.sign(a), np.abs(a)]
+  for i, (g, w) in enumerate(zip(got, want)):
+    assert g.dtype == w.dtype and np.array_equal(g, w, equal_nan=True), i
+    if g.dtype.kind == "f": assert np.array_equal(np.signbit(g), np.signbit(w)) or i == 6, i  # sign(-0.0): either
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("dt,scale,tol", [(dtypes.float16, 1000, 2e-3), (dtypes.float32, 1e8, 4e-7),
+                                          (dtypes.float64, 1e8, 1e-15)], ids=lambda v: getattr(v, "name", str(v)))
+def test_cos_of_large_arguments(dt, scale, tol, engine):
+  # cos was sin(pi/2 - x): pi/2 - x rounds x's low bits away, so cos(1e8) in float32 was off by up to 1.4 and
+  # cos(1000) in float16 by 0.07
+  v = np.random.default_rng(0).uniform(-scale, scale, 4000).astype(dt.np)
+  x = UOp.placeholder(v.shape, dt)
+  got = pygrad.evaluate(x.cos(), {x: v}, engine=engine).astype(np.float64)
+  assert np.abs(got - np.cos(v.astype(np.float64))).max() <= tol
