@@ -111,6 +111,8 @@ static void read_view(rd *r, pg_vm *vm, vm_kernel *k, vm_view *v, int isstore) {
   if (v->esize > vm->bufs[v->buf].align) vm->bufs[v->buf].align = v->esize;  /* checked against pointers at run */
   v->invariant = !v->masked;
   for (d = 0; d < k->ndim; d++) if (v->st[d] != 0 && k->shape[d] > 1) v->invariant = 0;
+  v->rowinv = !v->masked && !v->invariant;
+  for (d = 0; d + 1 < k->ndim; d++) if (v->st[d] != 0 && k->shape[d] > 1) v->rowinv = 0;
   v->contig = !v->masked && v->stype == vm_ct(v->stype);
   for (d = k->ndim - 1; d >= 0; d--) {
     if (k->shape[d] > 1 && v->st[d] != numel) v->contig = 0;
@@ -439,25 +441,14 @@ static int row_valid(const vm_view *v, const int64_t *idx, int nd) {
    sets; column by column, each run of rows is one line. A copy of the same bits either way; 0: not such a tile */
 static int gather_columns(const vm_view *v, const char *base, const int64_t *shape, int nd, const int64_t *idx0,
                           int64_t nr, int64_t c0, int64_t nc, char *dst) {
-  int64_t so, si, r, c, off;
+  int64_t so, si, off;
   if (nd < 1 || nr < 2 || v->masked || v->stype != vm_ct(v->stype) || idx0[nd - 1] + nr > shape[nd - 1]) return 0;
   so = v->st[nd - 1];
   si = v->st[nd];
   if (so == 0 || (so < 0 ? -so : so) >= (si < 0 ? -si : si)) return 0;
+  if (v->esize != 4 && v->esize != 8) return 0;
   off = row_off(v, idx0, nd) + c0 * si;
-  if (v->esize == 4) {
-    const uint32_t *s = (const uint32_t *)base + off;
-    uint32_t *d = (uint32_t *)dst;
-    for (c = 0; c < nc; c++)
-      for (r = 0; r < nr; r++) d[r * nc + c] = s[c * si + r * so];
-  } else if (v->esize == 8) {
-    const uint64_t *s = (const uint64_t *)base + off;
-    uint64_t *d = (uint64_t *)dst;
-    for (c = 0; c < nc; c++)
-      for (r = 0; r < nr; r++) d[r * nc + c] = s[c * si + r * so];
-  } else {
-    return 0;
-  }
+  vm_transpose_copy(base + off * v->esize, si, so, dst, nr, nc, v->esize);
   return 1;
 }
 
@@ -565,7 +556,7 @@ static void loop_part(const loop_job *j, char *ws, int64_t r0, int64_t r1, int64
   char *const *bufp = j->bufp;
   char **ptr = (char **)ws, **scratch, *p;
   int nd = k->ndim - 1;  /* outer dims; the last is the tile's inner dim */
-  int64_t inner = j->inner, rpt, r, c0, idx[VM_MAXDIM] = {0};
+  int64_t inner = j->inner, rpt, r, c0, idx[VM_MAXDIM] = {0}, rowinv_rows = 0;
   int32_t i, dot = 0, rop = k->redop == VR_DOT ? VR_ADD : k->redop;
   scratch = ptr + k->nregs;
   p = (char *)(((uintptr_t)(scratch + k->nregs) + 63) & ~(uintptr_t)63);
@@ -589,6 +580,10 @@ static void loop_part(const loop_job *j, char *ws, int64_t r0, int64_t r1, int64
       for (i = 0; i < k->nloads; i++) {
         const vm_view *v = &k->loads[i];
         if (v->invariant) continue;
+        if (v->rowinv && rpt > 1 && nr <= rowinv_rows) {  /* the same row again: gathered by an earlier tile */
+          ptr[v->reg] = scratch[v->reg];
+          continue;
+        }
         if (v->contig || (nr == 1 && v->st[nd] == 1 && !v->masked && v->stype == vm_ct(v->stype)))
           ptr[v->reg] = bufp[v->buf] + (row_off(v, idx, nd) + c0 * v->st[nd]) * v->esize;
         else {
@@ -596,6 +591,7 @@ static void loop_part(const loop_job *j, char *ws, int64_t r0, int64_t r1, int64
           ptr[v->reg] = scratch[v->reg];
         }
       }
+      if (rpt > 1 && nr > 1 && nr > rowinv_rows) rowinv_rows = nr;  /* (nr > 1: every rowinv load was gathered) */
       for (i = 0; i < k->nregs; i++) if (!k->regs[i].isload) ptr[i] = scratch[i];
       if (!k->redop)
         for (i = 0; i < k->nstores; i++) {  /* a store straight from the register: the last writer is the memory */

@@ -36,9 +36,10 @@ typedef struct vm_ins { int32_t op, lt, dst, a, b, c, mode, sct; } vm_ins;
 typedef struct vm_regdef { int32_t ct, scalar, isload; } vm_regdef;
 
 /* a strided view of a buffer over the kernel's index space: element offset and strides (in elements of stype),
-   an optional mask (index range [lo, hi) per dim, zero outside) */
+   an optional mask (index range [lo, hi) per dim, zero outside). invariant: one value for the whole kernel; rowinv:
+   the same row for every outer index (a bias broadcast over a batch) */
 typedef struct vm_view {
-  int32_t reg, buf, stype, esize, masked, contig, invariant;
+  int32_t reg, buf, stype, esize, masked, contig, invariant, rowinv;
   int64_t off, st[VM_MAXDIM], lo[VM_MAXDIM], hi[VM_MAXDIM];
 } vm_view;
 
@@ -92,6 +93,8 @@ typedef struct vm_isa {
 typedef void (*vm_task)(void *ctx, int64_t lo, int64_t hi, int32_t worker);
 void vm_pool_for(int64_t n, int64_t chunk, vm_task fn, void *ctx, int32_t maxw);
 
+/* vm_transpose.c: d[r][c] (rows nc apart) = s[c * si + r * so], r < nr, c < nc, elements of esize (4 or 8) bytes */
+void vm_transpose_copy(const char *src, int64_t si, int64_t so, char *dst, int64_t nr, int64_t nc, int64_t esize);
 const vm_isa *vm_isa_current(void);
 /* vm_gemm.c: the contraction entries of each instruction set */
 size_t vm_gemm_ws_base(const vm_gemm *g);

@@ -71,3 +71,25 @@ def test_weight_gradient_contraction_written_transposed(nkm, dt, restore_threads
     assert got[0].tobytes() == ref.tobytes(), f"{nt} threads differ from 1"
   tol = 2e-4 if dt is dtypes.float32 else 1e-10
   np.testing.assert_allclose(ref, vx.T.astype(np.float64) @ vc.astype(np.float64), rtol=tol, atol=tol * k)
+
+
+# (shape of x, shape of the row broadcast over it): tiles of several rows reuse the row they gathered first
+ROWS = [((128, 256), (256,)), ((129, 100), (100,)), ((7, 33), (33,)), ((3, 50, 70), (70,)), ((6, 5, 40), (1, 5, 40)),
+        ((1000, 3), (3,)), ((2, 9000), (9000,))]
+
+
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float64, dtypes.int32], ids=lambda d: d.name)
+@pytest.mark.parametrize("shapes", ROWS, ids=lambda s: f"{s[0]}+{s[1]}")
+def test_row_broadcast_is_exact(shapes, dt, restore_threads):
+  """A bias broadcast over a batch (the same row for every outer index) and one read backwards and strided."""
+  xs, bs = shapes
+  x, b = UOp.placeholder(xs, dt, "x"), UOp.placeholder(bs, dt, "b")
+  wide = UOp.placeholder(bs[:-1] + (2 * bs[-1],), dt, "w")
+  vx, vb, vw = _val(xs, 6, dt.numpy), _val(bs, 7, dt.numpy), _val(bs[:-1] + (2 * bs[-1],), 8, dt.numpy)
+  strided = wide.reshape(bs[:-1] + (bs[-1], 2)).shrink(tuple((0, s) for s in bs) + ((1, 2),)).reshape(bs)
+  outs = [x + b, (x * b + b).maximum(x), x + b.flip(len(bs) - 1), x + strided]
+  prog = pygrad.compile(outs, [x, b, wide])
+  want = numpy_eval.evaluate(outs, {x: vx, b: vb, wide: vw})
+  for n in (1, 2, 3):
+    pygrad.set_num_threads(n)
+    for g, w in zip(prog(vx, vb, vw), want): np.testing.assert_array_equal(g, w)
