@@ -144,3 +144,22 @@ int32_t pg_serial_build_id(const pg_build *b, int64_t i);
 int pg_serial_build_ids(const pg_build *b, int32_t *out, int64_t n);
 int pg_serial_build_rows(pg_build *b, const int64_t *rows, int64_t nrows, int32_t *ids, int32_t *metas);
 void pg_serial_build_delete(pg_build *b);
+/* serial_decode.c: the node sections of pygrad's format (size bytes, every byte used) as the builder's columns for
+   ngiven given rows and n stored ones (op, dtype, arg, tag, pdata: ngiven + n each, the given rows zero; start:
+   ngiven + n + 1; src: m rows; roots: nroots rows), arg numbers checked against nargs. 0, or a PG_DEC_* problem
+   with *what the section (PG_DEC_TRUNC: 0 ops, 1 dtypes, 2 source counts, 3 args, 4 sources, 5 roots, 6 side
+   table size, 7 side table) or the value at fault; *nside: the side table's entries */
+#define PG_DEC_TRUNC 1
+#define PG_DEC_SUM 2
+#define PG_DEC_TRAIL 3
+#define PG_DEC_OP 4
+#define PG_DEC_DTYPE 5
+#define PG_DEC_ARG 6
+#define PG_DEC_BEFORE 7
+#define PG_DEC_CYCLE 8
+#define PG_DEC_ROOT 9
+#define PG_DEC_SIDE 10
+int pg_serial_decode(const uint8_t *data, int64_t size, int64_t n, int64_t m, int64_t nroots, int32_t srcw,
+                     int32_t argw, int64_t ngiven, int64_t nargs, int32_t nops, int32_t ndtypes, int32_t *op,
+                     int32_t *dtype, int64_t *start, int32_t *src, int32_t *arg, int32_t *tag, int32_t *pdata,
+                     int64_t *roots, int64_t *nside, int64_t *what);

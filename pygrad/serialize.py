@@ -42,7 +42,8 @@ _FLAGS = np.array([2 if o in _ASK else 1 for o in Ops], np.uint8)
 _IS_LEAF = np.array([o in GroupOp.Leaf for o in Ops], bool)
 _OPS = tuple(Ops)
 _JUST_INT = {int}
-_SMALL = 32  # a pickle piece of at most this many new nodes is built node by node: the bulk builder's setup costs more
+_SMALL = 32  # a table of at most this many new rows infers no leaf metas up front: the builder asks for its leaves
+_PART = 4096  # a pickle piece of at most this many nodes has its args pickled as objects (see _Piece)
 _U32 = struct.Struct("<I")
 
 
@@ -158,8 +159,9 @@ def _build(op, dt, start, src, argref, tagref, pdref, objs: list, roots, given=N
   for _ in range(64):  # an interned id may be drained between interning and the builder's hold: intern again
     ids = _intern_all(objs, keys)
     try:
-      if CORE.name == "c" and (given is None or n - len(given) > _SMALL):
-        known = _leaf_metas(op, dt, start, argref, objs, 0 if given is None else len(given))
+      if CORE.name == "c":
+        ng = 0 if given is None else len(given)
+        known = _leaf_metas(op, dt, start, argref, objs, ng) if n - ng > _SMALL else None
         return _build_c(op, dt, start, src, ids[argref], ids[tagref], None if pdref is None else ids[pdref], objs,
                         argref, tagref, roots, given, known)
       return _build_py(op, dt, start, src, argref, tagref, pdref, objs, ids, roots, given)
@@ -374,10 +376,12 @@ def dumps(roots: UOp | Sequence[UOp]) -> bytes:
   return _write([r._id for r in rl], _fresh_pos(), 0, single, None)[0]
 
 
-def _write(root_ids: list[int], pos: np.ndarray, base: int, single: bool, externals, cache=None):
+def _write(root_ids: list[int], pos: np.ndarray, base: int, single: bool, externals, cache=None, part: int = -1):
   """(bytes, imports, count): the nodes under root_ids that pos does not list yet, written as rows base, base + 1,
   ... of a table (pos gets their rows), in pygrad's format; the rows below base that they use (imports, ascending)
-  are the blob's given rows, which the loader supplies. On error pos is as it was."""
+  are the blob's given rows, which the loader supplies. On error pos is as it was. A table of at most part rows
+  comes as (counts, node sections, args) instead of bytes: its args the interned objects themselves (pickle's
+  small pieces: see _Piece)."""
   if CORE.name == "c":
     from .core.ccore import ffi, lib
     t = _c_table(root_ids, pos, base)
@@ -389,11 +393,15 @@ def _write(root_ids: list[int], pos: np.ndarray, base: int, single: bool, extern
         RuntimeError(f"pygrad: encode failed ({r})")
       b = ffi.gc(out[0], lib.pg_serial_blob_free)
       n, m, nargs, ng = int(t.n), int(t.m), int(t.nargs), int(b.nimports)
+      imports = np.frombuffer(ffi.buffer(b.imports, 4 * ng), np.int32).copy()
+      if n <= part:
+        objs = ARGS.objs
+        return ((n, m, len(rows), int(b.srcw), int(b.argw)), bytes(ffi.buffer(b.data, b.size)),
+                tuple([objs[a] for a in ffi.unpack(t.args, nargs)])), imports, n
       argb = encode_args(ffi.unpack(t.args, nargs), externals, cache)
       head = _HEAD.pack(MAGIC, VERSION, _F_SINGLE if single else 0, nargs, len(argb), n, m, len(rows), b.srcw, b.argw,
                         ng)
       body = b"".join([head, argb, ffi.buffer(b.data, b.size)])
-      imports = np.frombuffer(ffi.buffer(b.imports, 4 * ng), np.int32).copy()
     except BaseException:
       pos[np.frombuffer(ffi.buffer(t.ids, 4 * t.n), np.int32)] = -1
       raise
@@ -407,7 +415,11 @@ def _write(root_ids: list[int], pos: np.ndarray, base: int, single: bool, extern
     local[old] = np.searchsorted(imports, src[old])
     local[~old] += len(imports) - base
     rows = np.where(rows < base, np.searchsorted(imports, rows), rows + len(imports) - base)
-    blob = _encode((op, dt, arg, tag, pdata, nsrc, local, args), rows, single, len(imports), externals, cache)
+    cols = (op, dt, arg, tag, pdata, nsrc, local)
+    if len(ids) <= part:
+      nodes, srcw, argw = _sections(cols, rows, len(imports), len(args))
+      blob = (len(ids), len(src), len(rows), srcw, argw), nodes, tuple([ARGS.objs[int(a)] for a in args])
+    else: blob = _encode((*cols, args), rows, single, len(imports), externals, cache)
   except BaseException:
     pos[ids] = -1
     raise
@@ -420,23 +432,31 @@ def _encode(cols, root_rows, single: bool, ngiven: int, externals, cache=None) -
   Args are numbered in order of first use, so the bytes do not depend on interning ids. (The pure core's writer:
   csrc/serial.c's pg_serial_encode writes the same bytes.)"""
   op, dt, arg, tag, pdata, nsrc, src, args = cols
-  n = len(op)
   argb = encode_args(args.tolist(), externals, cache)
-  argw = _width(len(args))
+  nodes, srcw, argw = _sections(cols[:7], root_rows, ngiven, len(args))
+  head = _HEAD.pack(MAGIC, VERSION, _F_SINGLE if single else 0, len(args), len(argb), len(op), len(src),
+                    len(root_rows), srcw, argw, ngiven)
+  body = b"".join([head, argb, nodes])
+  return body + _U32.pack(zlib.crc32(body))
+
+
+def _sections(cols, root_rows, ngiven: int, nargs: int) -> tuple[bytes, int, int]:
+  """(bytes, source width, arg width) of the node sections of _encode's table (op, dtype, arg, tag, pdata, nsrc,
+  src): everything after the arg table but the checksum."""
+  op, dt, arg, tag, pdata, nsrc, src = cols
+  n = len(op)
+  argw = _width(nargs)
   rows = np.repeat(np.arange(ngiven, ngiven + n, dtype=np.int64), nsrc)
   delta = rows - src
   srcw = _width(int(delta.max()) if len(delta) else 0)
   big = nsrc >= 255
   side = np.nonzero((tag != 0) | (pdata != 0))[0]
-  head = _HEAD.pack(MAGIC, VERSION, _F_SINGLE if single else 0, len(args), len(argb), n, len(src), len(root_rows),
-                    srcw, argw, ngiven)
-  parts = [head, argb, op.astype(np.uint8).tobytes(), dt.astype(np.uint8).tobytes(),
+  parts = [op.astype(np.uint8).tobytes(), dt.astype(np.uint8).tobytes(),
            np.minimum(nsrc, 255).astype(np.uint8).tobytes(), nsrc[big].astype("<u4").tobytes(),
            arg.astype(_UTYPE[argw]).tobytes(), delta.astype(_UTYPE[srcw]).tobytes(),
            np.asarray(root_rows).astype("<u4").tobytes(), _U32.pack(len(side)),
            np.stack([side, tag[side], pdata[side]], 1).astype("<u4").tobytes()]
-  body = b"".join(parts)
-  return body + _U32.pack(zlib.crc32(body))
+  return b"".join(parts), srcw, argw
 
 
 def _col(r: _Reader, k: int, dtype, what: str) -> np.ndarray:
@@ -472,7 +492,26 @@ def _decode(data, allow_import: bool, externals, given):
                      f"{nroots})")
   if (flags & _F_SINGLE) and nroots != 1: raise ValueError("pygrad.loads: a single-root graph with {nroots} roots")
   objs, keys = decode_args(bytes(mv[_HEAD.size:_HEAD.size + argbytes]), nargs, externals, allow_import)
-  r = _Reader(mv, _HEAD.size + argbytes, end)
+  out = _nodes(_Reader(mv, _HEAD.size + argbytes, end), n, m, nroots, srcw, argw, objs, keys, given)
+  if given is not None: return out
+  return out[0] if flags & _F_SINGLE else out
+
+
+def _nodes(r: _Reader, n: int, m: int, nroots: int, srcw: int, argw: int, objs: list, keys, given):
+  """The nodes of a table's node sections (read by r, to its end; the counts checked against the data size), their
+  args objs (with their interning keys, if known), built after the rows given: see _decode."""
+  ng = 0 if given is None else len(given)
+  read = _nodes_c if CORE.name == "c" else _nodes_py
+  op, dt, start, src, argref, tagref, pdref, rts, nside = read(r, n, m, nroots, srcw, argw, len(objs), ng)
+  if nside: _check_pdata(pdref, objs)
+  return _build(op, dt, start, src, argref, tagref, pdref, objs, rts, given, keys)
+
+
+def _nodes_py(r: _Reader, n: int, m: int, nroots: int, srcw: int, argw: int, nargs: int, ng: int):
+  """The columns of a table's node sections for ng given rows and n stored ones, read by r to its end: (op, dtype,
+  start, src, arg, tag, pdata, roots, side entries), every count and reference checked (the pure core's reader;
+  the C core's is csrc/serial_decode.c, which checks the same, in this order)."""
+  end = r.end
   op = _col(r, n, np.uint8, "ops").astype(np.int32)
   dt = _col(r, n, np.uint8, "dtypes").astype(np.int32)
   ns = _col(r, n, np.uint8, "source counts").astype(np.int64)
@@ -498,18 +537,49 @@ def _decode(data, allow_import: bool, externals, given):
     if rows.max() >= n or tg.max() > nargs or pd.max() > nargs:
       raise ValueError("pygrad.loads: a side entry is outside the node or arg table")
     tagref[rows], pdref[rows] = tg, pd
-    for p in np.unique(pd[pd != 0]):
-      v = objs[int(p) - 1]
-      if type(v) is not tuple or not all(type(x) is Metadata for x in v):
-        raise ValueError(f"pygrad.loads: node metadata must be a tuple of Metadata, got {v!r}")
   if ng:  # the given rows come first: no sources, no args
     z32 = np.zeros(ng, np.int32)
     op, dt, argref, tagref, pdref = (np.concatenate([z32, c]) for c in (op, dt, argref, tagref, pdref))
     ns = np.concatenate([np.zeros(ng, np.int64), ns])
-  out = _build(op, dt, _starts(ns), np.ascontiguousarray(src, np.int32), argref, tagref, pdref, objs, rts, given,
-               keys)
-  if given is not None: return out
-  return out[0] if flags & _F_SINGLE else out
+  return op, dt, _starts(ns), np.ascontiguousarray(src, np.int32), argref, tagref, pdref, rts, nside
+
+
+def _check_pdata(pdref: np.ndarray, objs: list) -> None:
+  for p in np.unique(pdref[pdref != 0]):
+    v = objs[int(p) - 1]
+    if type(v) is not tuple or not all(type(x) is Metadata for x in v):
+      raise ValueError(f"pygrad.loads: node metadata must be a tuple of Metadata, got {v!r}")
+
+
+_SECTIONS = ("ops", "dtypes", "source counts", "args", "sources", "roots", "side table size", "side table")
+
+
+def _nodes_c(r: _Reader, n: int, m: int, nroots: int, srcw: int, argw: int, nargs: int, ng: int):
+  """_nodes' columns (op, dtype, start, src, arg, tag, pdata, roots, side entries), read by one C call
+  (csrc/serial_decode.c), which checks what _nodes checks, in the same order, and names the same problems."""
+  from .core.ccore import ffi, lib
+  k = ng + n
+  if m > r.end - r.p: raise ValueError("pygrad.loads: truncated data (sources)")
+  i32, i64 = np.empty(5 * k + m, np.int32), np.empty(k + 1 + nroots, np.int64)
+  op, dt, arg, tag, pd, src = i32[:k], i32[k:2 * k], i32[2 * k:3 * k], i32[3 * k:4 * k], i32[4 * k:5 * k], i32[5 * k:]
+  start, rts = i64[:k + 1], i64[k + 1:]
+  nside, what = ffi.new("int64_t[2]"), ffi.new("int64_t *")
+  p32, p64 = ffi.from_buffer("int32_t[]", i32), ffi.from_buffer("int64_t[]", i64)
+  data = ffi.from_buffer("uint8_t[]", r.b)
+  e = lib.pg_serial_decode(data + r.p, r.end - r.p, n, m, nroots, srcw, argw, ng, nargs, _NOPS, _NDT, p32, p32 + k, p64,
+                           p32 + 5 * k, p32 + 2 * k, p32 + 3 * k, p32 + 4 * k, p64 + k + 1, nside, what)
+  if e == 0: return op, dt, start, src, arg, tag, pd, rts, int(nside[0])
+  w = int(what[0])
+  raise ValueError({lib.PG_DEC_TRUNC: f"pygrad.loads: truncated data ({_SECTIONS[w] if 0 <= w < 8 else w})",
+                    lib.PG_DEC_SUM: f"pygrad.loads: source counts add up to {w}, the header says {m}",
+                    lib.PG_DEC_TRAIL: f"pygrad.loads: {w} bytes after the graph",
+                    lib.PG_DEC_OP: f"pygrad.loads: unknown op {w}", lib.PG_DEC_DTYPE: f"pygrad.loads: unknown dtype {w}",
+                    lib.PG_DEC_ARG: "pygrad.loads: an arg reference is outside the arg table",
+                    lib.PG_DEC_BEFORE: "pygrad.loads: a source reference points before the first node",
+                    lib.PG_DEC_CYCLE: "pygrad.loads: a node is its own source (a cycle)",
+                    lib.PG_DEC_ROOT: "pygrad.loads: a root is outside the node table",
+                    lib.PG_DEC_SIDE: "pygrad.loads: a side entry is outside the node or arg table"}.get(
+                      e, f"pygrad.loads: decoding failed ({e})"))
 
 
 def save(path: str | os.PathLike[str], roots: UOp | Sequence[UOp]) -> None:
@@ -547,10 +617,16 @@ class _Session:
 
 class _Piece:
   """Rows [base, base + k) of a session's table: pickled as the piece before it, the rows its sources use from the
-  earlier pieces, and the bytes of its nodes (pygrad's format, those rows given)."""
+  earlier pieces, and the bytes of its nodes (pygrad's format, those rows given). A piece of at most _PART rows --
+  a UOp of a container that adds a few nodes to what the items before it wrote -- is its node sections, their
+  counts and its args as the interned objects, which pickle writes itself: its memo writes each arg once per
+  stream, and loading the piece decodes no arg table (with an arg table, each piece cost ~100 us: 32,260 pieces
+  loaded 17x slower than one pygrad.loads of the whole table)."""
   __slots__ = ("session", "prev", "imports", "blob", "ext", "__weakref__")
 
-  def __reduce__(self): return _load_piece, (self.prev, self.imports, self.blob, self.ext)
+  def __reduce__(self):
+    if type(self.blob) is tuple: return _load_part, (self.prev, self.imports, *self.blob)
+    return _load_piece, (self.prev, self.imports, self.blob, self.ext)
 
 
 def _session() -> _Session:
@@ -569,7 +645,7 @@ def reduce_uop(u: UOp):
   row = int(s.pos[u._id])
   if row < 0:
     ext: list = []
-    blob, imports, k = _write([u._id], s.pos, s.n, True, ext, s.args)
+    blob, imports, k = _write([u._id], s.pos, s.n, True, ext, s.args, _PART)
     p = _Piece()
     p.session, p.prev, p.imports, p.blob, p.ext = s, None if s.last is None else s.last(), \
       imports.astype("<u4").tobytes(), blob, tuple(ext)
@@ -586,14 +662,35 @@ class _Loaded:
 
 
 def _load_piece(prev, imports: bytes, blob: bytes, ext: tuple) -> _Loaded:
+  return _append(prev, imports, lambda given: _decode(blob, False, list(ext), given))
+
+
+def _load_part(prev, imports: bytes, counts: tuple, nodes: bytes, args: tuple) -> _Loaded:
+  if type(counts) is not tuple or len(counts) != 5 or any(type(c) is not int or not 0 <= c < 1 << 31 for c in counts) \
+     or type(nodes) is not bytes or type(args) is not tuple:
+    raise ValueError("pygrad: bad pickle (a piece's counts, nodes or args)")
+  n, m, nroots, srcw, argw = counts
+  if srcw not in _UTYPE or argw not in _UTYPE or n > len(nodes) // 3 or m > len(nodes) or nroots != 1:
+    raise ValueError(f"pygrad: bad pickle (a piece of {n} nodes, {m} sources, {nroots} roots in {len(nodes)} bytes)")
+
+  def decode(given):
+    if len(given) + n >= 1 << 31: raise ValueError("pygrad: bad pickle (a table of more than 2**31 rows)")
+    try: return _nodes(_Reader(nodes, 0, len(nodes)), n, m, nroots, srcw, argw, list(args), None, given)
+    except TypeError as e: raise ValueError(f"pygrad: bad pickle (an arg: {e})") from None
+  return _append(prev, imports, decode)
+
+
+def _append(prev, imports: bytes, decode) -> _Loaded:
+  """The table so far with a piece's rows appended: decode(the ids of the rows it imports) builds them."""
   if prev is not None and type(prev) is not _Loaded: raise ValueError("pygrad: bad pickle (a piece after a non-piece)")
+  if type(imports) is not bytes: raise ValueError("pygrad: bad pickle (a piece's imports)")
   base = 0 if prev is None else prev.end
-  imp = np.frombuffer(imports, "<u4").astype(np.int64)
+  imp = np.frombuffer(imports, "<u4", len(imports) // 4).astype(np.int64)
   if len(imp) and imp.max() >= base: raise ValueError("pygrad: bad pickle (a piece uses rows not loaded before it)")
   if prev is None: rows = [np.zeros(0, np.int32), 0]
   elif prev.ids[1] == base: rows = prev.ids  # the pieces come in order: append to the shared array
   else: rows = [prev.ids[0][:base].copy(), base]
-  got = _decode(blob, False, list(ext), rows[0][imp])
+  got = decode(rows[0][imp])
   if len(got[0]) != 1: raise ValueError("pygrad: bad pickle (a piece without one root)")
   new = got[1]
   end = base + len(new)

@@ -423,18 +423,74 @@ def test_pickle_calls_do_not_share_tables():
   assert back[1] is heads[9] and back[3] is heads[9] and back[2] is heads[2]
 
 
-def test_bad_pickled_pieces_raise_value_error():
-  from pygrad.serialize import _load_piece, _load_row
+def test_bad_pickled_pieces_raise_value_error(monkeypatch):
+  import pygrad.serialize as ser
+  from pygrad.serialize import _load_piece, _load_part, _load_row
   _, y, heads = _trunk(50)
-  r0, r1 = heads[0].__reduce__(), heads[1].__reduce__()  # one session: the second piece continues the first
-  blob = r1[1][0].blob
-  del r0, r1
+  gc.collect()
+  ser._local.session = None  # a new pickling session (one an earlier test left open would list the heads)
+  with monkeypatch.context() as mp:
+    mp.setattr(ser, "_PART", 0)  # every piece in pygrad's format, with its arg table
+    r0, r1 = heads[0].__reduce__(), heads[1].__reduce__()  # one session: the second piece continues the first
+    blob = r1[1][0].blob
+    del r0, r1
   with pytest.raises(ValueError, match="continues another"):  # a piece's bytes alone are not a graph
     pygrad.loads(blob)
   with pytest.raises(ValueError, match="outside its table"):
     _load_row(None, 0)
   with pytest.raises(ValueError, match="not loaded before"):
     _load_piece(None, struct.pack("<I", 3), pygrad.dumps(y), ())
+  # a small piece: its node sections, their counts and its args as objects
+  ser._local.session = None
+  r0, r1 = heads[0].__reduce__(), heads[1].__reduce__()
+  f0, a0 = r0[1][0].__reduce__()
+  f1, (_, imports, counts, nodes, args) = r1[1][0].__reduce__()
+  assert f0 is _load_part and f1 is _load_part
+  first = _load_part(*a0)
+  assert _load_row(first, r0[1][1]) is heads[0]
+  assert _load_row(_load_part(first, imports, counts, nodes, args), r1[1][1]) is heads[1]
+  n, m, nroots, srcw, argw = counts
+  bad = [((n, m, nroots, srcw, 3), nodes, args, "bad pickle"), ((n + 1000, m, 1, srcw, argw), nodes, args, "bad pickle"),
+         ((n, m, 1, srcw, argw), nodes[:-1], args, "truncated"), ((n, m, 1, srcw, argw), nodes + b"\0", args, "after"),
+         ((n, m, 1, srcw, argw), nodes, (), "outside the arg table"), ((True, m, 1, srcw, argw), nodes, args, "counts"),
+         ((n, m, 1, srcw, argw), bytearray(nodes), args, "nodes"), ([n, m, 1, srcw, argw], nodes, args, "counts"),
+         ((n, m, 1, srcw, argw), nodes, tuple([[]] * len(args)), "bad pickle")]
+  for c, nd, ar, what in bad:
+    with pytest.raises(ValueError, match=what):
+      _load_part(first, imports, c, nd, ar)
+  with pytest.raises(ValueError, match="not loaded before"):
+    _load_part(None, imports, counts, nodes, args)
+
+
+def test_pickle_of_many_uops_decodes_no_arg_table_per_uop(monkeypatch):
+  """Regression: each UOp of a container that added nodes was a piece with its own arg table, decoded on load with
+  numpy and interned arg by arg (~150 us each: the 32,260 outputs of a W1 gradient loaded 17x slower than one
+  pygrad.loads of their table). Now such a piece carries its args as the interned objects (pickle's memo writes
+  each once per stream): the stream's arg tables are decoded once, for its first, large piece."""
+  import pygrad.argtable as at
+  import pygrad.serialize as ser
+  _, y, heads = _trunk(3000)  # the first piece (y's graph and heads[0]) has more than _PART rows
+  assert len(y.toposort()) > ser._PART
+  calls = []
+  real = at.decode_args
+  monkeypatch.setattr(ser, "decode_args", lambda *a: calls.append(1) or real(*a))
+  data = pickle.dumps(heads)
+  assert len(data) <= len(pygrad.dumps(heads)) + 160 * len(heads)
+  back = pickle.loads(data)
+  assert all(a is b for a, b in zip(back, heads)) and len(back) == len(heads)
+  assert len(calls) == 1
+  _, _, few = _trunk(100)
+  small = pickle.dumps(few)  # every piece small: no arg table at all
+  calls.clear()
+  assert all(a is b for a, b in zip(pickle.loads(small), few)) and calls == []
+  calls.clear()
+  del back, heads, y
+  gc.collect()
+  before = pygrad.live_nodes()
+  back = pickle.loads(data)  # loaded where the graph is not alive: the same nodes as rebuilding it
+  assert pygrad.live_nodes() > before and len(calls) == 1
+  _, y2, heads2 = _trunk(3000)
+  assert all(a is b for a, b in zip(back, heads2))
 
 
 def test_program_pickles_and_copies():

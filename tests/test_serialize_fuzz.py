@@ -71,3 +71,38 @@ def test_lying_header_fields(which, at, value):
 @pytest.mark.parametrize("which", range(len(BLOBS)))
 def test_blobs_are_valid(which):
   assert pygrad.loads(BLOBS[which]) is not None
+
+
+@pytest.mark.skipif(pygrad.core_name() != "c", reason="compares the C core's reader with the pure core's")
+@FUZZ
+@given(st.sampled_from(range(len(BLOBS))), st.lists(edit, min_size=1, max_size=6), st.integers(0, 5),
+       st.integers(0, 40))
+def test_c_node_reader_agrees_with_the_pure_one(which, edits, widen, ngiven):
+  """csrc/serial_decode.c reads a blob's node sections as pygrad.serialize._nodes_py does: the same columns, or the
+  same ValueError (mutated sections, under lying counts and widths, after given rows)."""
+  import numpy as np
+  from pygrad.serialize import _HEAD, _Reader, _nodes_c, _nodes_py
+  from pygrad.argtable import decode_args
+  data = BLOBS[which]
+  _, _, _, nargs, argbytes, n, m, nroots, srcw, argw, _ = _HEAD.unpack_from(data, 0)
+  body = bytearray(data[_HEAD.size + argbytes:-4])
+  for kind, pos, val in edits:
+    pos %= len(body) + 1
+    if kind == "set" and pos < len(body): body[pos] = val
+    elif kind == "insert": body.insert(pos, val)
+    elif kind == "delete" and pos < len(body): del body[pos]
+  counts = [n, m, nroots, srcw, argw]
+  k = edits[0][1] % 3  # a lying count (n, m or nroots), or another width (the callers admit only 1, 2 and 4)
+  if 1 <= widen <= 3: counts[widen - 1] = max(0, [counts[widen - 1] + edits[0][2] % 3 - 1, 0, 4][k])
+  elif widen: counts[widen - 1] = [1, 2, 4][k]
+  body = bytes(body)
+  got = []
+  for read in (_nodes_py, _nodes_c):
+    try: got.append(read(_Reader(body, 0, len(body)), *counts, nargs, ngiven))
+    except ValueError as e: got.append(str(e))
+  if isinstance(got[0], str): assert got[0] == got[1]
+  else:
+    assert not isinstance(got[1], str), got[1]
+    for a, b in zip(got[0], got[1]):
+      if isinstance(a, int): assert a == b
+      else: assert np.array_equal(np.asarray(a, np.int64), np.asarray(b, np.int64))
