@@ -1,7 +1,10 @@
 """Saving and loading graphs (pygrad.dumps/loads, pickle) and the bulk builder pygrad.build, on the C core, against
 pickling the same W1 graph in tinygrad 0.14.0, side by side in one run; writes bench/results/serialize.md.
 
-  python bench/bench_serialize.py [--nodes 1000000] [--tg-depth 500] [--reps 5]
+  python bench/bench_serialize.py [--nodes 1000000] [--tg-depth 500] [--reps 5] [--before TREE]
+
+--before TREE also measures the pygrad of another checkout (e.g. a worktree of main before a change, built in
+place), with this file's code, in alternating processes: the results then end with a before/after table.
 
 W1 is the bench suite's chain (y = (y @ w).relu().exp2().sin() + y, 16x16): the big graph is its forward graph plus
 its gradient, at the depth that makes at least --nodes nodes. tinygrad pickles recursively (RecursionError at depth
@@ -148,11 +151,15 @@ def tinygrad_small(depth: int, reps: int) -> dict:
   return r
 
 
-def _sub(fn: str, *args) -> dict:
-  """fn(*args) of this file in a fresh process (tinygrad and pygrad keep caches; each gets a clean process)."""
-  code = (f"import sys, json; sys.path.insert(0, {HERE!r}); import bench_serialize as b; "
+def _sub(fn: str, *args, tree: str | None = None) -> dict:
+  """fn(*args) of this file in a fresh process (tinygrad and pygrad keep caches; each gets a clean process), with
+  the pygrad of tree (default: this checkout's)."""
+  tree = tree or os.path.dirname(HERE)
+  code = (f"import sys, json, os; sys.path.insert(0, {HERE!r}); import bench_serialize as b; "
+          f"sys.path.insert(0, {tree!r}); import pygrad; "
+          f"assert os.path.dirname(os.path.dirname(os.path.abspath(pygrad.__file__))) == {os.path.abspath(tree)!r}; "
           f"print('RESULT', json.dumps(b.{fn}(*{args!r})))")
-  env = dict(os.environ, PYGRAD_CORE="c", DEV="CPU", PYTHONPATH=os.path.dirname(HERE))
+  env = dict(os.environ, PYGRAD_CORE="c", DEV="CPU", PYTHONPATH=tree)
   p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=3600)
   if p.returncode != 0: raise RuntimeError(f"{fn} failed:\n{p.stderr[-3000:]}")
   import json
@@ -165,9 +172,15 @@ def main(argv=None) -> int:
   ap.add_argument("--tg-depth", type=int, default=500)
   ap.add_argument("--reps", type=int, default=5)
   ap.add_argument("--out", default=os.path.join(HERE, "results", "serialize.md"))
+  ap.add_argument("--before", default=None, help="another checkout of pygrad to measure too (before a change)")
   a = ap.parse_args(argv)
+  old = {}
+  if a.before:  # alternating: before, after, before, after (the load of a shared machine drifts)
+    old = _sub("pygrad_figures", a.nodes, a.reps, tree=a.before)
+    old.update(_sub("pygrad_first", a.nodes, tree=a.before))
   big = _sub("pygrad_figures", a.nodes, a.reps)
   big.update(_sub("pygrad_first", a.nodes))
+  if a.before: oldpg = _sub("pygrad_small", a.tg_depth, a.reps, tree=a.before)
   pg = _sub("pygrad_small", a.tg_depth, a.reps)
   tg = _sub("tinygrad_small", a.tg_depth, a.reps)
   n = big["nodes"]
@@ -223,6 +236,16 @@ def main(argv=None) -> int:
             f"at {n:,} nodes) | "
             f"{lr1:.1f}x; {tg['loads_s'] / tg['nodes'] / (big['loads_first_s'] / n):.1f}x | "
             f"{'PASS' if min(lr1, tg['loads_s'] / tg['nodes'] / (big['loads_first_s'] / n)) >= 20 else 'FAIL'} |", ""]
+  if a.before:
+    lines += [f"## Before and after: `--before {a.before}` (that checkout's pygrad, this file's code, alternating "
+              "processes)", "", "| measure | before (s) | after (s) | after / before |", "|---|---|---|---|"]
+    for name, s, _ in rows:
+      key = next(k for k, v in big.items() if v is s)
+      lines.append(f"| {name} | {old[key]:.3f} | {s:.3f} | {s / old[key]:.2f} |")
+    for k, name in (("dumps_s", "dumps"), ("loads_s", "loads"), ("loads_first_s", "loads, first in a process")):
+      lines.append(f"| {name}, W1 forward at depth {a.tg_depth} ({pg['nodes']:,} nodes; us/node) | "
+                   f"{us(oldpg[k], oldpg['nodes']):.3f} | {us(pg[k], pg['nodes']):.3f} | {pg[k] / oldpg[k]:.2f} |")
+    lines.append("")
   os.makedirs(os.path.dirname(a.out), exist_ok=True)
   with open(a.out, "w") as f: f.write("\n".join(lines))
   print("\n".join(lines))

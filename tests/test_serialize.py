@@ -454,7 +454,7 @@ def test_bad_pickled_pieces_raise_value_error(monkeypatch):
          ((n, m, 1, srcw, argw), nodes[:-1], args, "truncated"), ((n, m, 1, srcw, argw), nodes + b"\0", args, "after"),
          ((n, m, 1, srcw, argw), nodes, (), "outside the arg table"), ((True, m, 1, srcw, argw), nodes, args, "counts"),
          ((n, m, 1, srcw, argw), bytearray(nodes), args, "nodes"), ([n, m, 1, srcw, argw], nodes, args, "counts"),
-         ((n, m, 1, srcw, argw), nodes, tuple([[]] * len(args)), "bad pickle")]
+         ((n, m, 1, srcw, argw), nodes, tuple([[]] * len(args)), "bad pickle|metadata must be")]
   for c, nd, ar, what in bad:
     with pytest.raises(ValueError, match=what):
       _load_part(first, imports, c, nd, ar)
