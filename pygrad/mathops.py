@@ -81,6 +81,31 @@ _RESHAPE, _EXPAND, _PERMUTE, _PAD, _SHRINK, _REDUCE_AXIS = \
   Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.PAD, Ops.SHRINK, Ops.REDUCE_AXIS
 
 
+def _float_floordiv(a, b):
+  """floor(a / b) as numpy and torch. a / b is a * (1 / b), off by an ulp or so, so its floor can miss an integer
+  quotient (49.0 // 49.0 was 0, and 49.0 % 49.0 was 49.0): the remainder a - b * q moves q by one where it lies
+  outside [0, b). Where |a| << |b| (b = +-inf included) with opposite signs, a / b rounds to -0.0 (and the remainder
+  may be inf * 0 = NaN), but the quotient's floor is -1 (-1 // inf is -1)."""
+  q = (a / b).floor()
+  r = a - b * q
+  pos, neg = b > 0, b < 0
+  low = (pos & (r < 0)) | (neg & (r > 0))
+  high = (pos & (r >= b)) | (neg & (r <= b))
+  q = low.where(q - 1, high.where(q + 1, q))
+  return (q.eq(0) & (a < 0).ne(b < 0) & a.ne(0)).where(-1.0, q)
+
+
+def _float_mod(a, b):
+  """a - b * (a // b), with the sign of b as numpy and torch; a where a // b is 0, so that a finite a mod +-inf is a
+  (or b, for opposite signs), not inf * 0 = NaN."""
+  q = _float_floordiv(a, b)
+  return q.eq(0).where(a, a - b * q)
+
+
+# tanh's Taylor coefficients, x**1 to x**15: 1, -1/3, 2/15, -17/315, 62/2835, -1382/155925, 21844/6081075, ...
+_TANH_TAYLOR = (1.0, -1 / 3, 2 / 15, -17 / 315, 62 / 2835, -1382 / 155925, 21844 / 6081075, -929569 / 638512875)
+
+
 class MathMixin:
   __slots__ = ()
   __array_ufunc__ = None  # numpy operands defer to these methods (`array @ x` is then our TypeError, not numpy's)
@@ -154,16 +179,16 @@ class MathMixin:
     return a * b.reciprocal()
   def __floordiv__(self, x):
     a, b = self._pair(x)
-    return UOp(Ops.IDIV, None, (a, b)) if dtypes.is_int(a.dtype) else (a / b).floor()
+    return UOp(Ops.IDIV, None, (a, b)) if dtypes.is_int(a.dtype) else _float_floordiv(a, b)
   def __rfloordiv__(self, x):
     a, b = self._pair(x, True)
-    return UOp(Ops.IDIV, None, (a, b)) if dtypes.is_int(a.dtype) else (a / b).floor()
+    return UOp(Ops.IDIV, None, (a, b)) if dtypes.is_int(a.dtype) else _float_floordiv(a, b)
   def __mod__(self, x):
     a, b = self._pair(x)
-    return UOp(Ops.MOD, None, (a, b)) if dtypes.is_int(a.dtype) else a - b * (a / b).floor()
+    return UOp(Ops.MOD, None, (a, b)) if dtypes.is_int(a.dtype) else _float_mod(a, b)
   def __rmod__(self, x):
     a, b = self._pair(x, True)
-    return UOp(Ops.MOD, None, (a, b)) if dtypes.is_int(a.dtype) else a - b * (a / b).floor()
+    return UOp(Ops.MOD, None, (a, b)) if dtypes.is_int(a.dtype) else _float_mod(a, b)
   __pow__, __rpow__ = _binary(Ops.POW), _binary(Ops.POW, True)
   pow = _binary(Ops.POW)
   __and__, __rand__ = _binary(Ops.AND), _binary(Ops.AND, True)
@@ -224,7 +249,16 @@ class MathMixin:
   def abs(self) -> UOp: return self * self.sign()
   def relu(self) -> UOp: return (self > 0).where(self, 0)
   def sigmoid(self) -> UOp: return (1 + (-self).exp()).reciprocal()
-  def tanh(self) -> UOp: return 2 * (2 * self).sigmoid() - 1
+  def tanh(self) -> UOp:
+    # 2 sigmoid(2x) - 1 cancels for small |x| (tanh(1e-8) was 0 in float32; float64's median error was 4e4 ulp), so
+    # below |x| = 1/8 the Taylor series to x**15 is used (within 2 ulp of float64 there); its argument is 0 elsewhere
+    # so that its gradient, masked to 0 there, is never 0 * inf
+    x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.float32)
+    small = (x < 0.125) & (x > -0.125)
+    xs = small.where(x, 0.0)
+    z, p = xs * xs, x.const_like(_TANH_TAYLOR[-1])
+    for c in reversed(_TANH_TAYLOR[:-1]): p = p * z + c
+    return small.where(xs * p, 2 * (2 * x).sigmoid() - 1)
   def square(self) -> UOp: return self * self
 
   # ---- movement ----

@@ -37,9 +37,9 @@ INTS = [d for d in VALUE_DTYPES if dtypes.is_int(d)]
 KINDS = ("unary", "binary", "binary", "where", "cast", "reduce", "movement", "movement", "matmul", "const",
          "function", "multi", "wild")
 UNARY_F = ("sqrt", "sin", "log2", "exp2", "reciprocal", "trunc", "neg", "abs", "relu", "exp", "log", "cos",
-           "sigmoid", "tanh", "contiguous", "detach")
-UNARY_I = ("neg", "abs", "contiguous", "logical_not")
-BIN_ANY = ("__add__", "__sub__", "__mul__", "maximum", "minimum", "__lt__", "eq", "ne")
+           "sigmoid", "tanh", "contiguous", "detach", "sign", "floor")
+UNARY_I = ("neg", "abs", "contiguous", "logical_not", "sign")
+BIN_ANY = ("__add__", "__sub__", "__mul__", "maximum", "minimum", "__lt__", "eq", "ne", "__le__", "__ge__", "__gt__")
 BIN_F = ("__truediv__", "pow")
 BIN_I = ("__floordiv__", "__mod__", "__and__", "__or__", "__xor__", "__lshift__", "__rshift__")
 SPECIAL_F = [0.0, -0.0, 1.0, -1.0, 0.5, 2.0, 1e-8, -1e30, 65504.0, 1e300, math.inf, -math.inf, math.nan]

@@ -130,3 +130,36 @@ def test_cos_of_large_arguments(dt, scale, tol, engine):
   x = UOp.placeholder(v.shape, dt)
   got = pygrad.evaluate(x.cos(), {x: v}, engine=engine).astype(np.float64)
   assert np.abs(got - np.cos(v.astype(np.float64))).max() <= tol
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("dt,ulps", [(dtypes.float32, 8), (dtypes.float64, 8)], ids=lambda v: getattr(v, "name", str(v)))
+def test_tanh_keeps_its_relative_precision_near_zero(dt, ulps, engine):
+  # tanh was 2 sigmoid(2x) - 1, which cancels near 0: tanh(1e-8) was 0 in float32, and across |x| in [1e-12, 20]
+  # float64's median error was 4e4 ulp; -0.0 stays -0.0
+  rng = np.random.default_rng(0)
+  v = np.concatenate([10 ** rng.uniform(-12, 1.3, 4000) * rng.choice([-1, 1], 4000), [0.125, -0.125, 0.0]])
+  v = np.concatenate([v, [-0.0, 1e-30, math.inf, -math.inf, math.nan]]).astype(dt.np)
+  x = UOp.placeholder(v.shape, dt)
+  got = pygrad.evaluate(x.tanh(), {x: v}, engine=engine).astype(np.float64)
+  want = np.tanh(v.astype(np.float64))
+  fin = np.isfinite(want) & (want != 0)
+  assert (np.abs(got - want)[fin] <= ulps * np.finfo(dt.np).eps * np.abs(want[fin])).all()
+  assert np.array_equal(got[~fin], want[~fin], equal_nan=True) and np.array_equal(np.signbit(got), np.signbit(want))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float64], ids=lambda d: d.name)
+def test_float_floordiv_and_mod_equal_numpy(dt, engine):
+  # a // b was floor(a * (1 / b)): 49.0 // 49.0 was 0 and 49.0 % 49.0 was 49.0 (a * (1 / a) is 1 - ulp for many a);
+  # a finite a % inf was inf * 0 = NaN (numpy: a, or inf for opposite signs), and -1 // inf was -0.0 (numpy: -1)
+  i = np.arange(-120, 121, dtype=np.float64)
+  a = np.concatenate([np.repeat(i, len(i)), [1.0, -1.0, 0.0, 1.0, -1.0, 1e-300, -1e-300, 5.5, -5.5, 7.0, math.nan]])
+  b = np.concatenate([np.tile(i, len(i)), [math.inf, math.inf, math.inf, -math.inf, -math.inf, 1e300, 1e300, 2.0,
+                                           -2.0, 0.0, 1.0]])
+  with np.errstate(all="ignore"):
+    a, b = a.astype(dt.np), b.astype(dt.np)
+    want = [np.floor_divide(a, b), np.mod(a, b)]
+  x, y = UOp.placeholder(a.shape, dt), UOp.placeholder(b.shape, dt)
+  for g, w in zip(pygrad.evaluate([x // y, x % y], {x: a, y: b}, engine=engine), want):
+    assert np.array_equal(g, w, equal_nan=True), [(p, q, r, s) for p, q, r, s in zip(a, b, g, w) if not (r == s or r != r)]
