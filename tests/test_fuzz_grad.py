@@ -9,7 +9,7 @@ Budget and long mode: fuzzgraphs.py."""
 from __future__ import annotations
 import numpy as np
 import pytest
-from hypothesis import given, assume, settings, strategies as st
+from hypothesis import example, given, assume, settings, strategies as st
 import pygrad
 from pygrad import UOp, Ops, dtypes, UPat, PatternMatcher, graph_rewrite
 from fuzzgraphs import FUZZ, LONG, recipes, build, input_values
@@ -140,6 +140,11 @@ def _gradients_equal_torch(recipe, rseed, low):
 
 @FUZZ
 @given(recipes(float_inputs=True), st.integers(0, 1 << 30))
+@example(recipe={"inputs": [((), "float64")] * 3, "seed": 0, "plain": True,  # d sin(x)/dx at x = 2.8e129
+                 "steps": [("unary", [0] * 8), ("unary", [0] * 8), ("binary", [53, 506, 0, 0, 0, 0, 0, 0]),
+                           ("matmul", [0] * 8), ("matmul", [0] * 8), ("function", [5, 0, 0, 93, 0, 0, 0, 0]),
+                           ("function", [1042, 0, 0, 1, 0, 0, 0, 0])]},
+         rseed=0)
 def test_gradients_equal_torch_orders_1_and_2(recipe, rseed):
   _gradients_equal_torch(recipe, rseed, dtypes.float64)
 

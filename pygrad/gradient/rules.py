@@ -83,7 +83,9 @@ pm_gradient = PatternMatcher([
   (UPat(Ops.CAST, name="ret"), lambda ctx, ret:
     (ctx.cast(ret.src[0].dtype) if dtypes.is_float(ret.dtype) and dtypes.is_float(ret.src[0].dtype) else None,)),
   (UPat(Ops.RECIPROCAL, name="ret"), lambda ctx, ret: (-ctx * ret * ret,)),
-  (UPat(Ops.SIN, name="ret"), lambda ctx, ret: ((math.pi / 2 - ret.src[0]).sin() * ctx,)),
+  # cos(x), not the seeds' sin(pi/2 - x): pi/2 - x rounds x's low bits away, so at |x| ~ 1e129 (or 1e8 in float32)
+  # the seeds' derivative was any number in [-1, 1] (cos is 1 - 2 sin(x/2)**2: see mathops)
+  (UPat(Ops.SIN, name="ret"), lambda ctx, ret: (ret.src[0].cos() * ctx,)),
   (UPat(Ops.LOG2, name="ret"), lambda ctx, ret: (ctx / (ret.src[0] * _LN2),)),
   (UPat(Ops.EXP2, name="ret"), lambda ctx, ret: (ret * ctx * _LN2,)),
   (UPat(Ops.SQRT, name="ret"), lambda ctx, ret: (ctx / (ret * 2),)),
