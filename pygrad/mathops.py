@@ -244,8 +244,9 @@ class MathMixin:
   def sign(self) -> UOp:
     if dtypes.is_unsigned(self.dtype): return self.ne(0).cast(self.dtype)  # no -1 to pick: numpy's 0 or 1
     # x * 0 at zero and NaN: sign(NaN) is NaN (numpy, JAX; it was 1) and sign(-0.0) is -0.0, so that abs(-0.0) =
-    # -0.0 * -0.0 is +0.0 (it was -0.0); the gradient is unchanged: x * 0 passes none
-    return (self > 0).where(self.const_like(1), (self < 0).where(self.const_like(-1), self * 0))
+    # -0.0 * -0.0 is +0.0 (it was -0.0). Detached: sign passes no gradient (torch's is 0), where x * 0 would pass
+    # upstream * 0, NaN for an infinite upstream gradient at x = 0
+    return (self > 0).where(self.const_like(1), (self < 0).where(self.const_like(-1), self.detach() * 0))
   def abs(self) -> UOp: return self * self.sign()
   def relu(self) -> UOp: return (self > 0).where(self, 0)
   def sigmoid(self) -> UOp: return (1 + (-self).exp()).reciprocal()

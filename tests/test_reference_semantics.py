@@ -121,6 +121,19 @@ def test_float_comparisons_sign_and_abs_at_special_values(dt, engine):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_sign_passes_no_gradient_even_from_an_infinite_upstream(engine):
+  # sign's x * 0 branch (for NaN and -0.0) passed upstream * 0: NaN at x = 0 for an infinite upstream gradient, where
+  # torch's sign passes 0; abs = x * sign(x) keeps torch's sign(x) * upstream (NaN there, as torch's)
+  x, y = UOp.placeholder((4,), dtypes.float32), UOp.placeholder((4,), dtypes.float32)
+  xv, yv = np.array([0.0, -0.0, 1.0, -2.0], np.float32), np.full(4, np.inf, np.float32)
+  g_sign, = (x.sign() * y).sum().gradient(x)
+  g_abs, = (x.abs() * y).sum().gradient(x)
+  got = pygrad.evaluate([g_sign, g_abs], {x: xv, y: yv}, engine=engine)
+  assert np.array_equal(got[0], np.zeros(4, np.float32))
+  assert np.array_equal(got[1], np.array([np.nan, np.nan, np.inf, -np.inf], np.float32), equal_nan=True)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("dt,scale,tol", [(dtypes.float16, 1000, 2e-3), (dtypes.float32, 1e8, 4e-7),
                                           (dtypes.float64, 1e8, 1e-15)], ids=lambda v: getattr(v, "name", str(v)))
 def test_cos_of_large_arguments(dt, scale, tol, engine):
