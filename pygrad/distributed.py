@@ -65,6 +65,22 @@ def _run(key: str, blob: bytes, nout: int, *arrays) -> list:
   return list(res) if isinstance(res, (list, tuple)) else [res]
 
 
+class _Runner:
+  """A Dask actor holding one worker's compiled program of a DataParallel graph. A call to an actor goes from the
+  client straight to its worker and the result straight back, without the scheduler: ~2 ms a call here against
+  ~11 ms for a task (the scheduler's batching, its notice that the task ended, the fetch), which on a 2-core machine
+  is the difference between 1.5x and 1.7x for two workers over one."""
+
+  def __init__(self, key: str, blob: bytes, nout: int):
+    self.key, self.nout = key, nout
+    self.prog = _program(key, blob, nout)
+
+  def run(self, *arrays) -> list:
+    res = self.prog(*arrays)
+    _stats["runs"] += 1
+    return list(res) if isinstance(res, (list, tuple)) else [res]
+
+
 def _evaluate_part(key: str, blob: bytes, nout: int, engine: str | None, *arrays) -> list:
   """One device's part of a placed graph (a task on that device's worker)."""
   import pygrad
@@ -237,6 +253,10 @@ class DataParallel:
     self._blob = client.scatter(blob, broadcast=True, hash=False)
     self._held: list = []
     self._direct = _direct(client)  # asks the scheduler: once, not per call
+    # the fast path (actors) needs the client to reach the workers itself, as direct fetches do
+    self.use_actors = self._direct is True
+    self._actors: list | None = None  # one per worker, made on the first call that uses them
+    self._actor_futures: list | None = None
 
   def _reductions(self, reduce) -> list[str]:
     if not isinstance(reduce, dict): raise TypeError(f"DataParallel: reduce must be a dict, got {reduce!r:.80}")
@@ -279,6 +299,14 @@ class DataParallel:
     def args(c: int) -> list:
       return [chunks[c][i] if i in chunks[c] else shared[i] for i in range(len(self.inputs))]
 
+    if self.use_actors and not any(_is_future(a) for ch in chunks for a in ch.values()) and \
+       not any(_is_future(a) for a in shared.values()):
+      parts = self._run_on_actors([args(c) for c in range(nchunks)])
+      if parts is not None:
+        self._held = []
+        res = [self._combine(j, [p[j] for p in parts]) for j in range(len(self._outs))]
+        return res[0] if self._single else res
+
     def submit(c: int):
       return client.submit(_run, self.key, self._blob, len(self._outs), *args(c), pure=False)
 
@@ -293,6 +321,37 @@ class DataParallel:
     parts = _gather_in_order(client, futures, submit, self.timeout, self.retries, self._direct)
     res = [self._combine(j, [p[j] for p in parts]) for j in range(len(self._outs))]
     return res[0] if self._single else res
+
+  def _run_on_actors(self, per_chunk: list[list]) -> list | None:
+    """The chunks run by the workers' actors, chunk c on actor c mod n (each actor runs its chunks in order); None
+    when a worker went away (the call then runs as tasks, which Dask re-runs elsewhere, and the actors are made
+    again on the next call). An error raised by the program itself is raised here."""
+    dist = _dask()
+    try:
+      if self._actors is None:
+        ws = _workers(self.client)
+        fs = [self.client.submit(_Runner, self.key, self._blob, len(self._outs), actor=True, workers=[w],
+                                 allow_other_workers=False, pure=False) for w in ws]
+        self._actors = [f.result(timeout=self.timeout) for f in fs]
+        self._actor_futures = fs  # the actors live as long as these futures are held
+      acts = self._actors
+      futs = [acts[c % len(acts)].run(*a) for c, a in enumerate(per_chunk)]
+      deadline = time.monotonic() + self.timeout
+      res = []
+      for c, f in enumerate(futs):
+        try:
+          res.append(f.result(timeout=max(deadline - time.monotonic(), 0.0)))
+        except TimeoutError:
+          raise TimeoutError(f"pygrad.distributed: chunk {c} not done within {self.timeout:g} s (on its worker's "
+                             f"actor; workers now: {_workers(self.client)})") from None
+      return res
+    except (OSError, dist.comm.CommClosedError):  # the worker went away: run the call as tasks instead
+      self._actors = self._actor_futures = None
+      return None
+    except Exception as e:  # noqa: BLE001 -- a lost worker falls back, an error of the program itself is raised
+      if not _worker_loss(e): raise
+      self._actors = self._actor_futures = None
+      return None
 
   def _chunks(self, arrays, nchunks: int) -> list[dict]:
     """Per chunk, the batch inputs' pieces: numpy slices, or futures of pieces made where the data lives."""

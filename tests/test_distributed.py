@@ -255,9 +255,33 @@ def _on_scheduler(keys, dask_scheduler=None):
   return [k for k in keys if k in dask_scheduler.tasks]
 
 
-def test_a_call_keeps_only_its_own_results_on_the_cluster(client):
-  # a call's futures are held until the next call's tasks are out (their release would delay them), never longer
+def _run_tasks(dask_scheduler=None):
+  tp = dask_scheduler.task_prefixes.get("_run")
+  return sum(tp.state_counts.values()) if tp is not None else 0
+
+
+def test_calls_on_reachable_workers_go_to_their_actors_not_through_the_scheduler(client):
+  # loopback workers are reachable: each call goes straight to the workers' actors (no task, no scheduler round
+  # trip), with the same results as the sequential chunks
   dp, outs, ins = _dp(client, 16)
+  assert dp.use_actors
+  before = client.run_on_scheduler(_run_tasks)
+  stats = client.run(pd.worker_stats)
+  arrays = _data(64, seed=6)
+  got = dp(*arrays)
+  want = _sequential(pygrad.compile(outs, ins), arrays, 16, RED)
+  for g, w in zip(got, want): assert np.array_equal(g, w)
+  assert client.run_on_scheduler(_run_tasks) == before
+  after = client.run(pd.worker_stats)
+  assert sorted(after[w]["runs"] - stats[w]["runs"] for w in after) == [2, 2]  # 4 chunks, 2 on each worker
+  assert dp._held == []  # nothing of the call stays on the cluster
+
+
+def test_a_call_keeps_only_its_own_results_on_the_cluster(client):
+  # as tasks (workers the client cannot reach itself): a call's futures are held until the next call's tasks are
+  # out (their release would delay them), never longer
+  dp, outs, ins = _dp(client, 16)
+  dp.use_actors = False
   dp(*_data(32, seed=4))
   first = [f.key for f in dp._held]
   assert len(first) == 2 and client.run_on_scheduler(_on_scheduler, first) == first
@@ -266,3 +290,14 @@ def test_a_call_keeps_only_its_own_results_on_the_cluster(client):
   deadline = time.monotonic() + 10
   while client.run_on_scheduler(_on_scheduler, first) and time.monotonic() < deadline: time.sleep(0.05)
   assert client.run_on_scheduler(_on_scheduler, first) == []  # the first call's results are gone from the cluster
+
+
+def test_an_error_of_the_program_on_a_worker_is_raised_on_the_client(client):
+  # a bad shared input reaches the workers' programs: their clear error comes back as itself, not as a lost worker
+  dp, outs, ins = _dp(client, 16)
+  arrays = _data(32, seed=7)
+  with pytest.raises(ValueError, match="w1"):
+    dp(arrays[0], arrays[1], arrays[2][:4], arrays[3])
+  got = dp(*arrays)  # the cluster is still usable
+  want = _sequential(pygrad.compile(outs, ins), arrays, 16, RED)
+  for g, w in zip(got, want): assert np.array_equal(g, w)
