@@ -31,9 +31,10 @@ def _dask():
 # ---------------------------------------------------------------------------------------------------------------
 # worker side: graphs arrive as bytes and are compiled once per worker process, keyed by their content hash
 
-_programs: dict[str, Any] = {}
+_programs: dict[str, Any] = {}  # content key -> program, least recently used first
 _programs_lock = threading.Lock()
 _stats = {"compiles": 0, "runs": 0}
+PROGRAMS_LIMIT = 64  # programs a worker keeps: a long-lived worker sent many graphs must not grow without bound
 
 
 def _content_key(blob: bytes) -> str:
@@ -49,12 +50,14 @@ def _loaded(blob: bytes, nout: int) -> tuple[list[UOp], list[UOp]]:
 def _program(key: str, blob: bytes, nout: int):
   """This worker's compiled program for the graph `blob` (outputs first, then inputs), compiled on first use."""
   with _programs_lock:
-    prog = _programs.get(key)
+    prog = _programs.pop(key, None)
     if prog is None:
       import pygrad
       outs, ins = _loaded(blob, nout)
-      prog = _programs[key] = pygrad.compile(outs, ins)
+      prog = pygrad.compile(outs, ins)
       _stats["compiles"] += 1
+      while len(_programs) >= max(PROGRAMS_LIMIT, 1): del _programs[next(iter(_programs))]  # the least recent
+    _programs[key] = prog  # the most recently used last
   return prog
 
 
@@ -102,6 +105,13 @@ def _gradients(blob: bytes, ntargets: list[int]) -> bytes:
     grads.extend(root.gradient(*targets))
     pos += 1 + n
   return pygrad.dumps(grads)
+
+
+def _set_programs_limit(n: int) -> int:
+  """Sets this worker's PROGRAMS_LIMIT (run with client.run); returns the old one."""
+  global PROGRAMS_LIMIT
+  old, PROGRAMS_LIMIT = PROGRAMS_LIMIT, int(n)
+  return old
 
 
 def worker_stats() -> dict:

@@ -301,3 +301,28 @@ def test_an_error_of_the_program_on_a_worker_is_raised_on_the_client(client):
   got = dp(*arrays)  # the cluster is still usable
   want = _sequential(pygrad.compile(outs, ins), arrays, 16, RED)
   for g, w in zip(got, want): assert np.array_equal(g, w)
+
+
+def test_a_worker_keeps_a_bounded_number_of_programs(client):
+  # a long-lived worker that is sent graph after graph keeps the most recently used ones, not all of them
+  old = client.run(pd._set_programs_limit, 3)
+  try:
+    dps = []
+    for k in range(5):
+      outs, ins = _mlp(8, dh=17 + k)  # five distinct graphs
+      dp = pd.DataParallel(outs, ins, client, batch=[ins[0], ins[1]], reduce=dict(enumerate(RED)))
+      dp(*_data(16, dh=17 + k, seed=k))
+      dps.append(dp)
+    assert all(s["programs"] <= 3 for s in client.run(pd.worker_stats).values())
+    # the first graph left the worker's cache; its DataParallel still runs it (its actors hold their program)
+    arrays = _data(16, dh=17, seed=9)
+    got = dps[0](*arrays)
+    want = _sequential(pygrad.compile(*_mlp(8, dh=17)), arrays, 8, RED)
+    for g, w in zip(got, want): assert np.array_equal(g, w)
+    dps[0].use_actors = False  # as tasks, the workers compile it again
+    before = sum(s["compiles"] for s in client.run(pd.worker_stats).values())
+    got = dps[0](*arrays)
+    for g, w in zip(got, want): assert np.array_equal(g, w)
+    assert sum(s["compiles"] for s in client.run(pd.worker_stats).values()) > before
+  finally:
+    for w, n in old.items(): client.run(pd._set_programs_limit, n, workers=[w])
