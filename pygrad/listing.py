@@ -100,6 +100,8 @@ def line(u: UOp, num: dict[int, int]) -> str:
 def listing(roots, full: bool = False) -> str:
   """The graph under roots (a UOp or a sequence of UOps) as text, one line per node in topological order; graphs
   of more than HEAD + TAIL nodes keep their first and last lines with a count between, unless full."""
+  if not isinstance(roots, UOp) and not hasattr(roots, "__iter__"):
+    raise TypeError(f"listing: roots must be a UOp or a sequence of UOps, got {type(roots).__name__}")
   roots = [roots] if isinstance(roots, UOp) else list(roots)
   for r in roots:
     if not isinstance(r, UOp): raise TypeError(f"listing: roots must be UOps, got {type(r).__name__}")

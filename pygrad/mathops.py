@@ -38,14 +38,22 @@ def _uop_arg(what: str, x):
   return x
 
 
+def _axis(ndim: int, a) -> int:
+  """One axis, negative counting from the end, checked (numpy's rules: an int-like, in range)."""
+  if isinstance(a, bool) or not hasattr(a, "__index__"):
+    raise TypeError(f"axis must be an int or a tuple of ints, got {type(a).__name__} {a!r:.40}")
+  a = a.__index__()
+  if not -ndim <= a < max(ndim, 1): raise ValueError(f"axis {a} out of range for {ndim} dims")
+  return a % ndim if ndim else 0
+
+
 def _axes(ndim: int, axis) -> tuple[int, ...]:
   if axis is None: return tuple(range(ndim))
-  axs = (axis,) if isinstance(axis, int) else tuple(axis)
-  out = []
-  for a in axs:
-    if not -ndim <= a < max(ndim, 1): raise ValueError(f"axis {a} out of range for {ndim} dims")
-    out.append(a % ndim if ndim else 0)
-  return tuple(sorted(set(out)))
+  if isinstance(axis, (str, bytes)) or not hasattr(axis, "__iter__"): axis = (axis,)
+  out = [_axis(ndim, a) for a in axis]
+  if len(set(out)) != len(out):  # numpy and torch refuse a repeated axis rather than reduce it once
+    raise ValueError(f"axis {tuple(axis)} names an axis twice")
+  return tuple(sorted(out))
 
 
 def _bshape(a: tuple, b: tuple) -> tuple:
@@ -117,6 +125,9 @@ class MathMixin:
       d = dtype if dtype is not None else self.dtype
       return _const(float(x) if d.kind == "f" else x, d)
     if isinstance(x, (int, float)) or hasattr(x, "item"):
+      if getattr(x, "size", 1) != 1:  # a numpy array: graphs take tensors as placeholders, not as constants
+        raise TypeError(f"cannot use a {type(x).__name__} of shape {tuple(getattr(x, 'shape', ()))} as a UOp operand "
+                        "(only scalars; make a tensor an input with UOp.placeholder)")
       return UOp.const(x, dtype if dtype is not None else self.dtype)
     raise TypeError(f"cannot use a {type(x).__name__} as a UOp operand")
 
@@ -308,6 +319,7 @@ class MathMixin:
                 for b, s in zip(bounds, self.shape))
     return self if all(b == (0, s) for b, s in zip(arg, self.shape)) else _movement(_SHRINK, self, arg)
   def transpose(self, dim0: int = 1, dim1: int = 0) -> UOp:
+    dim0, dim1 = _axis(self.ndim, dim0), _axis(self.ndim, dim1)
     order = list(range(self.ndim))
     order[dim0], order[dim1] = order[dim1], order[dim0]
     return self.permute(order)

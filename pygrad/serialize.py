@@ -65,6 +65,8 @@ class _Reader:
 # ---- the node table of live nodes ----
 def _as_roots(roots) -> tuple[list[UOp], bool]:
   if isinstance(roots, UOp): return [roots], True
+  if not hasattr(roots, "__iter__"):
+    raise TypeError(f"pygrad.dumps: roots must be a UOp or a sequence of UOps, got {type(roots).__name__}")
   roots = list(roots)
   for r in roots:
     if not isinstance(r, UOp): raise TypeError(f"pygrad.dumps: roots must be UOps, got {type(r).__name__}")
@@ -468,6 +470,10 @@ def _col(r: _Reader, k: int, dtype, what: str) -> np.ndarray:
 def loads(data: bytes | bytearray | memoryview, allow_import: bool = False) -> UOp | list[UOp]:
   """The graph `dumps` wrote: a UOp if one was saved, else a list of UOps. Bad bytes raise ValueError.
   allow_import: let loading import the modules that saved callables name (otherwise they must be imported)."""
+  try:
+    memoryview(data)
+  except TypeError:  # any buffer (bytes, bytearray, memoryview, mmap, a uint8 array) is taken
+    raise TypeError(f"pygrad.loads: expected bytes (what pygrad.dumps returns), got {type(data).__name__}") from None
   return _decode(data, allow_import, None, None)
 
 

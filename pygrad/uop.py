@@ -509,6 +509,9 @@ class UOp(MathMixin):
       elif type(value) is int: dtype = dtypes.int32
       elif type(value) is float: dtype = dtypes.float32
       else: raise TypeError(f"CONST: value must be a bool, int or float, got {type(value).__name__}")
+    elif not isinstance(dtype, DType):
+      if isinstance(value, DType): raise TypeError("CONST: the arguments are (value, dtype), got (DType, value)")
+      raise TypeError(f"CONST: dtype must be a DType (e.g. dtypes.float32), got {type(dtype).__name__} {dtype!r:.40}")
     return UOp(Ops.CONST, dtype, (), _coerce(value, dtype))
 
   @staticmethod

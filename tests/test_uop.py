@@ -6,6 +6,7 @@ import pytest
 import pygrad
 from pygrad import UOp, Ops, GroupOp, dtypes, CallInfo
 from pygrad.dtype import VALUE_DTYPES
+from pygrad.gradient import compute_gradient
 
 F32, I32, BOOL = dtypes.float32, dtypes.int32, dtypes.bool
 
@@ -631,6 +632,33 @@ def test_misuse_is_not_silently_coerced():
   assert x.pad(((1, 1), None)).shape == (4, 3) and x.pad([(np.int64(1), 0), (0, 0)]).shape == (3, 3)
   assert x.shard(("CPU:0", "CPU:1"), axis=-2).shape == (2, 3)
 
+
+
+def test_wrong_arguments_name_what_was_wrong():
+  # found by probing the public API with wrong types: each was an AttributeError/IndexError from inside pygrad, or
+  # (a repeated axis) silently reduced once where numpy and torch refuse
+  x = ph(3, 4)
+  with pytest.raises(TypeError, match=r"CONST: the arguments are \(value, dtype\)"): UOp.const(F32, 3.0)
+  with pytest.raises(TypeError, match="CONST: dtype must be a DType"): UOp.const(3.0, "float32")
+  with pytest.raises(TypeError, match="CONST: dtype must be a DType"): UOp.const(3.0, float)
+  with pytest.raises(TypeError, match="axis must be an int or a tuple of ints, got str"): x.sum("a")
+  with pytest.raises(TypeError, match="axis must be an int"): x.max((0, None))
+  with pytest.raises(ValueError, match="names an axis twice"): x.mean(axis=(0, 0))
+  with pytest.raises(ValueError, match="names an axis twice"): x.sum(axis=(1, -1))
+  with pytest.raises(ValueError, match="axis 5 out of range for 2 dims"): x.transpose(0, 5)
+  with pytest.raises(TypeError, match="ndarray of shape \\(3, 4\\) as a UOp operand"): x + np.ones((3, 4), np.float32)
+  with pytest.raises(TypeError, match="root_grad must be a UOp, got float"): compute_gradient(x.sum(), 1.0, [x])
+  with pytest.raises(TypeError, match="targets must be an iterable of UOps, got UOp"):
+    compute_gradient(x.sum(), x.sum().const_like(1.0), x)
+  # what stays accepted: numpy ints as axes, negative transposes, a one-element array operand, any iterable of targets
+  assert x.sum(np.int64(1)).shape == (3,) and x.transpose(-1, -2).shape == (4, 3)
+  assert (x + np.float32(2.0)).shape == (3, 4) and (x + np.ones((1,), np.float32)).shape == (3, 4)
+  with pytest.raises(TypeError, match="pygrad.dumps: roots must be a UOp or a sequence of UOps, got int"):
+    pygrad.dumps(3)
+  with pytest.raises(TypeError, match="pygrad.loads: expected bytes .*, got str"): pygrad.loads("abc")
+  with pytest.raises(TypeError, match="listing: roots must be a UOp or a sequence of UOps, got int"): pygrad.listing(3)
+  loss = x.sum()
+  assert set(compute_gradient(loss, loss.const_like(1.0), iter([x]))) >= {x}
 
 def test_reflected_integer_operators():
   i = ph(3, dtype=I32)

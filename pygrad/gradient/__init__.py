@@ -39,7 +39,20 @@ def compute_gradient(root: UOp, root_grad: UOp, targets):
   (not through DETACH), and for every reached target, by the rules of this module's `pm_gradient` (replacing it
   takes effect at once). On the C core, rules run once per distinct node signature and C instantiates their cached
   results (templated.py); the graphs are node for node the same."""
+  targets = _check_args(root, root_grad, targets)
   return _drive(_driver(), root, root_grad, targets, pm_gradient)
+
+
+def _check_args(root, root_grad, targets) -> list:
+  """targets as a list (any iterable is taken once), after TypeErrors for anything that is not a UOp."""
+  for what, u in (("root", root), ("root_grad", root_grad)):
+    if type(u) is not UOp: raise TypeError(f"compute_gradient: {what} must be a UOp, got {type(u).__name__}")
+  if isinstance(targets, UOp) or not hasattr(targets, "__iter__"):
+    raise TypeError(f"compute_gradient: targets must be an iterable of UOps, got {type(targets).__name__}")
+  targets = list(targets)
+  for t in targets:
+    if type(t) is not UOp: raise TypeError(f"compute_gradient: targets must be UOps, got {type(t).__name__}")
+  return targets
 
 
 def compute_gradient_direct(root: UOp, root_grad: UOp, targets) -> dict[UOp, UOp]:
