@@ -33,6 +33,14 @@ def _index(what: str, v) -> int:
   return v.__index__()
 
 
+def _dims(op: Ops, shape: tuple) -> tuple:
+  """shape with numpy integers as ints; a float or bool is the generic path's TypeError, even where it equals the
+  dim (3.0 == 3)."""
+  if any(isinstance(d, bool) or not hasattr(d, "__index__") for d in shape):
+    raise TypeError(f"{op.name}: arg must be a tuple of ints (new shape), got {shape!r}")
+  return tuple([d.__index__() for d in shape])
+
+
 def _uop_arg(what: str, x):
   if type(x) is not UOp: raise TypeError(f"{what}: expected a UOp, got {type(x).__name__} {x!r:.60}")
   return x
@@ -278,6 +286,10 @@ class MathMixin:
   def reshape(self, *shape) -> UOp:
     if len(shape) == 1 and type(shape[0]) is tuple: shape = shape[0]
     else: shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+    for d in shape:  # inline: the common all-int shape pays one loop, no call
+      if type(d) is not int:
+        shape = _dims(Ops.RESHAPE, shape)
+        break
     if -1 in shape:
       known = math.prod(s for s in shape if s != -1)
       if shape.count(-1) > 1 or known == 0 or self.numel % known:
@@ -287,6 +299,10 @@ class MathMixin:
   def expand(self, *shape) -> UOp:
     if len(shape) == 1 and type(shape[0]) is tuple: shape = shape[0]
     else: shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+    for d in shape:  # inline: the common all-int shape pays one loop, no call
+      if type(d) is not int:
+        shape = _dims(Ops.EXPAND, shape)
+        break
     if -1 in shape and len(shape) == len(self._shape):
       shape = tuple(o if n == -1 else n for o, n in zip(self._shape, shape))
     return self if shape == self._shape else _movement(_EXPAND, self, shape)

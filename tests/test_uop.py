@@ -651,6 +651,12 @@ def test_wrong_arguments_name_what_was_wrong():
   with pytest.raises(TypeError, match="targets must be an iterable of UOps, got UOp"):
     compute_gradient(x.sum(), x.sum().const_like(1.0), x)
   # what stays accepted: numpy ints as axes, negative transposes, a one-element array operand, any iterable of targets
+  with pytest.raises(TypeError, match=r"RESHAPE: arg must be a tuple of ints \(new shape\), got \(3.0, 4\)"):
+    x.reshape((3.0, 4))
+  with pytest.raises(TypeError, match=r"EXPAND: arg must be a tuple of ints \(new shape\), got \(3.0, 4\)"):
+    x.expand((3.0, 4))
+  with pytest.raises(TypeError, match="RESHAPE: arg must be a tuple of ints"): x.reshape((True, 12))
+  assert x.reshape((np.int64(12),)).shape == (12,) and x.expand(np.int64(3), 4) is x
   assert x.sum(np.int64(1)).shape == (3,) and x.transpose(-1, -2).shape == (4, 3)
   assert (x + np.float32(2.0)).shape == (3, 4) and (x + np.ones((1,), np.float32)).shape == (3, 4)
   with pytest.raises(TypeError, match="pygrad.dumps: roots must be a UOp or a sequence of UOps, got int"):
