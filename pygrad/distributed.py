@@ -17,6 +17,8 @@ from .uop import UOp
 REDUCTIONS = ("sum", "mean", "concat")
 _INLINE_BYTES = 4 << 20  # shared inputs up to this size (times the chunk count) travel inside the tasks
 _INPUT_OPS = (Ops.BUFFER, Ops.DEFINE_VAR)
+_ACTOR_RECHECK = 5.0  # seconds between looks for workers that joined since a DataParallel made its actors
+_ACTOR_POLL = 0.5  # seconds between looks at the actors' workers while a call waits on them
 
 
 def _dask():
@@ -180,7 +182,10 @@ def _gather_in_order(client, futures: list, resubmit, timeout: float, retries: i
     for i, f in list(futs.items()):
       if f.status in ("error", "cancelled", "lost"):
         exc = _exception(f)
-        if exc is None: continue  # Dask re-ran the chunk meanwhile and it finished: collected on the next pass
+        if exc is None:
+          if f.status != "cancelled": continue  # Dask re-ran the chunk meanwhile: collected on the next pass
+          # cancelled with no exception: the scheduler forgot the task, e.g. data it needed went with a worker
+          exc = _Lost(f"chunk {i} was cancelled by the scheduler")
         if not _worker_loss(exc): raise exc
         tries[i] += 1
         if tries[i] > retries:
@@ -213,7 +218,7 @@ def _exception(f):
 def _worker_loss(exc: BaseException) -> bool:
   """True when `exc` says a worker (or the data it held) went away, not that the task itself failed."""
   name = type(exc).__name__
-  return name in ("KilledWorker", "CancelledError", "FutureCancelledError", "CommClosedError") or \
+  return name in ("KilledWorker", "CancelledError", "FutureCancelledError", "CommClosedError", "_Lost") or \
     "lost" in str(exc).lower()
 
 
@@ -259,6 +264,7 @@ class DataParallel:
     blob = pygrad.dumps(self._outs + self.inputs)
     self.key = _content_key(blob)
     self.graph_bytes = len(blob)
+    self._bytes = blob
     # the graph goes to every worker once; tasks name it by this future (a worker reads its local replica)
     self._blob = client.scatter(blob, broadcast=True, hash=False)
     self._held: list = []
@@ -267,6 +273,15 @@ class DataParallel:
     self.use_actors = self._direct is True
     self._actors: list | None = None  # one per worker, made on the first call that uses them
     self._actor_futures: list | None = None
+    self._actor_workers: list[str] = []
+    self._actors_checked = 0.0
+
+  def _graph(self):
+    """The future of the graph's bytes on the cluster, sent again if Dask lost it: its memory manager keeps one
+    replica of data no task waits for, so the worker that held it can die with it."""
+    if self._blob.status != "finished":
+      self._blob = self.client.scatter(self._bytes, broadcast=True, hash=False)
+    return self._blob
 
   def _reductions(self, reduce) -> list[str]:
     if not isinstance(reduce, dict): raise TypeError(f"DataParallel: reduce must be a dict, got {reduce!r:.80}")
@@ -318,12 +333,13 @@ class DataParallel:
         return res[0] if self._single else res
 
     def submit(c: int):
-      return client.submit(_run, self.key, self._blob, len(self._outs), *args(c), pure=False)
+      return client.submit(_run, self.key, self._graph(), len(self._outs), *args(c), pure=False)
 
     # every chunk in one message: the client batches its messages to the scheduler 10 ms apart, so chunks submitted
     # one by one would start 10 ms after each other
     per_chunk = [args(c) for c in range(nchunks)]
-    futures = client.map(_run, [self.key] * nchunks, [self._blob] * nchunks, [len(self._outs)] * nchunks,
+    blob = self._graph()
+    futures = client.map(_run, [self.key] * nchunks, [blob] * nchunks, [len(self._outs)] * nchunks,
                          *[[a[i] for a in per_chunk] for i in range(len(self.inputs))], pure=False)
     # the last call's futures are released after this call's tasks went out, not before: their release message
     # would otherwise take the batch slot and hold this call's tasks back by up to those 10 ms
@@ -338,23 +354,41 @@ class DataParallel:
     again on the next call). An error raised by the program itself is raised here."""
     dist = _dask()
     try:
+      now = time.monotonic()
+      if self._actors is not None and now - self._actors_checked > _ACTOR_RECHECK:
+        # a worker that joined since (the cluster scaled up) gets an actor too: asking costs a scheduler round trip,
+        # so it is asked every _ACTOR_RECHECK seconds, not every call
+        self._actors_checked = now
+        if _workers(self.client) != self._actor_workers: self._actors = self._actor_futures = None
       if self._actors is None:
         ws = _workers(self.client)
-        fs = [self.client.submit(_Runner, self.key, self._blob, len(self._outs), actor=True, workers=[w],
+        blob = self._graph()
+        fs = [self.client.submit(_Runner, self.key, blob, len(self._outs), actor=True, workers=[w],
                                  allow_other_workers=False, pure=False) for w in ws]
         self._actors = [f.result(timeout=self.timeout) for f in fs]
         self._actor_futures = fs  # the actors live as long as these futures are held
+        self._actor_workers, self._actors_checked = ws, time.monotonic()
       acts = self._actors
       futs = [acts[c % len(acts)].run(*a) for c, a in enumerate(per_chunk)]
       deadline = time.monotonic() + self.timeout
       res = []
       for c, f in enumerate(futs):
-        try:
-          res.append(f.result(timeout=max(deadline - time.monotonic(), 0.0)))
-        except TimeoutError:
-          raise TimeoutError(f"pygrad.distributed: chunk {c} not done within {self.timeout:g} s (on its worker's "
-                             f"actor; workers now: {_workers(self.client)})") from None
+        while True:
+          left = deadline - time.monotonic()
+          if left <= 0:
+            raise TimeoutError(f"pygrad.distributed: chunk {c} not done within {self.timeout:g} s (on its worker's "
+                               f"actor; workers now: {_workers(self.client)})")
+          try:
+            res.append(f.result(timeout=min(left, _ACTOR_POLL)))
+            break
+          except TimeoutError:
+            # an actor whose worker died may not answer at all: Dask then waits for the actor to be made again,
+            # which never happens on a worker that is gone. Its creation task's state tells.
+            if any(a.status != "finished" for a in self._actor_futures or ()): raise _Lost() from None
       return res
+    except _Lost:  # a worker went away: run the call as tasks instead
+      self._actors = self._actor_futures = None
+      return None
     except (OSError, dist.comm.CommClosedError):  # the worker went away: run the call as tasks instead
       self._actors = self._actor_futures = None
       return None

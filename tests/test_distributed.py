@@ -326,3 +326,44 @@ def test_a_worker_keeps_a_bounded_number_of_programs(client):
     assert sum(s["compiles"] for s in client.run(pd.worker_stats).values()) > before
   finally:
     for w, n in old.items(): client.run(pd._set_programs_limit, n, workers=[w])
+
+
+def test_a_worker_that_joins_later_gets_chunks_too():
+  # a cluster scaled up after the DataParallel's first call: the new worker gets an actor, and its share of chunks
+  old = os.environ.get("PYGRAD_NUM_THREADS")
+  os.environ["PYGRAD_NUM_THREADS"] = "1"
+  try:
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None, silence_logs=50) as cluster, \
+         distributed.Client(cluster) as c:
+      c.wait_for_workers(1, timeout=120)
+      dp, outs, ins = _dp(c, 16)
+      arrays = _data(64, seed=8)
+      want = _sequential(pygrad.compile(outs, ins), arrays, 16, RED)
+      for g, w in zip(dp(*arrays), want): assert np.array_equal(g, w)
+      cluster.scale(2)
+      c.wait_for_workers(2, timeout=120)
+      dp._actors_checked = 0.0  # as if _ACTOR_RECHECK seconds had passed
+      before = c.run(pd.worker_stats)
+      for g, w in zip(dp(*arrays), want): assert np.array_equal(g, w)
+      after = c.run(pd.worker_stats)
+      assert len(after) == 2 and all(after[w]["runs"] - before.get(w, {"runs": 0})["runs"] == 2 for w in after)
+  finally:
+    if old is None: os.environ.pop("PYGRAD_NUM_THREADS", None)
+    else: os.environ["PYGRAD_NUM_THREADS"] = old
+
+
+def test_the_graph_is_sent_again_when_the_cluster_lost_it(client):
+  # Dask's memory manager keeps one replica of data no task waits for; if its worker dies the graph is gone from the
+  # cluster: the next call sends it again (it used to hang on tasks the scheduler had cancelled)
+  dp, outs, ins = _dp(client, 16)
+  arrays = _data(32, seed=10)
+  want = _sequential(pygrad.compile(outs, ins), arrays, 16, RED)
+  dp.use_actors = False
+  for g, w in zip(dp(*arrays), want): assert np.array_equal(g, w)
+  old = dp._blob
+  client.cancel([old], force=True)  # what the scheduler does to data that went with its last worker
+  deadline = time.monotonic() + 10
+  while old.status == "finished" and time.monotonic() < deadline: time.sleep(0.05)
+  for g, w in zip(dp(*arrays), want): assert np.array_equal(g, w)
+  assert dp._blob is not old
