@@ -741,25 +741,45 @@ static void gemm_transpose(const vm_gemm *g, vm_gemm *t) {
   for (d = 0; d < g->nbatch; d++) { t->bsa[d] = g->bsb[d]; t->bsb[d] = g->bsa[d]; }
 }
 
-static int run_gemm(const vm_kernel *k, char *const *bufp, int32_t nthreads, const vm_isa *isa) {
-  const vm_gemm *g = &k->gemm;
-  vm_gemm swapped;
-  int64_t total = 1, flops, units;
-  int d;
-  gemm_job j;
-  char *ws;
+/* the contraction run_gemm runs for g: g itself, or its transpose in *swapped */
+static const vm_gemm *gemm_oriented(const vm_gemm *g, vm_gemm *swapped) {
   /* a narrow C: vectors along its long side (decided by shape and strides alone), unless A's rows run along the
      depth, when each row of C is one vector (vm_gemm.h, gemm_narrow) */
   if (g->m < VM_GEMM_NARROW && g->n >= 2 * g->m && g->sak != 1) {
-    gemm_transpose(g, &swapped);
-    g = &swapped;
-  } else if (g->scn == 1 && g->scm != 1 && g->n >= VM_GEMM_NARROW) {
+    gemm_transpose(g, swapped);
+    return swapped;
+  }
+  if (g->scn == 1 && g->scm != 1 && g->n >= VM_GEMM_NARROW) {
     /* C written transposed (a weight's gradient, x.T @ g, planned as (g.T @ x).T): every register tile would be
        stored element by element; as C^T = B^T A^T its rows are contiguous and take vector stores. Each element's
        sum keeps its order (the products commute), so the bits are the same */
-    gemm_transpose(g, &swapped);
-    g = &swapped;
+    gemm_transpose(g, swapped);
+    return swapped;
   }
+  return g;
+}
+
+/* the packing bytes one worker needs for the program's largest contraction on isa, 64-byte rounded */
+static int64_t gemm_ws_need(const pg_vm *vm, const vm_isa *isa) {
+  int64_t need = 0, w;
+  int32_t i;
+  for (i = 0; i < vm->nkern; i++) {
+    vm_gemm swapped;
+    if (vm->kern[i].kind != VK_GEMM) continue;
+    w = ((int64_t)isa->gemm_ws(gemm_oriented(&vm->kern[i].gemm, &swapped)) + 63) / 64 * 64;
+    if (w > need) need = w;
+  }
+  return need;
+}
+
+/* a contraction; worker w packs into ws + w * wsstride (at least gemm_ws_need bytes each) */
+static int run_gemm(const vm_kernel *k, char *const *bufp, char *ws, int64_t wsstride, int32_t nthreads,
+                    const vm_isa *isa) {
+  vm_gemm swapped;
+  const vm_gemm *g = gemm_oriented(&k->gemm, &swapped);
+  int64_t total = 1, flops, units;
+  int d;
+  gemm_job j;
   j.g = g; j.isa = isa; j.es = vm_esize(g->lt);
   j.a = bufp[g->a] + g->offa * j.es; j.b = bufp[g->b] + g->offb * j.es; j.c = bufp[g->c] + g->offc * j.es;
   for (d = 0; d < g->nbatch; d++) total *= g->bsize[d];
@@ -778,13 +798,10 @@ static int run_gemm(const vm_kernel *k, char *const *bufp, int32_t nthreads, con
   j.ncb = (g->m + j.cb - 1) / j.cb;
   units = total * j.nrb * j.ncb;
   if (nthreads > units) nthreads = (int32_t)units;
-  j.wsstride = ((int64_t)isa->gemm_ws(g) + 63) / 64 * 64;
-  ws = (char *)pg_mem_alloc((size_t)(j.wsstride * nthreads));  /* mem.h: a big one goes back to the OS after */
-  if (!ws) return PG_ERR_NOMEM;
+  j.wsstride = wsstride;
   j.ws = ws;
   if (nthreads < 2) gemm_task(&j, 0, units, 0);
   else vm_pool_for(units, 1, gemm_task, &j, nthreads);
-  pg_mem_free(ws, (size_t)(j.wsstride * nthreads));
   return 0;
 }
 
@@ -817,35 +834,46 @@ static void ws_give(pg_vm *vm, char *ws, size_t cap) {
   pg_mem_free(ws, cap);
 }
 
+/* bufp tables up to this many buffers live on the stack: no allocation per run of a small program */
+#define VM_STACK_BUFS 64
+
 /* run a prepared program: slots[i] points at sizes[i] bytes (>= what the program needs of slot i) */
 int pg_vm_run(pg_vm *vm, void *const *slots, const int64_t *sizes, int32_t nslots) {
-  char **bufp, *ws = NULL;
+  char **bufp, *ws = NULL, *stackp[VM_STACK_BUFS];
   const vm_isa *isa = vm_isa_current();
   int32_t i, nthreads = pg_vm_get_threads();
-  int64_t wsstride;
+  int64_t wsstride, gws;
   size_t wscap = 0;
   int rc = 0;
   if (!vm || (nslots > 0 && (!slots || !sizes))) return PG_ERR_ARG;
-  wsstride = (vm->wsbytes + 63) / 64 * 64;
   if (nslots != vm->nslots) return PG_VM_ERR_SLOTS;
   for (i = 0; i < nslots; i++)
     if (sizes[i] < vm->slotmin[i] || (vm->slotmin[i] > 0 && !slots[i])) return PG_VM_ERR_SLOTS;
-  bufp = (char **)malloc(((size_t)vm->nbufs + 1) * sizeof *bufp);
+  bufp = vm->nbufs < VM_STACK_BUFS ? stackp : (char **)malloc(((size_t)vm->nbufs + 1) * sizeof *bufp);
   if (!bufp) return PG_ERR_NOMEM;
   for (i = 0; i < vm->nbufs; i++) {
     bufp[i] = (char *)slots[vm->bufs[i].slot] + vm->bufs[i].off;
-    if ((uintptr_t)bufp[i] % (uintptr_t)vm->bufs[i].align) { free(bufp); return PG_VM_ERR_SLOTS; }  /* misaligned */
+    if ((uintptr_t)bufp[i] % (uintptr_t)vm->bufs[i].align) { rc = PG_VM_ERR_SLOTS; goto done; }  /* misaligned */
   }
-  if (wsstride > 0 && !(ws = ws_take(vm, (size_t)(wsstride * nthreads), &wscap))) {
-    free(bufp);
-    return PG_ERR_NOMEM;
+  /* one workspace per thread serves the loops' register files and the contractions' packing (kernels run one after
+     another), kept by the program between runs: no allocation per contraction */
+  pg_lock_take(&vm->wslock);
+  if (vm->gws_isa != isa) {  /* the contractions' need, for the instruction set in force */
+    vm->gws = gemm_ws_need(vm, isa);
+    vm->gws_isa = isa;
   }
+  gws = vm->gws;
+  pg_lock_drop(&vm->wslock);
+  wsstride = (vm->wsbytes + 63) / 64 * 64;
+  if (gws > wsstride) wsstride = gws;
+  if (wsstride > 0 && !(ws = ws_take(vm, (size_t)(wsstride * nthreads), &wscap))) { rc = PG_ERR_NOMEM; goto done; }
   for (i = 0; i < vm->nkern && rc == 0; i++) {
     const vm_kernel *k = &vm->kern[i];
     if (k->kind == VK_LOOP) rc = run_loop(k, bufp, ws, wsstride, nthreads, isa);
-    else rc = run_gemm(k, bufp, nthreads, isa);
+    else rc = run_gemm(k, bufp, ws, wsstride, nthreads, isa);
   }
   if (ws) ws_give(vm, ws, wscap);
-  free(bufp);
+done:
+  if (bufp != stackp) free(bufp);
   return rc;
 }

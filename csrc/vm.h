@@ -73,6 +73,10 @@ struct pg_vm {
   pg_lock wslock;
   char *ws;
   size_t wscap;
+  /* the packing bytes per worker of the program's contractions on instruction set gws_isa (NULL: not known yet);
+     both read and written under wslock */
+  const struct vm_isa *gws_isa;
+  int64_t gws;
 };
 
 /* the kernels of one instruction set (vm_simd.c) */

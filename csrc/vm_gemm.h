@@ -193,12 +193,14 @@ VM_TGT static void GFN(gemm_dot)(const vm_gemm *g, const GT *a, const GT *b, GT 
                                  int64_t j0, int64_t j1, int64_t pc, int64_t kc, GT *bt) {
   int64_t nj = j1 - j0, njp = (nj + G_DJ - 1) / G_DJ * G_DJ, kcs = (kc + 15) / 16 * 16, kv = kc / G_VL * G_VL;
   int64_t jg, i, j, p, r, q;
-  for (j = 0; j < njp; j++) {
-    GT *o = bt + j * kcs;
-    if (j >= nj) for (p = 0; p < kc; p++) o[p] = 0;
-    else if (g->sbk == 1) memcpy(o, b + pc + (j0 + j) * g->sbm, (size_t)kc * sizeof(GT));
-    else for (p = 0; p < kc; p++) o[p] = b[(pc + p) * g->sbk + (j0 + j) * g->sbm];
-  }
+  if (g->sbk == 1)
+    for (j = 0; j < nj; j++) memcpy(bt + j * kcs, b + pc + (j0 + j) * g->sbm, (size_t)kc * sizeof(GT));
+  else  /* B's rows hold the columns side by side: read each row once, along its contiguous side */
+    for (p = 0; p < kc; p++) {
+      const GT *src = b + (pc + p) * g->sbk + j0 * g->sbm;
+      for (j = 0; j < nj; j++) bt[j * kcs + p] = src[j * g->sbm];
+    }
+  for (j = nj; j < njp; j++) memset(bt + j * kcs, 0, (size_t)kc * sizeof(GT));
   for (i = i0; i < i1; i += G_DR) {
     const GT *ar[G_DR];
     int64_t rows = i1 - i < G_DR ? i1 - i : G_DR;

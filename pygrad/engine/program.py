@@ -2,7 +2,7 @@
 lower, place buffers by liveness) and `program(*arrays)` runs it with one call into C per segment -- one segment
 unless the graph has CALLs, whose Python kernels run between segments. `evaluate_c` is compile-and-run-once."""
 from __future__ import annotations
-import bisect, contextlib, gc, heapq, os, threading
+import bisect, contextlib, gc, heapq, os
 from typing import Any
 import numpy as np
 from ..ops import Ops
@@ -15,6 +15,7 @@ from .flatten import flatten
 from .planner import Planner, Loop, CallStep, Buf, compute_dtype
 from .lower import KernelCache, Part, VK_GEMM
 from .npkernel import NumpyKernel
+from .fastcall import MISS, make_fast_call
 from .values import input_value, round_bfloat16, bindings, map_nested
 
 _MAGIC, _VERSION = value("consts", "VM_MAGIC"), value("consts", "VM_VERSION")
@@ -132,6 +133,12 @@ def _no_cycle_gc():
     if was: gc.enable()
 
 
+def _raise_rc(rc: int) -> None:
+  """The error of a failed C run (rc < 0)."""
+  raise MemoryError("pygrad VM: out of memory") if rc == lib.PG_ERR_NOMEM else \
+      RuntimeError(f"pygrad VM: run failed with error {rc}")
+
+
 class Program:
   """A graph planned for the C interpreter. Call it with one array per input (in `inputs` order); its result mirrors
   `outputs`: a UOp gives an array, a list/tuple a list of the same length (one element included); a TUPLE, SINK or
@@ -215,9 +222,10 @@ class Program:
     self.stats = {"kernels": nk, "fused_groups": nfused, "peak_bytes": self.arena_bytes, "contractions": ngemm,
                   "segments": sum(1 for s in self._steps if not isinstance(s, (CallStep, NumpyKernel))),
                   "numpy_kernels": nnp, "spills": len(pl.bufs) - nplanned}
-    self._lock = threading.Lock()
-    self._arena = self._fixed = None
-    self._planned_sizes = True
+    # run state (arena, slot table): a free list of one; a call pops it, or makes a private one while another thread
+    # runs this program, and puts it back after (list.pop/append are atomic: no lock on the call path)
+    self._free: list = []
+    self._made = False
     self._in_spec = [(u.shape, np.dtype(u.dtype.numpy), u.op is Ops.BUFFER and u.dtype is not dtypes.bfloat16)
                      for u in self.inputs]
     self._out_spec = [(b.shape, b.stype.numpy) for b in self._out_bufs]
@@ -228,6 +236,10 @@ class Program:
     # (shape None: the buffer is made in the output's shape, no reshape needed)
     self._flat = [(o.buf.index, None if o.shape == self._out_spec[o.buf.index][0] else o.shape)
                   for o in self._shaped] if plain else None
+    # the lean call (fastcall.py), made at the second call: a plain program whose inputs are all arrays of a
+    # planned shape and dtype and whose buffers are all non-empty
+    self._lean = plain and all(f for _, _, f in self._in_spec) and all(sz > 0 for sz in slot_size[2:])
+    self._fast, self._ncalls = None, 0
     return len(nodes)
 
   def __reduce__(self):
@@ -247,7 +259,7 @@ class Program:
   def _fixed_slots(self, arena):
     n = self._nslots
     slots, sizes = ffi.new("void *[]", n), ffi.new("int64_t[]", n)
-    keep = []
+    keep = [arena]
     for i, a in enumerate((arena, self._pool)):
       if a.nbytes:
         keep.append(ffi.from_buffer(a))
@@ -256,10 +268,26 @@ class Program:
     sizes[2:n] = self._slot_sizes[2:n]
     return slots, sizes, keep
 
+  def _take(self) -> tuple[Any, bool]:
+    """The run state (slot table with the planned sizes, sizes, kept arena) and whether to put it back after: the
+    program's own, or a private one while another thread runs the program."""
+    try:
+      return self._free.pop(), True
+    except IndexError:
+      mine, self._made = not self._made, True
+      return self._fixed_slots(self._arena_array()), mine
+
   def __call__(self, *arrays: Any) -> Any:
+    fast = self._fast
+    if fast is not None:
+      res = fast(arrays)
+      if res is not MISS: return res
+    return self._call_general(arrays)
+
+  def _call_general(self, arrays: tuple) -> Any:
     if len(arrays) != len(self.inputs):
       raise ValueError(f"program takes {len(self.inputs)} inputs, got {len(arrays)}")
-    ins, converted = [], False
+    ins = []
     for u, v, (shape, npdt, fast) in zip(self.inputs, arrays, self._in_spec):
       if fast and type(v) is np.ndarray and v.dtype == npdt and v.shape == shape:
         f = v.flags
@@ -267,43 +295,31 @@ class Program:
           ins.append(v)  # already what the VM reads: no conversion, no copy
           continue
       ins.append(self._check(u, v))
-      converted = True
     outs = [np.empty(shape, dt) for shape, dt in self._out_spec]
     io = ins + outs
     keep = [from_buffer(a) if a.nbytes else NULL for a in io]  # (kept alive until the run returns)
-    mine = self._lock.acquire(blocking=False)
+    state, mine = self._take()
+    slots, sizes, kept = state
+    n = self._nslots
     try:
-      if mine:
-        if self._fixed is None:
-          self._arena = self._arena_array()
-          self._fixed = self._fixed_slots(self._arena)
-          self._planned_sizes = True
-        arena = self._arena
-        slots, sizes, _ = self._fixed
-      else:
-        arena = self._arena_array()  # another thread runs this program: a private arena
-        slots, sizes, _keep = self._fixed_slots(arena)
-      n = self._nslots
       if n > 2:
         slots[2:n] = keep
-        # the sizes the VM checks: arrays that passed the check above and the outputs have the planned ones, which
-        # the kept table holds (_fixed_slots) unless a converted input's run wrote its own
-        if converted or not mine:
-          sizes[2:n] = [a.nbytes for a in io]
-          if mine: self._planned_sizes = False
-        elif not self._planned_sizes:
-          sizes[2:n] = self._slot_sizes[2:n]
-          self._planned_sizes = True
-      if self._flat is not None:  # one C segment (most programs): no step dispatch, no memory map
+        sizes[2:n] = [a.nbytes for a in io]  # the sizes the VM checks: a converted input's own
+      if self._flat is not None:  # one C segment: no step dispatch, no memory map
         self._vm_run(self._steps[0], slots, sizes, n)
       else:
-        mem = [arena, self._pool] + io
+        mem = [kept[0], self._pool] + io
         for st in self._steps:
           if isinstance(st, CallStep): self._call(st, mem)
           elif isinstance(st, NumpyKernel): st.run(lambda b: self._memory(mem, b))
           else: self._vm_run(st, slots, sizes, n)
     finally:
-      if mine: self._lock.release()
+      if n > 2: sizes[2:n] = self._slot_sizes[2:n]  # the planned sizes again, which the lean call relies on
+      if mine: self._free.append(state)
+    self._ncalls += 1
+    if self._lean and self._ncalls == 2:  # called again, likely many times: the lean call from now on
+      self._fast = make_fast_call([(sh, dt) for sh, dt, _ in self._in_spec], self._out_spec, self._flat,
+                                  self._single, self._steps[0], self._nslots, self._free, _raise_rc)
     if self._flat is not None:
       res = [outs[i] if shape is None else outs[i].reshape(shape) for i, shape in self._flat]
     else:
@@ -314,8 +330,7 @@ class Program:
   @staticmethod
   def _vm_run(st, slots, sizes, n: int) -> None:
     rc = lib.pg_vm_run(st, slots, sizes, n)
-    if rc < 0: raise MemoryError("pygrad VM: out of memory") if rc == lib.PG_ERR_NOMEM else \
-        RuntimeError(f"pygrad VM: run failed with error {rc}")
+    if rc < 0: _raise_rc(rc)
 
   def _memory(self, mem: list, b: Buf) -> np.ndarray:
     """Buffer b's storage in this run's memory, as a flat array of its storage type."""
