@@ -176,6 +176,7 @@ static void check_ins(rd *r, vm_kernel *k, vm_ins *in) {
   }
   if ((op == VM_IDIV || op == VM_MOD || op == VM_SHL || op == VM_SHR) && !is_int(lt)) rd_fail(r, "integer-only op");
   if ((op == VM_AND || op == VM_OR || op == VM_XOR) && is_float(lt)) rd_fail(r, "bitwise op on floats");
+  if (op == VM_DIV && !is_float(lt)) rd_fail(r, "DIV of a non-float");
 }
 
 static void read_loop(rd *r, pg_vm *vm, vm_kernel *k) {

@@ -271,6 +271,8 @@ VM_TGT static void VM_FN(binary)(const vm_ins *in, char *d, const char *a, const
     case VT_BOOL: BIN_LOOP(uint8_t, uint8_t, A | B); break; } break;
   case VM_MUL: switch (in->lt) { VM_INTS(K_MUL_I) K_FLOATS(A * B, A * B)
     case VT_BOOL: BIN_LOOP(uint8_t, uint8_t, A & B); break; } break;
+  case VM_DIV: switch (in->lt) { K_FLOATS(A / B, A / B) } break;  /* float16/bfloat16: one rounding of the float32
+    quotient, which is the correctly rounded half quotient (24 >= 2 * 11 + 2 bits) */
   case VM_MAX: switch (in->lt) { VM_INTS(K_MAX_I) K_FLOATS((A > B || A != A) ? A : B, (A > B || A != A) ? A : B)
     case VT_BOOL: BIN_LOOP(uint8_t, uint8_t, A | B); break; } break;
   case VM_POW: switch (in->lt) { VM_INTS(K_POW_I) K_FLOATS(powf(A, B), pow(A, B))

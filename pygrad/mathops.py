@@ -98,9 +98,9 @@ _RESHAPE, _EXPAND, _PERMUTE, _PAD, _SHRINK, _REDUCE_AXIS = \
 
 
 def _float_floordiv(a, b):
-  """floor(a / b) as numpy and torch. a / b is a * (1 / b), off by an ulp or so, so its floor can miss an integer
-  quotient (49.0 // 49.0 was 0, and 49.0 % 49.0 was 49.0): the remainder a - b * q moves q by one where it lies
-  outside [0, b). Where |a| << |b| (b = +-inf included) with opposite signs, a / b rounds to -0.0 (and the remainder
+  """floor(a / b) as numpy and torch. a / b is correctly rounded, but rounded: its floor can miss the floor of the
+  exact quotient (a quotient just below an integer rounds up to it): the remainder a - b * q moves q by one where it
+  lies outside [0, b). Where |a| << |b| (b = +-inf included) with opposite signs, a / b rounds to -0.0 (and the remainder
   may be inf * 0 = NaN), but the quotient's floor is -1 (-1 // inf is -1)."""
   q = (a / b).floor()
   r = a - b * q
@@ -188,6 +188,8 @@ class MathMixin:
     if self.dtype is dtypes.bool: return self.ne(True)
     if dtypes.is_unsigned(self.dtype): return self * (2 ** (8 * self.dtype.itemsize) - 1)
     return self * -1
+  # a / b is MUL(a, RECIPROCAL(b)): every engine evaluates that product as the correctly rounded quotient
+  # (engine/values.quotient_operands), as the IR has no divide op
   def __truediv__(self, x):
     a, b = self._pair(x)
     if not dtypes.is_float(a.dtype): a, b = a.cast(dtypes.float32), b.cast(dtypes.float32)
@@ -365,7 +367,7 @@ class MathMixin:
   def mean(self, axis=None, keepdim: bool = False) -> UOp:
     x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.float32)
     n = math.prod(self.shape[a] for a in _axes(self.ndim, axis))
-    return x.sum(axis, keepdim) * (1.0 / n if n else math.nan)
+    return x.sum(axis, keepdim) / n  # a quotient, as numpy's and torch's mean (0 / 0 = NaN over no elements)
   def softmax(self, axis: int = -1) -> UOp:
     m = self - self.max(axis, keepdim=True)
     e = m.exp()

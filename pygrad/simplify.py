@@ -44,13 +44,31 @@ def _scalar(arr, dtype: DType):
   return _coerce(arr.reshape(-1)[0].item(), dtype)
 
 
+def _exact_reciprocal(v: float, r: float) -> bool:
+  """Whether r, the rounded 1 / v, is 1 / v exactly (v a power of two, no overflow or underflow past it; v zero,
+  infinite or NaN): only then is x * r the quotient x / v for every x."""
+  if v == 0 or math.isinf(v) or math.isnan(v): return True
+  return math.frexp(v)[0] in (0.5, -0.5) and r != 0 and math.isfinite(r) and math.frexp(r)[0] in (0.5, -0.5)
+
+
 def fold_alu(u: UOp) -> UOp | None:
-  """An ALU node over constants, computed now."""
+  """An ALU node over constants, computed now. A float RECIPROCAL folds only where exact: MUL(x, RECIPROCAL(c)) is
+  the quotient x / c (engine/values.quotient_operands), which x * round(1 / c) is not for c = 3."""
   if not all(_is_const(s) for s in u.src): return None
   from .engine.numpy_eval import evaluate
   scalars = tuple(UOp.const(const_value(s), s.dtype) for s in u.src)
   one = UOp(u.op, u.dtype if u.op in (Ops.CAST, Ops.BITCAST) else None, scalars, u.arg)
-  return broadcast_const(_scalar(evaluate([one], {})[0], u.dtype), u.dtype, u.shape)
+  r = _scalar(evaluate([one], {})[0], u.dtype)
+  if u.op is Ops.RECIPROCAL and not _exact_reciprocal(float(scalars[0].arg), float(r)): return None
+  return broadcast_const(r, u.dtype, u.shape)
+
+
+def fold_quotient(x: UOp, y: UOp, u: UOp) -> UOp | None:
+  """MUL(a, RECIPROCAL(b)) over constants: the quotient a / b, computed now as execution computes it."""
+  if not (_is_const(x) and _is_const(y)): return None
+  from .engine.numpy_eval import evaluate
+  q = UOp.const(const_value(x), x.dtype) * UOp.const(const_value(y), y.dtype).reciprocal()
+  return broadcast_const(_scalar(evaluate([q], {})[0], u.dtype), u.dtype, u.shape)
 
 
 def fold_reduce(u: UOp) -> UOp | None:
@@ -135,6 +153,7 @@ def _div_one(x: UOp, c: UOp, u: UOp) -> UOp | None:
 
 pm_simplify = PatternMatcher([
   (UPat(tuple(_FOLDABLE), name="u"), fold_alu),
+  (UPat(Ops.MUL, src=[UPat.var("x"), UPat(Ops.RECIPROCAL, src=(UPat.var("y"),))], name="u"), fold_quotient),
   (UPat(Ops.REDUCE_AXIS, name="u"), fold_reduce),
   (UPat(tuple(GroupOp.Movement), name="u"), fold_movement),
   (UPat(Ops.ADD, src=[UPat.var("x"), UPat.var("z")], name="u"), _neg_zero),

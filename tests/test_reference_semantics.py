@@ -176,3 +176,107 @@ def test_float_floordiv_and_mod_equal_numpy(dt, engine):
   x, y = UOp.placeholder(a.shape, dt), UOp.placeholder(b.shape, dt)
   for g, w in zip(pygrad.evaluate([x // y, x % y], {x: a, y: b}, engine=engine), want):
     assert np.array_equal(g, w, equal_nan=True), [(p, q, r, s) for p, q, r, s in zip(a, b, g, w) if not (r == s or r != r)]
+
+
+# ---- division: a / b builds MUL(a, RECIPROCAL(b)), which every engine evaluates as the IEEE quotient ----
+# (engines: numpy, and the C VM on one thread and on four, as threads split tiles differently)
+DIV_RUNS = [("numpy", None)] + ([("c", 1), ("c", 4)] if pygrad.core_name() == "c" else [])
+
+
+def _division_operands(npdt, n=20000):
+  """Quotient operands: random signs and exponents over the whole range (denormals included), int-valued floats,
+  and the cross product of special values."""
+  rng = np.random.default_rng(7)
+  fi = np.finfo(npdt)
+  lo, hi = math.log2(float(fi.smallest_subnormal)), math.log2(float(fi.max))
+  r = (rng.choice([-1.0, 1.0], (2, n)) * 2.0 ** rng.uniform(lo, hi, (2, n))).astype(npdt)
+  ints = rng.integers(-300, 300, (2, n // 4)).astype(npdt)
+  sp = [0.0, -0.0, 1.0, -1.0, 3.0, -7.0, 49.0, 0.1, 1.5, float(fi.smallest_subnormal), -float(fi.smallest_subnormal),
+        float(fi.tiny), float(fi.max), -float(fi.max), math.inf, -math.inf, math.nan]
+  spa = np.array([p for p in sp for _ in sp], npdt)
+  spb = np.array([q for _ in sp for q in sp], npdt)
+  return np.concatenate([r[0], ints[0], spa]), np.concatenate([r[1], ints[1], spb])
+
+
+def _bits_equal(g, w) -> bool:
+  """Equal bit for bit, except that any NaN equals any NaN (payloads and NaN signs are not specified)."""
+  g, w = np.asarray(g), np.asarray(w)
+  if g.dtype != w.dtype or g.shape != w.shape: return False
+  nan = np.isnan(g.astype(np.float64))
+  return bool(np.array_equal(nan, np.isnan(w.astype(np.float64))) and
+              np.array_equal(g[~nan].view(f"u{g.itemsize}"), w[~nan].view(f"u{w.itemsize}")))
+
+
+def _run(outs, inputs, engine, threads):
+  if threads is None: return pygrad.evaluate(outs, inputs, engine=engine)
+  old = pygrad.get_num_threads()
+  pygrad.set_num_threads(threads)
+  try: return pygrad.evaluate(outs, inputs, engine=engine)
+  finally: pygrad.set_num_threads(old)
+
+
+@pytest.mark.parametrize("engine,threads", DIV_RUNS, ids=lambda v: str(v))
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float64], ids=lambda d: d.name)
+def test_float_division_equals_numpy_bit_for_bit(dt, engine, threads):
+  # a / b was a * (1 / b): 74% of random float32 quotients equalled numpy's and x / x == 1 for 85% of x
+  a, b = _division_operands(dt.np)
+  n = len(a)
+  x, y = UOp.placeholder((n,), dt), UOp.placeholder((n,), dt)
+  m = UOp.placeholder((4, 5), dt)
+  mv, rv = a[:20].reshape(4, 5), b[:5]
+  row = UOp.placeholder((5,), dt)
+  outs = [x / y, x / x, 1 / x, x / 3.0, 3.0 / x, y.reciprocal() * x, (x / 3.0).simplify(), x / 0.1, m / row,
+          row / m, m / 7.0, m / m.sum(), m.sum(), x.mean(), x.sum()]
+  got = _run(outs, {x: a, y: b, m: mv, row: rv}, engine, threads)
+  with np.errstate(all="ignore"):
+    c3, tenth = np.asarray(3.0, dt.np), np.asarray(0.1, dt.np)
+    want = [a / b, a / a, 1 / a, a / c3, c3 / a, a / b, a / c3, a / tenth, mv / rv, rv / mv, mv / np.asarray(7.0, dt.np),
+            mv / got[12], got[12], got[14] / np.asarray(n, dt.np)]  # over a sum: the quotient by the engine's own sum
+  for i, (g, w) in enumerate(zip(got, want)):
+    assert _bits_equal(g, w), (i, [(p, q) for p, q in zip(g.ravel(), w.ravel()) if not _bits_equal(p, q)][:5])
+
+
+@pytest.mark.parametrize("engine,threads", DIV_RUNS, ids=lambda v: str(v))
+@pytest.mark.parametrize("dt", [dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
+def test_half_division_is_correctly_rounded(dt, engine, threads):
+  # the exact quotient of the half values rounded once to the half format (from float64, where rounding twice is
+  # harmless: 53 >= 2 * 11 + 2 bits)
+  import ml_dtypes
+  rng = np.random.default_rng(3)
+  n = 20000
+  hd = np.float16 if dt is dtypes.float16 else ml_dtypes.bfloat16
+  fi = np.finfo(np.float16) if dt is dtypes.float16 else ml_dtypes.finfo(ml_dtypes.bfloat16)
+  lo, hi = math.log2(float(fi.smallest_subnormal)), math.log2(float(fi.max))
+  a, b = (rng.choice([-1.0, 1.0], (2, n)) * 2.0 ** rng.uniform(lo, hi, (2, n))).astype(hd)
+  sp = np.array([0.0, -0.0, 1.0, 3.0, -7.0, math.inf, -math.inf, math.nan], hd)
+  a, b = np.concatenate([a, np.repeat(sp, len(sp))]), np.concatenate([b, np.tile(sp, len(sp))])
+  store = np.float16 if dt is dtypes.float16 else np.float32  # bfloat16 values are stored as float32
+  x, y = UOp.placeholder(a.shape, dt), UOp.placeholder(b.shape, dt)
+  got = _run([x / y, x / x, x / 3.0], {x: a.astype(store), y: b.astype(store)}, engine, threads)
+  with np.errstate(all="ignore"):
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    want = [(p / q).astype(hd).astype(store) for p, q in ((a64, b64), (a64, a64), (a64, np.float64(3.0)))]
+  for i, (g, w) in enumerate(zip(got, want)):
+    assert _bits_equal(g, w), (i, [(p, q) for p, q in zip(g, w) if not _bits_equal(p, q)][:5])
+
+
+@pytest.mark.parametrize("engine,threads", DIV_RUNS, ids=lambda v: str(v))
+def test_quotient_is_the_product_of_a_reciprocal_source_only(engine, threads):
+  # MUL(a, RECIPROCAL(b)) is the quotient; the RECIPROCAL is still computed for its other users; a product whose
+  # operand reaches a RECIPROCAL through an identity op or a FUNCTION parameter stays a product (on both engines)
+  a, b = _division_operands(np.float32, 4000)
+  n = len(a)
+  x, y = UOp.placeholder((n,), dtypes.float32), UOp.placeholder((n,), dtypes.float32)
+  r = y.reciprocal()
+  p0, p1 = x.param_like(0), y.param_like(1)
+  f_div = UOp.maketuple(p0 * p1.reciprocal()).call(x, y).gettuple(0)
+  f_mul = UOp.maketuple(p0 * p1).call(x, r).gettuple(0)
+  deep = UOp.placeholder((2,) * 17, dtypes.float32)  # 17 dims, none mergeable: the program's numpy kernel
+  dv = a[:2 ** 17].reshape((2,) * 17) if n >= 2 ** 17 else np.resize(a, (2,) * 17)
+  outs = [x * r, r + 0.5, x * r.detach(), r.contiguous() * x, f_div, f_mul, deep.permute(tuple(range(16, -1, -1))) / deep]
+  got = _run(outs, {x: a, y: b, deep: dv}, engine, threads)
+  with np.errstate(all="ignore"):
+    rb = np.float32(1) / b
+    want = [a / b, rb + np.float32(0.5), a * rb, a * rb, a / b, a * rb, dv.transpose() / dv]
+  for i, (g, w) in enumerate(zip(got, want)):
+    assert _bits_equal(g, w), i

@@ -5,26 +5,39 @@ MULTI) resolved to their source. Iterative: nothing recurses on graph depth."""
 from __future__ import annotations
 from ..ops import Ops, GroupOp
 from ..uop import UOp, handle
-from ..dtype import BY_ID
+from ..dtype import BY_ID, dtypes
 
 _ALIAS = GroupOp.Identity | {Ops.COPY}
 _INPUTS = (Ops.BUFFER, Ops.DEFINE_VAR)
+_MUL, _RECIP = Ops.MUL, Ops.RECIPROCAL
 
 
 class PNode:
   """One value of the flattened graph. `uop` is the node it came from (inputs are looked up by it)."""
   __slots__ = ("op", "dtype", "shape", "arg", "src", "idx", "nid", "users", "is_output", "view", "mat", "buf",
-               "callbufs", "out_slot")
+               "callbufs", "out_slot", "opcode")
 
   def __init__(self, op, dtype, shape, arg, src, nid):
     self.op, self.dtype, self.shape, self.arg, self.src, self.nid = op, dtype, shape, arg, src, nid
     self.idx, self.users, self.is_output, self.view, self.mat, self.buf = 0, 0, False, None, False, None
     self.callbufs, self.out_slot = None, None
+    self.opcode = None  # "DIV": a MUL computed as the quotient src[0] / src[1] (see _quotient)
 
   @property
   def uop(self) -> UOp: return handle(self.nid)
 
   def __repr__(self): return f"PNode#{self.idx}({self.op.name}, {self.dtype.name}, {self.shape})"
+
+
+def _quotient(n: PNode, sids) -> PNode:
+  """values.quotient_operands' rule on a flattened node: a float MUL whose own source (sids: its UOp sources' ids; a
+  PNode of another id came through an identity op, a PARAM or a GETTUPLE, as the numpy engine does not look through
+  them) is a RECIPROCAL becomes the quotient (opcode DIV) of the other source by the RECIPROCAL's source."""
+  if n.op is not _MUL or not dtypes.is_float(n.dtype): return n
+  x, y = n.src
+  if y.op is _RECIP and y.nid == sids[1]: n.src, n.opcode = (x, y.src[0]), "DIV"
+  elif x.op is _RECIP and x.nid == sids[0]: n.src, n.opcode = (y, x.src[0]), "DIV"
+  return n
 
 
 def _structure(o: UOp, c: int, fctx, get):
@@ -92,7 +105,8 @@ class Flattener:
         if b is u.src[0]: return self._new(PNode(op, u.dtype, u.shape, i, (kids[0],), u._id))
       raise ValueError("AFTER: src[0] is not one of its CALL's buffers")
     if any(k is None for k in kids): raise ValueError(f"{op.name}: an operand has no value (NOOP)")
-    return self._new(PNode(op, u.dtype, u.shape, u.arg, tuple(kids), u._id))
+    n = PNode(op, u.dtype, u.shape, u.arg, tuple(kids), u._id)
+    return self._new(_quotient(n, [s._id for s in u.src]) if op is _MUL else n)
 
   def _new(self, n: PNode) -> PNode:
     n.idx = len(self.nodes)
@@ -138,6 +152,7 @@ def _flatten_ids(outputs: list[UOp]):
   nodes: list[PNode] = []
   FUNC, TUP, GET, MULTI, NOOP, AFTER, CALL, SINK = (int(x) for x in (Ops.FUNCTION, Ops.TUPLE, Ops.GETTUPLE, Ops.MULTI,
                                                                        Ops.NOOP, Ops.AFTER, Ops.CALL, Ops.SINK))
+  MUL = int(Ops.MUL)
   order = CORE.toposort(roots, False)
   rows, flat = CORE.rows(order)  # the whole graph's fields in one call into the core
   tups: dict[int, list[int]] = {}  # the sources of TUPLE nodes, which GETTUPLE looks into
@@ -168,6 +183,7 @@ def _flatten_ids(outputs: list[UOp]):
       if None in kids:
         raise ValueError(f"{_OPS[op].name}: an operand has no value (NOOP)")
     n = PNode(_OPS[op], BY_ID[dt], metas[mid][0], arg, kids, nid)
+    if op == MUL: _quotient(n, src)
     n.idx = len(nodes)
     nodes.append(n)
     pn[nid] = n

@@ -112,7 +112,7 @@ def contraction(loop: Loop, sp: Space) -> list[int] | None:
   """The words of a VK_GEMM kernel if this reduction is a contraction of two broadcast operands, else None."""
   if loop.redop is not Ops.ADD or loop.rdtype not in (dtypes.float32, dtypes.float64): return None
   top = loop.stores[0].src
-  if top.is_load or top.op is not Ops.MUL or len(sp.loads) != 2: return None
+  if top.is_load or top.op is not Ops.MUL or top.opcode is not None or len(sp.loads) != 2: return None
   ka, kb = top.src
   if ka is kb or not ka.is_load or not kb.is_load: return None
   A, B = sp.loads[ka], sp.loads[kb]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 from .planner import Loop, KNode
 from .views import View
-from .values import alu, reduce_value
+from .values import alu, reduce_value, divide
 
 
 class NumpyKernel:
@@ -29,7 +29,8 @@ class NumpyKernel:
       for k in loop.knodes:
         if k.is_load: vals[k] = _read(memory(k.buf), k.view).astype(k.dtype.numpy)
         else:
-          vals[k] = alu(k.op, k.dtype, [vals[s] for s in k.src], k.sdtype)
+          xs = [vals[s] for s in k.src]
+          vals[k] = divide(k.dtype, xs[0], xs[1]) if k.opcode == "DIV" else alu(k.op, k.dtype, xs, k.sdtype)
           for s in k.src:
             if last[s] is k and s not in keep: vals.pop(s, None)
       for st in loop.stores:

@@ -25,6 +25,9 @@ Results defined here for what C leaves undefined (the C VM matches them):
   CMPNE is True. ADD/MUL/MAX on bool are OR/AND/OR. REDUCE_AXIS over zero elements gives 0 (ADD), 1 (MUL) and the
   dtype's lowest value (MAX: -inf, the int's min, False). RECIPROCAL/SQRT/LOG2/... follow IEEE (1/0 = inf,
   sqrt(-1) = NaN, log2(0) = -inf); floating warnings are silenced.
+* A float MUL whose source is a RECIPROCAL, MUL(a, RECIPROCAL(b)) or MUL(RECIPROCAL(b), a), is the IEEE quotient
+  a / b, correctly rounded (what `a / b` builds: numpy's, torch's and JAX's division), not the product of a rounded
+  reciprocal; see values.quotient_operands.
 
 Inputs (engine/values.py, shared with the C engine). `inputs` maps BUFFER and DEFINE_VAR nodes to values. A numpy array (or numpy scalar) must have exactly the
 node's storage dtype (bfloat16: float32, rounded on entry, or an `ml_dtypes.bfloat16` array) and, for a BUFFER, its
@@ -48,7 +51,7 @@ from ..dtype import dtypes
 from ..core import CORE
 from ..uop import UOp, handle
 from .values import round_bfloat16, const_array, input_name, alu, reduce_value, bindings, map_nested, \
-  cast_value, bitcast_value
+  cast_value, bitcast_value, quotient_operands, divide
 
 _BF16 = dtypes.bfloat16
 _MISSING = object()
@@ -72,6 +75,12 @@ def _param(u: UOp, xs, ctx):
 
 def _alu(u: UOp, xs, ctx):
   return alu(u.op, u.dtype, xs, u.src[1].dtype if u.op is Ops.WHERE else u.src[0].dtype)
+
+
+def _quotient(u: UOp, xs, ctx): return divide(u.dtype, xs[0], xs[1])
+
+
+def _skip(u: UOp, xs, ctx): return None
 
 
 # ---- reduce and movement ----
@@ -147,18 +156,26 @@ class _Ctx:
 class _Frame:
   """One graph (the top level or a FUNCTION body) being run: its toposort (FUNCTION/CALL bodies not entered), each
   node's operands, how many users each value still has, and the values kept so far."""
-  __slots__ = ("roots", "ctx", "nodes", "operands", "uses", "keep", "vals", "i")
+  __slots__ = ("roots", "ctx", "nodes", "operands", "fns", "uses", "keep", "vals", "i")
 
   def __init__(self, roots: list[UOp], ctx: _Ctx):
     self.roots, self.ctx, self.i, self.vals = roots, ctx, 0, {}
     self.nodes = [handle(n) for n in CORE.toposort([r._id for r in roots], False)]
     self.keep = {r._id for r in roots}
     self.uses: dict[int, int] = {}
-    self.operands = []
+    self.operands, self.fns = [], []
     for u in self.nodes:
-      s = u.src[1:] if u.op is Ops.FUNCTION or u.op is Ops.CALL else u.src
+      op = u.op
+      s = u.src[1:] if op is Ops.FUNCTION or op is Ops.CALL else u.src
+      q = quotient_operands(op, u.dtype, s) if op is Ops.MUL else None
+      if q is not None: s = q  # a float MUL(a, RECIPROCAL(b)) is the quotient a / b (values.quotient_operands)
       self.operands.append(s)
+      self.fns.append(_quotient if q is not None else _EVAL.get(op))
       for x in s: self.uses[x._id] = self.uses.get(x._id, 0) + 1
+    for i, u in enumerate(self.nodes):  # a RECIPROCAL only divisions read is not computed
+      if u.op is Ops.RECIPROCAL and not self.uses.get(u._id) and u._id not in self.keep:
+        self.uses[u.src[0]._id] -= 1
+        self.operands[i], self.fns[i] = (), _skip
 
   def put(self, value) -> None:
     """Store the current node's value, drop operands whose last user it was, and move on."""
@@ -184,7 +201,7 @@ def _run(roots: list[UOp], ctx: _Ctx) -> list:
       if u.op is Ops.FUNCTION:
         stack.append(_Frame([u.src[0]], _Ctx(f.ctx.inputs, tuple(xs))))
         break
-      try: f.put(_EVAL[u.op](u, xs, f.ctx))
+      try: f.put(f.fns[f.i](u, xs, f.ctx))
       except (MemoryError, ValueError) as e: _too_big(u, e)
     else:
       stack.pop()

@@ -339,7 +339,8 @@ class Planner:
       if n.op in _MOVE:  # a movement is only a view change: it is its source's value
         memo[key] = memo[kids[0][2]]
         continue
-      kn = memo[key] = KNode(n.op, n.dtype, tuple([memo[sk] for _, _, sk in kids]), None, None, None, n.src[0].dtype)
+      kn = memo[key] = KNode(n.op, n.dtype, tuple([memo[sk] for _, _, sk in kids]), None, None, None, n.src[0].dtype,
+                             n.opcode)
       knodes.append(kn)
     return knodes, memo[top.idx]
 

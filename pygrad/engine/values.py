@@ -219,6 +219,26 @@ def alu(op: Ops, dt: DType, xs: list, sdt: DType) -> np.ndarray:
   return fin(UNARY[op](wide(xs[0], sdt)), dt)
 
 
+def quotient_operands(op: Ops, dtype: DType, src: tuple):
+  """(a, b) when a node op(src) of this dtype is run as the true quotient a / b: a float MUL(a, RECIPROCAL(b)) or
+  MUL(RECIPROCAL(b), a) (the second operand checked first), where `src` are the node's own sources (UOps; flatten
+  passes the UOp sources it sees, so an identity op between MUL and RECIPROCAL keeps the product on both engines).
+  No IR op divides: `a / b` builds that product, and every engine evaluates it as IEEE division, correctly rounded
+  (numpy's, torch's and JAX's `/`), like a compiler contracting a multiply-add into an FMA; the RECIPROCAL is still
+  computed for any other user."""
+  if op is not Ops.MUL or not dtypes.is_float(dtype): return None
+  x, y = src
+  if y.op is Ops.RECIPROCAL: return x, y.src[0]
+  if x.op is Ops.RECIPROCAL: return y, x.src[0]
+  return None
+
+
+def divide(dt: DType, a, b) -> np.ndarray:
+  """The quotient a / b of float values of dtype dt, correctly rounded (float16/bfloat16: the float32 quotient
+  rounded once, which is the correctly rounded quotient in those formats)."""
+  return fin(np.divide(wide(a, dt), wide(b, dt)), dt)
+
+
 def reduce_value(op: Ops, dt: DType, x: np.ndarray, axes) -> np.ndarray:
   """REDUCE_AXIS (ADD, MUL or MAX over `axes`, kept as size-1 dims) of a value of dtype dt: accumulated in the
   compute type, rounded once at the end; over zero elements 0, 1 or the dtype's lowest value."""
@@ -261,4 +281,5 @@ def map_nested(x, fn):
 
 __all__ = ["round_bfloat16", "wide", "fin", "int_range", "lowest", "const_array", "input_name", "as_value",
            "input_value", "bindings", "BINARY", "UNARY", "cast_value", "bitcast_value", "alu", "reduce_value", "scalar_alu",
+           "quotient_operands", "divide",
            "INPUT_OPS", "map_nested"]
