@@ -13,7 +13,8 @@ else:
   UOp = None  # bound by uop.py once the class exists, as are the node makers below
 _alu2 = _const = _movement = _node = None
 _LN2, _INV_LN2 = math.log(2), 1 / math.log(2)
-_IOTA = tuple(tuple(range(n)) for n in range(9))  # identity orders (a permute by one is the node itself)
+_IOTA = tuple(tuple(range(n)) for n in range(9))
+_SAME_WIDTH_INT = {2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}  # identity orders (a permute by one is the node itself)
 
 
 def _bind(cls, alu2, const, movement, node, unary_method, binary_method) -> None:
@@ -97,25 +98,103 @@ _RESHAPE, _EXPAND, _PERMUTE, _PAD, _SHRINK, _REDUCE_AXIS = \
   Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.PAD, Ops.SHRINK, Ops.REDUCE_AXIS
 
 
-def _float_floordiv(a, b):
-  """floor(a / b) as numpy and torch. a / b is correctly rounded, but rounded: its floor can miss the floor of the
-  exact quotient (a quotient just below an integer rounds up to it): the remainder a - b * q moves q by one where it
-  lies outside [0, b). Where |a| << |b| (b = +-inf included) with opposite signs, a / b rounds to -0.0 (and the remainder
-  may be inf * 0 = NaN), but the quotient's floor is -1 (-1 // inf is -1)."""
+def _signbit(x):
+  """Whether x's sign bit is set (-0.0 and NaNs with the sign set included), read from its bits."""
+  return x.bitcast(_SAME_WIDTH_INT[x.dtype.itemsize]) < 0
+
+
+def _fmod32(a, b):
+  """C's fmod(a, b) of float32 values, exact (the IR's MOD is integer-only): the remainder a - n * b, n = trunc(a /
+  b), with a's sign, computed in float64 on r = |a| by steps r -= t * (|b| * 2**k), t = trunc(r / (|b| * 2**k)), k the
+  exponent of r / |b| less 28 (0 at least). t < 2**29 and |b| * 2**k has 24 significant bits, so t * |b| * 2**k is
+  exact in float64, and r - t * |b| * 2**k is a multiple of b's unit, below 2**53 of them: exact. A step takes 29
+  bits off the quotient's exponent, at most 277 (float32's max over its smallest denormal): 10 steps; the last has
+  k = 0 and leaves r in [0, |b|) (or -0 ... a multiple of b's unit below one: none). NaN for a = inf, b = 0 or a
+  NaN operand; a for b = +-inf."""
+  f64 = dtypes.float64
+  aw, bw = a.cast(f64), b.cast(f64)
+  bad = a.ne(a) | b.ne(b) | b.eq(0) | a.eq(math.inf) | a.eq(-math.inf)
+  binf = b.eq(math.inf) | b.eq(-math.inf)
+  ab = (bad | binf).where(1.0, (bw < 0).where(-bw, bw))
+  r = bad.where(0.0, (aw < 0).where(-aw, aw) + 0.0)  # + 0.0: |-0.0| is +0.0
+  for _ in range(10):
+    q = r / ab
+    p = (q.bitcast(dtypes.int64) & 0x7FF0000000000000).bitcast(f64)  # 2**exponent(q) (0 for q = 0)
+    bk = ab * (p * 2.0 ** -28).maximum(1.0)
+    r = r - (r / bk).trunc() * bk
+  r = (r < 0).where(r + ab, r)
+  res = _signbit(a).where(-r, r).cast(dtypes.float32)
+  return bad.where(math.nan, binf.where(a, res))
+
+
+_FMOD64_STEPS = 4  # exact for |a / b| < 2**99
+
+
+def _fmod64(a, b):
+  """C's fmod(a, b) of float64 values: exact for |a / b| < 2**99, and past that a remainder off by the roundings of
+  one last product (no wider type to work in, and the quotient's exponent reaches 2098). As _fmod32, on r = |a| by
+  steps r -= t * (|b| * 2**k), now with |b| split into a high part of 26 significant bits and a low part (exact
+  sum): t < 2**25, so t * high and t * low are exact, r - t * high is below high * 2**k in b's units (t is taken
+  from it), and the result is a multiple of b's unit below 2**53 of them: each subtraction exact. A step takes 25
+  bits off the quotient's exponent."""
+  f64, i64 = dtypes.float64, dtypes.int64
+  bad = a.ne(a) | b.ne(b) | b.eq(0) | a.eq(math.inf) | a.eq(-math.inf)
+  binf = b.eq(math.inf) | b.eq(-math.inf)
+  ab = (bad | binf).where(1.0, (b < 0).where(-b, b))
+  r = bad.where(0.0, (a < 0).where(-a, a) + 0.0)
+  # the split: clear the low 27 bits of |b|'s significand (a denormal |b| by Veltkamp's split, which cannot overflow
+  # there; the bit mask would clear a small denormal entirely)
+  g = ab * 134217729.0
+  hi = (ab < 2.0 ** -1022).where(g - (g - ab), (ab.bitcast(i64) & ~((1 << 27) - 1)).bitcast(f64))
+  lo = ab - hi
+  for _ in range(_FMOD64_STEPS):
+    q = r / ab
+    s = ((q.bitcast(i64) & 0x7FF0000000000000).bitcast(f64) * 2.0 ** -24).maximum(1.0)  # 2**k
+    hk = hi * s
+    t = (r / hk).trunc()
+    r = (r - t * hk) - t * (lo * s)
+  r = (r < 0).where(r + ab, r)
+  mod = bad.where(math.nan, binf.where(a, _signbit(a).where(-r, r)))
+  return mod, bad | binf | ((r >= 0) & (r < ab))  # and where it is exact (reduced into [0, |b|))
+
+
+def _approx_divmod(a, b):
+  """floor(a / b) from the rounded quotient, moved by one where the remainder a - b * q lies outside [0, b), and
+  that remainder: within a few roundings of numpy's, for float64 quotients past _fmod64's exact range."""
   q = (a / b).floor()
   r = a - b * q
   pos, neg = b > 0, b < 0
   low = (pos & (r < 0)) | (neg & (r > 0))
   high = (pos & (r >= b)) | (neg & (r <= b))
   q = low.where(q - 1, high.where(q + 1, q))
-  return (q.eq(0) & (a < 0).ne(b < 0) & a.ne(0)).where(-1.0, q)
+  return q, a - b * q
 
 
-def _float_mod(a, b):
-  """a - b * (a // b), with the sign of b as numpy and torch; a where a // b is 0, so that a finite a mod +-inf is a
-  (or b, for opposite signs), not inf * 0 = NaN."""
-  q = _float_floordiv(a, b)
-  return q.eq(0).where(a, a - b * q)
+def _float_divmod(a, b):
+  """(a // b, a % b) as numpy computes them (npy_divmod): mod = fmod(a, b) exact; div = (a - mod) / b; where mod is
+  nonzero with a sign other than b's, mod += b and div -= 1; a zero mod takes b's sign; the floor of div rounded to
+  nearest (div - floor(div) > 0.5 adds 1), a zero quotient taking the sign of a / b; for b = 0, a / b and NaN.
+  float16/bfloat16 compute in float32 and round once, as numpy's half and ml_dtypes' bfloat16 do."""
+  dt = a.dtype
+  if dt.itemsize == 2: a, b = a.cast(dtypes.float32), b.cast(dtypes.float32)
+  mod, exact = _fmod64(a, b) if a.dtype is dtypes.float64 else (_fmod32(a, b), None)
+  div = (a - mod) / b
+  fix = mod.ne(0) & (b < 0).ne(mod < 0)
+  mod = fix.where(mod + b, mod)
+  div = fix.where(div - 1, div)
+  mod = mod.eq(0).where(_signbit(b).where(-0.0, 0.0), mod)
+  fl = div.floor()
+  fl = (div - fl > 0.5).where(fl + 1, fl)
+  q = a / b
+  div = b.eq(0).where(q, div.ne(0).where(fl, _signbit(q).where(-0.0, 0.0)))
+  if exact is not None:
+    qa, ra = _approx_divmod(a, b)
+    div, mod = exact.where(div, qa), exact.where(mod, ra)
+  return div.cast(dt), mod.cast(dt)
+
+
+def _float_floordiv(a, b): return _float_divmod(a, b)[0]
+def _float_mod(a, b): return _float_divmod(a, b)[1]
 
 
 # tanh's Taylor coefficients, x**1 to x**15: 1, -1/3, 2/15, -17/315, 62/2835, -1382/155925, 21844/6081075, ...

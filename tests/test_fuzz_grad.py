@@ -12,6 +12,7 @@ import pytest
 from hypothesis import example, given, assume, settings, strategies as st
 import pygrad
 from pygrad import UOp, Ops, dtypes, UPat, PatternMatcher, graph_rewrite
+from pygrad.engine.values import quotient_operands
 from fuzzgraphs import FUZZ, LONG, recipes, build, input_values
 
 torch = pytest.importorskip("torch")
@@ -57,7 +58,9 @@ def _to_torch(roots, npvals, tvals):
     elif op is Ops.TRUNC: r = torch.trunc(s[0])
     elif op is Ops.CAST: r = s[0].to(dt)
     elif op is Ops.ADD: r = s[0] + s[1]
-    elif op is Ops.MUL: r = s[0] * s[1]
+    elif op is Ops.MUL:  # a float MUL(a, RECIPROCAL(b)) is the quotient a / b on every engine
+      q = quotient_operands(op, n.dtype, n.src)
+      r = s[0] * s[1] if q is None else t[q[0]] / t[q[1]]
     elif op is Ops.MAX: r = torch.maximum(s[0], s[1])
     elif op is Ops.POW: r = torch.pow(s[0], s[1])
     elif op is Ops.WHERE: r = torch.where(s[0], s[1], s[2])
