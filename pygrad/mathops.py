@@ -348,7 +348,10 @@ class MathMixin:
     # upstream * 0, NaN for an infinite upstream gradient at x = 0
     return (self > 0).where(self.const_like(1), (self < 0).where(self.const_like(-1), self.detach() * 0))
   def abs(self) -> UOp: return self * self.sign()
-  def relu(self) -> UOp: return (self > 0).where(self, 0)
+  def relu(self) -> UOp:
+    # relu(NaN) is NaN as torch's and JAX's ((x > 0).where(x, 0) gave 0), with torch's gradient there (JAX's is 0);
+    # relu(-0.0) is +0.0 as JAX's (torch's is -0.0: they disagree)
+    return ((self > 0) | self.ne(self)).where(self, 0)
   def sigmoid(self) -> UOp: return (1 + (-self).exp()).reciprocal()
   def tanh(self) -> UOp:
     # 2 sigmoid(2x) - 1 cancels for small |x| (tanh(1e-8) was 0 in float32; float64's median error was 4e4 ulp), so

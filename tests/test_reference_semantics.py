@@ -328,3 +328,19 @@ def test_float_floordiv_and_mod_equal_numpy_everywhere(dt, engine):
     assert ok.all(), (name, [(p, q, r, s) for p, q, r, s, o in zip(a, b, g, w, ok) if not o][:6])
   if dt is dtypes.float64:  # past the exact range: the quotient is still numpy's
     assert _bits_equal(got[0], want[0])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_relu_of_nan_is_nan_and_its_gradient_is_torchs(engine):
+  # relu was (x > 0).where(x, 0): relu(NaN) was 0 where torch and JAX give NaN; its gradient at NaN is torch's 1
+  # (JAX's is 0); relu(-0.0) stays +0.0 (JAX's; torch gives -0.0: they disagree)
+  torch = pytest.importorskip("torch")
+  v = np.array([-0.0, 0.0, -1.0, 2.0, np.nan, -np.inf, np.inf], np.float32)
+  x = UOp.placeholder(v.shape, dtypes.float32)
+  y = x.relu()
+  g, = y.sum().gradient(x)
+  got, gg = pygrad.evaluate([y, g], {x: v}, engine=engine)
+  tx = torch.tensor(v, requires_grad=True)
+  tg, = torch.autograd.grad(torch.relu(tx).sum(), tx)
+  assert _bits_equal(got, np.array([0.0, 0.0, 0.0, 2.0, np.nan, 0.0, np.inf], np.float32))
+  assert _bits_equal(gg, tg.numpy())
