@@ -138,6 +138,9 @@ pg_build *pg_serial_build_new(pg_store *st, int64_t n, const int32_t *op, const 
                               const int32_t *src, const int32_t *arg, const int32_t *tag, const int32_t *pdata,
                               const int32_t *given, int64_t ngiven, const int32_t *known, const uint8_t *flags,
                               int32_t nops, int32_t ndtypes, int *err, int64_t *where);
+/* the rows a builder has not made that are leaves whose signature its store's cache lacks (Python infers those up
+   front and writes their metas into the builder's known array before pg_serial_build_run); at most cap in rows */
+int64_t pg_serial_build_misses(pg_build *b, int64_t *rows, int64_t cap);
 int pg_serial_build_run(pg_build *b, int64_t *pos);
 int pg_serial_build_set(pg_build *b, int32_t id);
 int32_t pg_serial_build_id(const pg_build *b, int64_t i);

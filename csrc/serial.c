@@ -418,12 +418,17 @@ static int32_t sig_find(const pg_build *b, int64_t i, uint64_t h) {
   return -1;
 }
 
-/* remember node i's signature with its meta (the table doubles at half load) */
-static int sig_add(pg_build *b, int64_t i, int32_t meta) {
+/* remember node i's signature with its meta (the table doubles at half load); a full cache is cleared first, or
+   with soft set, the signature is not added (a leaf Python inferred up front must not evict what the builder
+   learnt) */
+static int sig_add(pg_build *b, int64_t i, int32_t meta, int soft) {
   int64_t ns = b->start[i + 1] - b->start[i], need = 5 + 2 * ns, j, at;
   uint64_t h = sig_hash(b, i), k;
+  int full;
   if (sig_find(b, i, h) >= 0 || need > SIG_POOL_MAX) return 0;
-  if (b->sc->nsig >= SIG_MAX || b->sc->npool + need > SIG_POOL_MAX) pg_serial_cache_clear(b->sc);  /* full */
+  full = b->sc->nsig >= SIG_MAX || b->sc->npool + need > SIG_POOL_MAX;
+  if (full && soft) return 0;
+  if (full) pg_serial_cache_clear(b->sc);
   if ((b->sc->nsig + 1) * 2 > b->sc->mask + 1) {
     uint64_t m = (b->sc->mask + 1) * 2 - 1, q;
     sigslot *t = (sigslot *)malloc((size_t)(m + 1) * sizeof *t);
@@ -659,8 +664,12 @@ int pg_serial_build_run(pg_build *b, int64_t *pos) {
     int64_t i = b->next, j, ns = b->start[i + 1] - b->start[i];
     int32_t meta, id = -2;
     uint32_t h;
-    if (b->known && b->known[i] >= 0) meta = b->known[i];
-    else {
+    if (b->known && b->known[i] >= 0) {
+      meta = b->known[i];
+      /* a leaf Python inferred up front (pg_serial_build_misses): the next load finds it cached */
+      if (!ns && (b->flags[b->op[i]] & (FLAG_CACHE | FLAG_ASK)) == FLAG_CACHE && (r = sig_add(b, i, meta, 1)) != 0)
+        break;
+    } else {
       if (b->flags[b->op[i]] & FLAG_ASK) { r = PG_BUILD_ASK; break; }
       meta = sig_find(b, i, sig_hash(b, i));
       if (meta < 0) { r = PG_BUILD_ASK; break; }
@@ -703,6 +712,23 @@ int pg_serial_build_run(pg_build *b, int64_t *pos) {
   return r;
 }
 
+/* the rows not made yet that have no sources, an op the signature decides (FLAG_CACHE alone), no known meta, and a
+   signature the store's cache lacks -- the leaves Python must infer (BUFFERs, CONSTs: a graph's distinct
+   signatures), which it can do up front and pass as known metas -- in order, at most cap of them in rows; returns
+   how many, or PG_ERR_ARG */
+int64_t pg_serial_build_misses(pg_build *b, int64_t *rows, int64_t cap) {
+  int64_t i, k = 0;
+  if (!b || cap < 0 || (cap > 0 && !rows)) return PG_ERR_ARG;
+  pg_lock_take(&b->st->lock);
+  for (i = b->next; i < b->n && k < cap; i++) {
+    if (b->start[i + 1] != b->start[i] || (b->flags[b->op[i]] & (FLAG_CACHE | FLAG_ASK)) != FLAG_CACHE) continue;
+    if (b->known && b->known[i] >= 0) continue;
+    if (sig_find(b, i, sig_hash(b, i)) < 0) rows[k++] = i;
+  }
+  pg_lock_drop(&b->st->lock);
+  return k;
+}
+
 /* Python made node b->next as id (same op and dtype as the table says): take a reference on it, and unless the
    op asks Python every time, cache its meta for its signature */
 int pg_serial_build_set(pg_build *b, int32_t id) {
@@ -723,7 +749,7 @@ int pg_serial_build_set(pg_build *b, int32_t id) {
     b->sdt[i] = nd->dtype;
     b->nuse[i] = -1;  /* made or found by Python: users unknown */
     b->next = i + 1;
-    if (b->flags[b->op[i]] & FLAG_CACHE) r = sig_add(b, i, nd->meta);
+    if (b->flags[b->op[i]] & FLAG_CACHE) r = sig_add(b, i, nd->meta, 0);
   }
   pg_lock_drop(&st->lock);
   return r;

@@ -163,9 +163,8 @@ def _build(op, dt, start, src, argref, tagref, pdref, objs: list, roots, given=N
     try:
       if CORE.name == "c":
         ng = 0 if given is None else len(given)
-        known = _leaf_metas(op, dt, start, argref, objs, ng) if n - ng > _SMALL else None
         return _build_c(op, dt, start, src, ids[argref], ids[tagref], None if pdref is None else ids[pdref], objs,
-                        argref, tagref, roots, given, known)
+                        argref, tagref, roots, given, n - ng > _SMALL)
       return _build_py(op, dt, start, src, argref, tagref, pdref, objs, ids, roots, given)
     except ArgGone:
       with ARGS.lock: pass  # a concurrent drain finishes forgetting what it marked gone
@@ -186,14 +185,14 @@ def _ask(i: int, op, dt, start, src, argref, tagref, objs, made) -> UOp:
   return u
 
 
-def _leaf_metas(op, dt, start, argref, objs, first: int):
-  """Per row the meta (interned shape and device) of a row without sources of a leaf op (BUFFER, CONST,
-  DEFINE_VAR, ...), inferred and validated once per distinct (op, dtype, arg) as UOp(...) would; -1 for other rows
-  (and for the first rows, which are given); None if there are none. Each distinct leaf is then no stop in the
-  builder (BUFFERs and CONSTs are the graph's distinct signatures: otherwise each would be a call back to Python)."""
-  rows = np.flatnonzero(_IS_LEAF[op] & (start[1:] == start[:-1]))
-  rows = rows[rows >= first]
-  if len(rows) == 0: return None
+def _leaf_metas(op, dt, argref, objs, rows: np.ndarray, known: np.ndarray) -> None:
+  """known[i] for the rows (ascending) of a leaf op (BUFFER, CONST, DEFINE_VAR, ...) among rows: the meta (interned
+  shape and device), inferred and validated once per distinct (op, dtype, arg) as UOp(...) would. Each such leaf is
+  then no stop in the builder (BUFFERs and CONSTs are the graph's distinct signatures: otherwise each would be a
+  call back to Python). rows are the builder's misses (pg_serial_build_misses): the leaves whose signature the
+  store's cache lacks, so a graph loaded before in this process costs nothing here."""
+  rows = rows[_IS_LEAF[op[rows]]]
+  if len(rows) == 0: return
   key = (argref[rows].astype(np.int64) << 16) | (op[rows].astype(np.int64) << 8) | dt[rows]
   _, idx, inv = np.unique(key, return_index=True, return_inverse=True)
   order = np.argsort(idx)  # in row order, so an error names the first bad row
@@ -220,16 +219,17 @@ def _leaf_metas(op, dt, start, argref, objs, first: int):
     if fast: seen[d, arg[1], arg[2]] = m
   metas = np.empty(len(idx), np.int32)
   metas[order] = got_metas
-  known = np.full(len(op), -1, np.int32)
   known[rows] = metas[inv.reshape(-1)]
-  return known
 
 
-def _build_c(op, dt, start, src, arg, tag, pdata, objs, argref, tagref, roots, given, known):
+def _build_c(op, dt, start, src, arg, tag, pdata, objs, argref, tagref, roots, given, infer: bool):
+  """The C core's _build (arg, tag, pdata: interned ids). infer: infer the metas of the leaves whose signature the
+  store's cache lacks up front, in one pass (_leaf_metas), rather than stopping the builder for each."""
   from .core.ccore import ffi, lib
   i32 = lambda a: ffi.from_buffer("int32_t[]", a)  # noqa: E731
   err, where, pos = ffi.new("int *"), ffi.new("int64_t *"), ffi.new("int64_t *")
   ng = 0 if given is None else len(given)
+  known = np.full(len(op), -1, np.int32) if infer else None
   b = CORE.serial_build_new(len(op), i32(op), i32(dt), ffi.from_buffer("int64_t[]", start), i32(src),
                             i32(arg), i32(tag), ffi.NULL if pdata is None else i32(pdata),
                             i32(given) if ng else ffi.NULL, ng, ffi.NULL if known is None else i32(known),
@@ -239,6 +239,11 @@ def _build_c(op, dt, start, src, arg, tag, pdata, objs, argref, tagref, roots, g
     if err[0] == lib.PG_ERR_NOMEM: raise MemoryError(f"pygrad.build: out of memory for {len(op)} nodes")
     raise ValueError(f"pygrad.build: bad node table at row {where[0]}")
   b = ffi.gc(b, lib.pg_serial_build_delete)
+  if infer:
+    miss = np.empty(len(op) - ng, np.int64)
+    k = lib.pg_serial_build_misses(b, ffi.from_buffer("int64_t[]", miss), len(miss))
+    if k < 0: raise RuntimeError(f"pygrad.build: core error {k}")
+    if k: _leaf_metas(op, dt, argref, objs, miss[:k], known)
   made = lambda j: handle(lib.pg_serial_build_id(b, j))  # noqa: E731
   while True:
     r = lib.pg_serial_build_run(b, pos)

@@ -285,6 +285,36 @@ def test_second_load_asks_python_for_no_signature(monkeypatch):
   assert asked == [] and other is graph("b")
 
 
+def test_second_load_infers_no_leaf_again(monkeypatch):
+  """Regression (C core): every load of a graph with many distinct leaves (a BUFFER per weight) inferred each leaf's
+  shape in Python up front (_leaf_metas, ~40% of loading a 2,800-node W1 graph), also when the same model was
+  loaded before. The builder now remembers those leaves' signatures and names only the ones it lacks: the second
+  load infers none, the first each distinct leaf once, and the nodes are the same."""
+  import pygrad.serialize as S
+  if pygrad.core_name() != "c": pytest.skip("the pure core builds node by node: no leaf inference up front")
+  seen = []
+  real = S._leaf_metas
+  monkeypatch.setattr(S, "_leaf_metas", lambda op, dt, a, o, rows, k: seen.append(len(rows)) or real(op, dt, a, o,
+                                                                                                      rows, k))
+  x = UOp.placeholder((4, 4), name="x")
+  tok = os.urandom(8).hex()  # names no earlier load in this process has seen
+  ws = [UOp.placeholder((4, 4), name=f"w{i}_{tok}") for i in range(50)]
+  y = x
+  for w in ws: y = (y @ w).relu() + y
+  data = pygrad.dumps(y)
+  del x, ws, y, w
+  gc.collect()
+  before = pygrad.live_nodes()
+  first = pygrad.loads(data)
+  assert len(seen) == 1 and seen[0] >= 51 and pygrad.live_nodes() > before  # 51 new BUFFERs (and relu's 0)
+  assert pygrad.dumps(first) == data
+  seen.clear()
+  del first
+  gc.collect()
+  again = pygrad.loads(data)
+  assert seen == [] and pygrad.dumps(again) == data
+
+
 def test_build_leaves_no_nodes_behind():
   before = pygrad.live_nodes()
   r = pygrad.build(np.array([int(Ops.CONST), int(Ops.SIN), int(Ops.SIN)]), np.full(3, dtypes.float32.id),
