@@ -222,6 +222,17 @@ def _leaf_metas(op, dt, argref, objs, rows: np.ndarray, known: np.ndarray) -> No
   known[rows] = metas[inv.reshape(-1)]
 
 
+_FLAGS_C: list = []
+
+
+def _flags_c():
+  """_FLAGS as a cffi array (made once: the builder reads it, never writes)."""
+  if not _FLAGS_C:
+    from .core.ccore import ffi
+    _FLAGS_C.append(ffi.from_buffer("uint8_t[]", _FLAGS))
+  return _FLAGS_C[0]
+
+
 def _build_c(op, dt, start, src, arg, tag, pdata, objs, argref, tagref, roots, given, infer: bool):
   """The C core's _build (arg, tag, pdata: interned ids). infer: infer the metas of the leaves whose signature the
   store's cache lacks up front, in one pass (_leaf_metas), rather than stopping the builder for each."""
@@ -233,7 +244,7 @@ def _build_c(op, dt, start, src, arg, tag, pdata, objs, argref, tagref, roots, g
   b = CORE.serial_build_new(len(op), i32(op), i32(dt), ffi.from_buffer("int64_t[]", start), i32(src),
                             i32(arg), i32(tag), ffi.NULL if pdata is None else i32(pdata),
                             i32(given) if ng else ffi.NULL, ng, ffi.NULL if known is None else i32(known),
-                            ffi.from_buffer("uint8_t[]", _FLAGS), _NOPS, _NDT, err, where)
+                            _flags_c(), _NOPS, _NDT, err, where)
   if b == ffi.NULL:
     if err[0] == lib.PG_ERR_ARG_GONE: raise ArgGone()
     if err[0] == lib.PG_ERR_NOMEM: raise MemoryError(f"pygrad.build: out of memory for {len(op)} nodes")
@@ -270,13 +281,22 @@ def _roots_c(b, roots, op, dt, arg, tag) -> list[UOp]:
   """The handles of rows roots of builder b: their ids and metas (each id with a reference) in one C call, the other
   fields from the table (arg, tag: interned ids)."""
   from .core.ccore import ffi, lib
+  objs = ARGS.objs
+  if len(roots) <= 8:  # a pickle piece has one root: cffi arrays and plain ints, not a dozen numpy calls
+    rows = [int(x) for x in roots]
+    k = len(rows)
+    ids, metas = ffi.new("int32_t[]", k), ffi.new("int32_t[]", k)
+    r = lib.pg_serial_build_rows(b, ffi.new("int64_t[]", rows), k, ids, metas)
+    if r: raise MemoryError("pygrad.build: out of memory") if r == lib.PG_ERR_NOMEM else \
+      RuntimeError(f"pygrad.build: core error {r} for the roots")
+    return [adopt(ids[j], _OPS[int(op[i])], BY_ID[int(dt[i])], objs[int(arg[i])], objs[int(tag[i])] if tag[i] else None,
+                  metas[j]) for j, i in enumerate(rows)]
   rows = np.ascontiguousarray(roots, np.int64).reshape(-1)
   ids, metas = np.empty(len(rows), np.int32), np.empty(len(rows), np.int32)
   r = lib.pg_serial_build_rows(b, ffi.from_buffer("int64_t[]", rows), len(rows), ffi.from_buffer("int32_t[]", ids),
                                ffi.from_buffer("int32_t[]", metas))
   if r: raise MemoryError("pygrad.build: out of memory") if r == lib.PG_ERR_NOMEM else \
     RuntimeError(f"pygrad.build: core error {r} for the roots")
-  objs = ARGS.objs
   return [adopt(i, _OPS[o], BY_ID[d], objs[a], objs[t] if t else None, m) for i, o, d, a, t, m in
           zip(ids.tolist(), op[rows].tolist(), dt[rows].tolist(), arg[rows].tolist(), tag[rows].tolist(),
               metas.tolist())]
