@@ -22,6 +22,11 @@ def _opcodes() -> dict[str, int]:
 
 
 OPCODES = _opcodes()
+# instructions the lowering emits that are not IR ops: a compiled module older than this Python code lacks them
+_missing = [n for n in ("MOV", "ABS", "DIV") if n not in OPCODES]
+if _missing:
+  raise ImportError(f"pygrad._core is older than this pygrad: its interpreter has no {', '.join(_missing)} "
+                    "instruction; rebuild it (`pip install -e .`, or `python setup.py build_ext --inplace`)")
 
 
 def prepare(words):
