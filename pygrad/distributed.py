@@ -195,6 +195,9 @@ def _gather_in_order(client, futures: list, resubmit, timeout: float, retries: i
   return results
 
 
+_LOOPBACK = ("tcp://127.", "inproc://", "tls://127.")
+
+
 def _direct(client) -> bool | None:
   """Whether to fetch results from the workers directly: the client's own setting if it has one, else yes when every
   worker is on this machine's loopback (reachable by definition; a fetch through the scheduler costs an extra hop,
@@ -202,10 +205,12 @@ def _direct(client) -> bool | None:
   Kubernetes, may not reach the workers)."""
   if client.direct_to_workers is not None: return client.direct_to_workers
   try:
-    ws = client.scheduler_info()["workers"]
-  except Exception:
-    return None
-  return True if ws and all(w.startswith(("tcp://127.", "inproc://", "tls://127.")) for w in ws) else None
+    ws = list(client.scheduler_info()["workers"])
+  except Exception:  # a busy scheduler may not answer in time: its own address still tells
+    ws = []
+  if not ws:  # no worker listed (yet): workers of a scheduler on loopback connected from this machine
+    ws = [str(getattr(getattr(client, "scheduler", None), "address", "") or "")]
+  return True if all(w.startswith(_LOOPBACK) for w in ws) else None
 
 
 def _exception(f):

@@ -237,7 +237,9 @@ def test_data_parallel_step_is_the_whole_batch_step(client):
 
 
 class _FakeClient:
-  def __init__(self, workers, direct=None): self.direct_to_workers, self._ws = direct, workers
+  def __init__(self, workers, direct=None, scheduler="tcp://10.0.0.1:8786"):
+    self.direct_to_workers, self._ws = direct, workers
+    self.scheduler = type("rpc", (), {"address": scheduler})()
   def scheduler_info(self): return {"workers": {w: {} for w in self._ws}}
 
 
@@ -249,6 +251,9 @@ def test_results_come_straight_from_workers_only_where_they_are_reachable():
   # the client's own choice wins either way
   assert pd._direct(_FakeClient(["tcp://10.0.0.7:4002"], direct=True)) is True
   assert pd._direct(_FakeClient(["tcp://127.0.0.1:4001"], direct=False)) is False
+  # no worker listed (a scheduler that did not answer in time): the scheduler's own address decides
+  assert pd._direct(_FakeClient([], scheduler="tcp://127.0.0.1:8786")) is True
+  assert pd._direct(_FakeClient([], scheduler="tcp://10.0.0.7:8786")) is None
 
 
 def _on_scheduler(keys, dask_scheduler=None):
