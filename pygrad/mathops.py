@@ -13,8 +13,8 @@ else:
   UOp = None  # bound by uop.py once the class exists, as are the node makers below
 _alu2 = _const = _movement = _node = None
 _LN2, _INV_LN2 = math.log(2), 1 / math.log(2)
-_IOTA = tuple(tuple(range(n)) for n in range(9))
-_SAME_WIDTH_INT = {2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}  # identity orders (a permute by one is the node itself)
+_IOTA = tuple(tuple(range(n)) for n in range(9))  # identity orders (a permute by one is the node itself)
+_SAME_WIDTH_INT = {2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}  # the int dtype of a float's width (bitcasts)
 
 
 def _bind(cls, alu2, const, movement, node, unary_method, binary_method) -> None:
