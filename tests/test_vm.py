@@ -268,6 +268,23 @@ def test_expand_of_expression_materializes_the_small_source():
   np.testing.assert_allclose(p(a, b), numpy_eval.evaluate([out], {x: a, y: b})[0], rtol=3e-6)
 
 
+def test_shared_elementwise_value_is_a_register_of_its_kernel():
+  # a value used twice was stored and read back even when both users were in the one kernel (exp's reduction uses x
+  # and n three times each): elementwise users in one kernel now compute it once per element, no buffer
+  x = UOp.placeholder((1000,), dtypes.float32, "x")
+  t = x * 2 + 1
+  rng = np.random.default_rng(0)
+  a = _arr((1000,), rng)
+  one = program.compile_program(t * t + t.sin(), [x])
+  assert one.stats["kernels"] == 1 and one.stats["peak_bytes"] == 0, one.stats
+  np.testing.assert_allclose(one(a), numpy_eval.evaluate([t * t + t.sin()], {x: a})[0], rtol=1e-6)
+  # users in two kernels (an elementwise output and a reduction; a movement) still share one buffer
+  outs = [t * t + t.sin(), t.sum(), (t.reshape(10, 100) * t.reshape(100, 10).T).sum(1)]
+  two = program.compile_program(outs, [x])
+  assert two.stats["peak_bytes"] >= 4000, two.stats
+  for g, w in zip(two(a), numpy_eval.evaluate(outs, {x: a})): np.testing.assert_allclose(g, w, rtol=1e-5)
+
+
 @pytest.mark.parametrize("n,k,m", [(1, 1, 1), (7, 9, 5), (64, 64, 64), (33, 300, 17), (130, 8, 257), (0, 5, 3),
                                    (4, 0, 3)])
 @pytest.mark.parametrize("dt", (dtypes.float32, dtypes.float64), ids=lambda d: d.name)

@@ -3,8 +3,9 @@
 Every node's value is either a *view* of a materialized buffer (inputs, constants, kernel outputs, and any movement
 of those: strides, offset and mask, no copy) or an *expression* not stored anywhere, fused into whichever kernel
 needs it. A node is materialized (gets a buffer and a kernel of its own) when it is an output, a reduction, used by
-two or more nodes, the source of a PAD or of an EXPAND that would repeat work, a CALL buffer, or a MULTI. A kernel
-is built top-down from the value it stores: movement ops on the way down become pending views applied at the
+two or more nodes (unless they are all elementwise in one kernel at its index: then it is computed once per element
+there, see _fused_shared), the source of a PAD or of an EXPAND that would repeat work, a CALL buffer, or a MULTI. A
+kernel is built top-down from the value it stores: movement ops on the way down become pending views applied at the
 leaves, so the expression is computed once per output element and an EXPAND is a zero stride, never a temporary."""
 from __future__ import annotations
 import math
@@ -112,6 +113,31 @@ class CallStep:
     self.fxn, self.name, self.bufs = fxn, name, bufs
 
 
+def _fused_shared(nodes: list[PNode]) -> bytearray:
+  """Per node index, 1 for an elementwise value (ALU, CAST, BITCAST) used several times that stays an expression: all
+  its users are elementwise nodes of its own shape that are computed in one kernel, at the same index (no movement
+  or broadcast between them and the kernel's root). A kernel's walk computes such a value once per element (a
+  register), so a buffer for it would only add a store and loads (exp's reduction reads x and n three times each).
+  One user in another kernel, or reading it through a movement, and it is materialized as before. Walked from the
+  outputs down: a node's group is its users' one when they share it, else the node itself (a kernel's root, or where
+  a movement or broadcast starts)."""
+  group = list(range(len(nodes)))
+  fused = bytearray(len(nodes))
+  users: list = [[] for _ in nodes]
+  for n in nodes:
+    for s in n.src: users[s.idx].append(n)
+  for n in reversed(nodes):
+    us = users[n.idx]
+    if n.op not in _ALU or n.is_output or not us: continue
+    g = -1
+    for u in us:
+      if u.op not in _ALU or u.shape != n.shape or (g >= 0 and group[u.idx] != g): break
+      g = group[u.idx]
+    else:
+      group[n.idx], fused[n.idx] = g, len(us) >= 2
+  return fused
+
+
 class Planner:
   """Plan a flattened graph: `kernels` (Loop and CallStep, in order), `bufs`, `outputs` (per output a Buf or None
   or a tuple), `inputs` (per input slot the UOp)."""
@@ -130,6 +156,7 @@ class Planner:
       elif x is not None: x.is_output = True
     for n in nodes:
       for s in n.src: s.users += 1
+    self.fused = _fused_shared(nodes)
     for n in nodes: self._visit(n)
     self.outputs = [map_nested(o, self._output) for o in shaped_outputs]
     self.jobs.sort(key=lambda j: j[0])
@@ -160,7 +187,8 @@ class Planner:
   def _visit(self, n: PNode) -> None:
     op = n.op
     if op in _PURE_ALU:  # the common case: an expression, given a buffer when it is an output or shared
-      if n.view is None and (n.is_output or (n.users >= 2 and math.prod(n.shape) > 1)): self._materialize(n)
+      if n.view is None and (n.is_output or (n.users >= 2 and math.prod(n.shape) > 1 and not self.fused[n.idx])):
+        self._materialize(n)
       return
     # every value within the VM's bound (an ALU op's is checked with its operands': its shape is one of theirs and
     # its compute type no wider)
@@ -195,7 +223,8 @@ class Planner:
         n.view = (b, v2)
     elif op not in _ALU:
       raise ValueError(f"the C interpreter cannot run {op.name} here")
-    if n.view is None and op in _ALU_MOVE and (n.is_output or (n.users >= 2 and math.prod(n.shape) > 1)):
+    if n.view is None and op in _ALU_MOVE and (n.is_output or (n.users >= 2 and math.prod(n.shape) > 1 and
+                                                               not self.fused[n.idx])):
       self._materialize(n)
 
   def _job(self, order, fn) -> None:
