@@ -344,3 +344,79 @@ def test_relu_of_nan_is_nan_and_its_gradient_is_torchs(engine):
   tg, = torch.autograd.grad(torch.relu(tx).sum(), tx)
   assert _bits_equal(got, np.array([0.0, 0.0, 0.0, 2.0, np.nan, 0.0, np.inf], np.float32))
   assert _bits_equal(gg, tg.numpy())
+
+
+# ---- exp and the composites over it, against numpy (float64, or mpmath-accurate float32) and torch ----
+def _ulp_err(got, want, npd):
+  """|got - want| in units of the spacing of `want` rounded to npd (the denormal spacing below the normals)."""
+  import ml_dtypes
+  with np.errstate(all="ignore"):
+    if npd is ml_dtypes.bfloat16:
+      sp = 2.0 ** np.maximum(np.floor(np.log2(np.abs(want))) - 7, -133)
+    else:
+      sp = np.spacing(np.abs(want).astype(npd)).astype(np.float64)
+    return np.abs(got.astype(np.float64) - want) / sp
+
+
+@pytest.mark.parametrize("engine,threads", DIV_RUNS, ids=lambda v: str(v))
+@pytest.mark.parametrize("dt,ulps", [(dtypes.float16, 0.5), (dtypes.bfloat16, 0.5), (dtypes.float32, 1.5),
+                                     (dtypes.float64, 1.5)], ids=lambda v: getattr(v, "name", str(v)))
+def test_exp_is_within_an_ulp_or_so_everywhere(dt, ulps, engine, threads):
+  # exp was exp2(x * log2(e)): the product's rounding (|x| ulp of x) became up to 64 ulp of the result (median 7 in
+  # float32, 62 in float64), through sigmoid, softmax and log_softmax too. Half types are rounded once from float32.
+  import ml_dtypes
+  rng = np.random.default_rng(2)
+  npd = ml_dtypes.bfloat16 if dt is dtypes.bfloat16 else dt.np
+  fi = ml_dtypes.finfo(npd) if dt is dtypes.bfloat16 else np.finfo(npd)
+  top, low = math.log(float(fi.max)), math.log(float(fi.smallest_subnormal))
+  special = [0.0, -0.0, 1.0, -1.0, 1e-30, -1e-30, top, top * (1 - 2 ** -10), low, low * (1 - 2 ** -10)]
+  v = np.concatenate([rng.uniform(low * 1.02, top * 1.02, 20000), rng.uniform(-2, 2, 2000), special]).astype(npd)
+  store = np.float32 if dt is dtypes.bfloat16 else dt.np
+  x = UOp.placeholder(v.shape, dt)
+  got = _run(x.exp(), {x: v.astype(store)}, engine, threads).astype(np.float64)
+  with np.errstate(all="ignore"):
+    want = np.exp(v.astype(np.float64))
+    wt = want.astype(npd).astype(np.float64)  # its finiteness in dt
+  if dt.itemsize == 2: ulps += 2.0 ** -12  # rounded once from float32: within a float32 ulp or two of 0.5
+  fin = np.isfinite(wt)
+  assert np.array_equal(np.isfinite(got), fin) and np.array_equal(got[~fin], wt[~fin])
+  err = _ulp_err(got[fin], want[fin], npd)
+  assert (err <= ulps).all(), (err.max(), v[fin][np.argmax(err)])
+  # the special values exactly: e**+-inf, NaN, -0.0, integers (as float32)
+  sv = np.array([math.inf, -math.inf, math.nan, -0.0, 0.0, -1e4, 1e4], store)
+  s = UOp.placeholder(sv.shape, dt)
+  i = UOp.placeholder((4,), dtypes.int32)
+  gs, gi = _run([s.exp(), i.exp()], {s: sv, i: np.array([0, 1, -3, 80], np.int32)}, engine, threads)
+  assert _bits_equal(gs, np.array([math.inf, 0.0, math.nan, 1.0, 1.0, 0.0, math.inf], store))
+  assert gi.dtype == np.float32 and _bits_equal(gi, np.exp(np.array([0, 1, -3, 80], np.float64)).astype(np.float32))
+
+
+@pytest.mark.parametrize("engine,threads", DIV_RUNS, ids=lambda v: str(v))
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float64], ids=lambda d: d.name)
+def test_exp_gradient_is_torchs(dt, engine, threads):
+  # the gradient of the reduced exp is exp2's (n comes from x detached), so it carried exp's error too (up to 63 ulp
+  # from torch's in float32, 439 in float64); now within 3 ulp over the whole range (exp2's rule multiplies by ln2 and
+  # the chain by 1/ln2: two roundings more than torch's grad * e**x), and torch's at +-inf and NaN
+  torch = pytest.importorskip("torch")
+  rng = np.random.default_rng(3)
+  fi = np.finfo(dt.np)
+  top, low = math.log(float(fi.max)), math.log(float(fi.smallest_subnormal))
+  v = np.concatenate([rng.uniform(low * 1.02, top * 1.02, 5000), [top - 0.01, top - 0.3, low + 0.5, 0.0, -0.0,
+                      math.inf, -math.inf, math.nan, -100.0, 100.0, 1e-30]]).astype(dt.np)
+  x = UOp.placeholder(v.shape, dt)
+  up = rng.uniform(0.5, 2, v.shape).astype(dt.np)  # an upstream gradient other than 1
+  u = UOp.placeholder(v.shape, dt)
+  g, = (x.exp() * u).sum().gradient(x)
+  got = _run(g, {x: v, u: up}, engine, threads)
+  tx = torch.tensor(v, requires_grad=True)
+  want, = torch.autograd.grad((torch.exp(tx) * torch.tensor(up)).sum(), tx)
+  want = want.numpy().astype(np.float64)
+  # where torch's e**x overflowed under a finite product (x a little past log(max), upstream < 1) torch's is inf and
+  # this one may be the finite derivative (SPEC 4 asks for torch's wherever it is finite)
+  over = ~np.isfinite(want) & np.isfinite(v)
+  fin = np.isfinite(want)
+  assert np.array_equal(np.isfinite(got[~over]), fin[~over])
+  assert np.array_equal(got[~fin & ~over], want[~fin & ~over], equal_nan=True)
+  assert (got[over] > float(fi.max) / 4).all()
+  err = _ulp_err(got[fin], want[fin], dt.np)
+  assert (err <= 3.5).all(), (err.max(), v[fin][np.argmax(err)])
