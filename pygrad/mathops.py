@@ -98,13 +98,6 @@ _RESHAPE, _EXPAND, _PERMUTE, _PAD, _SHRINK, _REDUCE_AXIS = \
   Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.PAD, Ops.SHRINK, Ops.REDUCE_AXIS
 
 
-def _pow2(k, f64: bool):
-  """2**k for integer-valued k within the normal exponents (float32: [-126, 127]; float64: [-1022, 1023]), from the
-  exponent bits; a NaN k gives 0.0 (float to int casts send NaN to 0; the caller's other factor is NaN too)."""
-  it, bias, shift = (dtypes.int64, 1023, 52) if f64 else (dtypes.int32, 127, 23)
-  return ((k + bias).cast(it) << shift).bitcast(k.dtype)
-
-
 def _signbit(x):
   """Whether x's sign bit is set (-0.0 and NaNs with the sign set included), read from its bits."""
   return x.bitcast(_SAME_WIDTH_INT[x.dtype.itemsize]) < 0
@@ -344,22 +337,27 @@ class MathMixin:
     h = (self * 0.5).sin()
     return 1 - 2 * (h * h)
   def exp(self) -> UOp:
-    """e**x. exp2(x * log2(e)) was off by up to 60 ulp (the product's rounding error, |x| * 2**-24, is multiplied by
+    """e**x. exp2(x * log2(e)) was off by up to 64 ulp (the product's rounding error, |x| * 2**-24, is multiplied by
     the exponent), so x is reduced first (Cody and Waite): x = n ln2 + r with n = round(x log2(e)) and r computed
-    exactly by a two-part ln2 (n * c1 is exact, and so is x - n * c1), and e**x = exp2(r log2(e)) * 2**n. n is clamped
-    to the normal exponents (2**n built from its bits): past them r grows, exp2 of it takes the rest (down to 2**-24
-    while the result is not 0) and the product rounds once into the denormals or to inf. n is computed from x
-    detached, so the gradient is exp2's, ctx * 2**n * exp2(r log2(e)): never 2**n past the range times a tiny factor.
-    float16/bfloat16 are computed in float32 and rounded once; integers and bools give float32."""
+    exactly by a two-part ln2 (n * c1 is exact, and so is x - n * c1), and e**x = exp2(r log2(e)) * 2**n. n is
+    clamped to the normal exponents: past them r grows, exp2 of it takes the rest (down to 2**-24 while the result
+    is not 0) and the product rounds once into the denormals or to inf. n is rounded by adding 1.5 * 2**52 (float32:
+    2**23) plus the exponent bias, whose sum's low bits are then n + bias, 2**n's exponent field: one shift makes
+    2**n. n comes from x detached, so the gradient is exp2's, ctx * 2**n * exp2(r log2(e)), never 2**n past the
+    range. float16/bfloat16 are computed in float32 and rounded once; integers and bools give float32."""
     if not dtypes.is_float(self.dtype): return self.cast(dtypes.float32).exp()
     if self.dtype.itemsize == 2: return self.cast(dtypes.float32).exp().cast(self.dtype)
-    f64 = self.dtype is dtypes.float64
-    nlo, nhi, c1, c2 = (-1022.0, 1023.0, 6.93147180369123816490e-01, 1.90821492927058770002e-10) if f64 else \
-      (-126.0, 127.0, 0.693359375, -2.12194440e-4)
-    n = (self.detach() * _INV_LN2 + 0.5).floor().maximum(nlo)
-    n = (n > nhi).where(nhi, n)  # a NaN x gives a NaN n (cast to 0 below): r is NaN
-    r = (self - n * c1) - n * c2
-    return (r * _INV_LN2).exp2() * _pow2(n, f64)
+    if self.dtype is dtypes.float64:
+      it, shift, magic, nlo, nhi, c1, c2 = dtypes.int64, 52, 1.5 * 2 ** 52 + 1023, -1022, 1023, \
+        6.93147180369123816490e-01, 1.90821492927058770002e-10
+    else:
+      it, shift, magic, nlo, nhi, c1, c2 = dtypes.int32, 23, 1.5 * 2 ** 23 + 127, -126, 127, 0.693359375, \
+        -2.12194440e-4
+    s = (self.detach() * _INV_LN2 + magic).maximum(magic + nlo)  # a NaN x: a NaN or clamped s; r is NaN
+    s = (s > magic + nhi).where(magic + nhi, s)
+    n = s + (-magic)  # exact
+    r = (self + n * -c1) + n * -c2
+    return (r * _INV_LN2).exp2() * (s.bitcast(it) << shift).bitcast(self.dtype)
   def log(self) -> UOp: return self.log2() * _LN2
   def floor(self) -> UOp:
     t = self.trunc()
