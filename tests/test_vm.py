@@ -278,6 +278,12 @@ def test_shared_elementwise_value_is_a_register_of_its_kernel():
   one = program.compile_program(t * t + t.sin(), [x])
   assert one.stats["kernels"] == 1 and one.stats["peak_bytes"] == 0, one.stats
   np.testing.assert_allclose(one(a), numpy_eval.evaluate([t * t + t.sin()], {x: a})[0], rtol=1e-6)
+  # a quotient by an expression: the MUL(x, RECIPROCAL(d)) runs as DIV(x, d), and the RECIPROCAL left unused no
+  # longer counts as a second user of d (d was stored and read back: two kernels)
+  q = x / (t + 0.5)
+  one = program.compile_program(q, [x])
+  assert one.stats["kernels"] == 1 and one.stats["peak_bytes"] == 0, one.stats
+  np.testing.assert_array_equal(one(a), numpy_eval.evaluate([q], {x: a})[0])
   # users in two kernels (an elementwise output and a reduction; a movement) still share one buffer
   outs = [t * t + t.sin(), t.sum(), (t.reshape(10, 100) * t.reshape(100, 10).T).sum(1)]
   two = program.compile_program(outs, [x])

@@ -125,7 +125,8 @@ def _fused_shared(nodes: list[PNode]) -> bytearray:
   fused = bytearray(len(nodes))
   users: list = [[] for _ in nodes]
   for n in nodes:
-    for s in n.src: users[s.idx].append(n)
+    if n.users or n.is_output or n.op not in _ALU_MOVE:
+      for s in n.src: users[s.idx].append(n)
   for n in reversed(nodes):
     us = users[n.idx]
     if n.op not in _ALU or n.is_output or not us: continue
@@ -154,8 +155,9 @@ class Planner:
       x = stack.pop()
       if type(x) is tuple: stack.extend(x)
       elif x is not None: x.is_output = True
-    for n in nodes:
-      for s in n.src: s.users += 1
+    for n in reversed(nodes):  # users that are computed: a MUL made a quotient (flatten's _quotient) leaves its
+      if n.users or n.is_output or n.op not in _ALU_MOVE:  # RECIPROCAL unused, whose divisor was then "shared"
+        for s in n.src: s.users += 1
     self.fused = _fused_shared(nodes)
     for n in nodes: self._visit(n)
     self.outputs = [map_nested(o, self._output) for o in shaped_outputs]
