@@ -373,17 +373,32 @@ class MathMixin:
     # relu(NaN) is NaN as torch's and JAX's ((x > 0).where(x, 0) gave 0), with torch's gradient there (JAX's is 0);
     # relu(-0.0) is +0.0 as JAX's (torch's is -0.0: they disagree)
     return ((self > 0) | self.ne(self)).where(self, 0)
-  def sigmoid(self) -> UOp: return (1 + (-self).exp()).reciprocal()
+  def sigmoid(self) -> UOp:
+    """1 / (1 + e**-x) for x >= 0, e**x / (1 + e**x) below: e**-x overflowed for x < -88.7 (float32; -709.8 in
+    float64), so sigmoid was 0 where it is a (denormal) e**x. One exp of -|x| (never past 1: no inf / inf in the
+    value or the gradient), -|x| by a select so that its derivative at 0 is -1, not abs's 0."""
+    if not dtypes.is_float(self.dtype): return self.cast(dtypes.float32).sigmoid()
+    if self.dtype.itemsize == 2: return self.cast(dtypes.float32).sigmoid().cast(self.dtype)  # rounded once
+    neg = self < 0
+    e = neg.where(self, -self).exp()
+    return neg.where(e, 1.0) / (1 + e)
   def tanh(self) -> UOp:
-    # 2 sigmoid(2x) - 1 cancels for small |x| (tanh(1e-8) was 0 in float32; float64's median error was 4e4 ulp), so
-    # below |x| = 1/8 the Taylor series to x**15 is used (within 2 ulp of float64 there); its argument is 0 elsewhere
-    # so that its gradient, masked to 0 there, is never 0 * inf
-    x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.float32)
+    """Below |x| = 1/8 the Taylor series to x**15 (within 2 ulp of float64 there: 2 sigmoid(2x) - 1 cancelled, so
+    tanh(1e-8) was 0 in float32); its argument is 0 elsewhere so that its gradient, masked to 0 there, is never
+    0 * inf. Above, sign(x) (1 - e) / (1 + e) with e = e**-2|x| in (0, 0.78]: 1 - e is exact for e >= 1/2 and past
+    1/2 elsewhere, where 2 sigmoid(2x) - 1 lost 3 bits near 1/8 (15 ulp; now 4), and e never overflows (sigmoid's
+    e**-2x was inf for x < -44 in float32, the gradient inf / inf = NaN). float16/bfloat16 in float32, rounded once."""
+    if not dtypes.is_float(self.dtype): return self.cast(dtypes.float32).tanh()
+    if self.dtype.itemsize == 2: return self.cast(dtypes.float32).tanh().cast(self.dtype)
+    x = self
     small = (x < 0.125) & (x > -0.125)
     xs = small.where(x, 0.0)
     z, p = xs * xs, x.const_like(_TANH_TAYLOR[-1])
     for c in reversed(_TANH_TAYLOR[:-1]): p = p * z + c
-    return small.where(xs * p, 2 * (2 * x).sigmoid() - 1)
+    neg = x < 0
+    e = small.where(0.0, neg.where(x, -x) * 2).exp()  # -|x| by a select: its derivative is -+1, abs's is 0 at 0
+    t = (1 - e) / (1 + e)
+    return small.where(xs * p, neg.where(-t, t))
   def square(self) -> UOp: return self * self
 
   # ---- movement ----

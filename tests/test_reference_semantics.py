@@ -420,3 +420,57 @@ def test_exp_gradient_is_torchs(dt, engine, threads):
   assert (got[over] > float(fi.max) / 4).all()
   err = _ulp_err(got[fin], want[fin], dt.np)
   assert (err <= 3.5).all(), (err.max(), v[fin][np.argmax(err)])
+
+
+def _exact_sigmoid_tanh(v):
+  """sigmoid, its derivative, tanh and its derivative of v in long double (80-bit on x86: exact enough to judge
+  float64 by ulps; its range holds e**-2000), sigmoid's from e**-|x| so that nothing cancels or overflows."""
+  lv = v.astype(np.longdouble)
+  e = np.exp(-np.abs(lv))
+  return np.where(lv < 0, e / (1 + e), 1 / (1 + e)), e / (1 + e) ** 2, np.tanh(lv), 1 / np.cosh(lv) ** 2
+
+
+def _ulps_vs_exact(got, want, npd):
+  sp = np.spacing(np.abs(want).astype(npd)).astype(np.longdouble)
+  return (np.abs(got.astype(np.longdouble) - want) / sp).astype(np.float64)
+
+
+@pytest.mark.parametrize("engine,threads", DIV_RUNS, ids=lambda v: str(v))
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float64], ids=lambda d: d.name)
+def test_sigmoid_and_tanh_are_right_over_the_whole_range(dt, engine, threads):
+  # sigmoid was 1 / (1 + e**-x): e**-x overflowed below x = -88.7 (float32; -709.8 in float64), so sigmoid was 0
+  # where it is the denormal e**x, and its gradient inf / inf = NaN down there (10% of this range); tanh went
+  # through sigmoid(2x): NaN gradients below x = -44 (-355), and 2 s - 1 lost 3 bits near |x| = 1/8 (15 ulp)
+  torch = pytest.importorskip("torch")
+  rng = np.random.default_rng(1)
+  big = 110 if dt is dtypes.float32 else 760
+  v = np.concatenate([rng.uniform(-big, big, 20000), rng.uniform(-3, 3, 20000), rng.uniform(-0.3, 0.3, 5000),
+                      [-100, 100, -1000, 1000, 0, -0.0, 1e-30, -1e-30]]).astype(dt.np)
+  x = UOp.placeholder(v.shape, dt)
+  ys, yt = x.sigmoid(), x.tanh()
+  gs, = ys.sum().gradient(x)
+  gt, = yt.sum().gradient(x)
+  got = _run([ys, gs, yt, gt], {x: v}, engine, threads)
+  for name, g, w, bound in zip(["sigmoid", "d sigmoid", "tanh", "d tanh"], got, _exact_sigmoid_tanh(v), [3, 5, 4, 5]):
+    assert not np.isnan(g).any(), name
+    err = _ulps_vs_exact(g, w, dt.np)
+    assert (err <= bound).all(), (name, err.max(), v[np.argmax(err)])
+  # and torch's, where torch's own are accurate: its float32 sigmoid is 0 below -88.7 (it underflows as this one did),
+  # and its derivatives s (1 - s) and 1 - t**2 cancel as s and t near 1 (0 past x = 17 or 9 in float32, where the
+  # true ones are e**-|x| and 4 e**-2|x|): so values where torch's is not 0, derivatives where they pass 1/8
+  tv = torch.tensor(v, requires_grad=True)
+  ts, tt = torch.sigmoid(tv), torch.tanh(tv)
+  tgs, = torch.autograd.grad(ts.sum(), tv)
+  tgt, = torch.autograd.grad(tt.sum(), tv)
+  for i, (g, w) in enumerate(zip(got, [ts, tgs, tt, tgt])):
+    w = w.detach().numpy()
+    use = (w != 0) if i % 2 == 0 else (w > 0.125)
+    ok = np.isclose(g[use], w[use], rtol=4e-6 if dt is dtypes.float32 else 1e-14, atol=0)
+    assert ok.all(), (i, v[use][~ok][:4], g[use][~ok][:4], w[use][~ok][:4])
+  # the special values: +-inf, NaN
+  sv = np.array([math.inf, -math.inf, math.nan], dt.np)
+  s = UOp.placeholder(sv.shape, dt)
+  (ds,), (dtn,) = s.sigmoid().sum().gradient(s), s.tanh().sum().gradient(s)
+  r = _run([s.sigmoid(), ds, s.tanh(), dtn], {s: sv}, engine, threads)
+  for g, w in zip(r, [[1.0, 0.0, math.nan], [0.0, 0.0, math.nan], [1.0, -1.0, math.nan], [0.0, 0.0, math.nan]]):
+    assert _bits_equal(g, np.array(w, dt.np)), (g, w)
