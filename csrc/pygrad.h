@@ -136,7 +136,7 @@ int pg_serial_encode(const pg_table *t, int64_t base, const int32_t *roots, int3
 void pg_serial_blob_free(pg_blob *b);
 pg_build *pg_serial_build_new(pg_store *st, int64_t n, const int32_t *op, const int32_t *dtype, const int64_t *start,
                               const int32_t *src, const int32_t *arg, const int32_t *tag, const int32_t *pdata,
-                              const int32_t *given, int64_t ngiven, const int32_t *known, const uint8_t *flags,
+                              const int32_t *holds, int64_t nholds, const int32_t *given, int64_t ngiven, const int32_t *known, const uint8_t *flags,
                               int32_t nops, int32_t ndtypes, int *err, int64_t *where);
 /* the rows a builder has not made that are leaves whose signature its store's cache lacks (Python infers those up
    front and writes their metas into the builder's known array before pg_serial_build_run); at most cap in rows */

@@ -373,6 +373,8 @@ struct pg_build {
   int32_t *tmp;                 /* a node's source ids */
   int64_t tmpcap;
   int held;                     /* whether the arg/tag/pdata holds were taken */
+  int32_t *holds;               /* the distinct arg/tag/pdata ids held (a copy), or NULL: each row's are held */
+  int64_t nholds;
   int32_t *nuse;                /* per made row: users it has among the nodes the builder made new (-1: not made new) */
   int32_t *users;               /* per made row: the first BUILD_USERS of those users (rows) */
   int64_t npend;                /* nodes made but not entered in the store's table yet (build_link) */
@@ -471,8 +473,23 @@ static int sig_add(pg_build *b, int64_t i, int32_t meta, int soft) {
   return 0;
 }
 
+/* take (hold 1) or drop (hold 0) the holds of b->holds[0, upto), with the lock held; on error *where is -1 */
+static int build_hold_list_locked(pg_build *b, int64_t upto, int hold, int64_t *where) {
+  int64_t i;
+  int r;
+  for (i = 0; i < upto; i++) {
+    if (!hold) pg_store_arg_release_locked(b->st, b->holds[i]);
+    else if ((r = pg_store_arg_hold_locked(b->st, b->holds[i])) != 0) {
+      *where = -1;
+      build_hold_list_locked(b, i, 0, where);
+      return r;
+    }
+  }
+  return 0;
+}
+
 /* take (hold 1) or drop (hold 0) the arg/tag/pdata holds of nodes [0, upto), with the lock held */
-static int build_hold_locked(pg_build *b, int64_t upto, int hold, int64_t *where) {
+static int build_hold_rows_locked(pg_build *b, int64_t upto, int hold, int64_t *where) {
   int64_t i;
   int r = 0;
   for (i = 0; i < upto; i++) {
@@ -487,7 +504,7 @@ static int build_hold_locked(pg_build *b, int64_t upto, int hold, int64_t *where
         int q;
         for (q = 0; q < k; q++) pg_store_arg_release_locked(b->st, a[q]);
         *where = i;
-        build_hold_locked(b, i, 0, where);
+        build_hold_rows_locked(b, i, 0, where);
         return r;
       }
     }
@@ -495,15 +512,23 @@ static int build_hold_locked(pg_build *b, int64_t upto, int hold, int64_t *where
   return 0;
 }
 
+/* take (hold 1) or drop (hold 0) the builder's arg/tag/pdata holds, with the lock held: the distinct ids b->holds
+   once each when given (three calls per row were ~10% of building a large table), else each row's */
+static int build_hold_locked(pg_build *b, int hold, int64_t *where) {
+  return b->holds ? build_hold_list_locked(b, b->nholds, hold, where) : build_hold_rows_locked(b, b->n, hold, where);
+}
+
 /* a builder over a node table (the arrays are borrowed: the caller keeps them alive and unchanged until
    pg_serial_build_delete). The first ngiven rows are the live nodes given[0..ngiven) (their columns are not read but
    must name no sources and no args): a table that continues another. known (or NULL) is per row the meta Python
    inferred and validated already (the builder makes such a row without asking), or -1. Checks every op, dtype and
    source position (sources must come earlier: no cycles) and holds every given node and every arg, tag and pdata
-   id; on error returns NULL with *err set and *where the offending node. */
+   id: the nholds ids holds[] once each if holds is given (the distinct ids the columns name: the caller's interned
+   ones; a column id not among them is still checked when a node gets it), else each row's; on error returns NULL
+   with *err set and *where the offending node (-1 for a hold of holds[]). */
 pg_build *pg_serial_build_new(pg_store *st, int64_t n, const int32_t *op, const int32_t *dtype, const int64_t *start,
                               const int32_t *src, const int32_t *arg, const int32_t *tag, const int32_t *pdata,
-                              const int32_t *given, int64_t ngiven, const int32_t *known, const uint8_t *flags,
+                              const int32_t *holds, int64_t nholds, const int32_t *given, int64_t ngiven, const int32_t *known, const uint8_t *flags,
                               int32_t nops, int32_t ndtypes, int *err, int64_t *where) {
   pg_build *b;
   int64_t i, j, maxs = 0;
@@ -511,7 +536,7 @@ pg_build *pg_serial_build_new(pg_store *st, int64_t n, const int32_t *op, const 
   *err = PG_ERR_ARG;
   if (!st || n < 0 || n > PG_MAX_NODES || !start || !flags || nops <= 0 || ndtypes <= 0) return NULL;
   if (n > 0 && (!op || !dtype || !arg || !tag)) return NULL;
-  if (ngiven < 0 || ngiven > n || (ngiven > 0 && !given)) return NULL;
+  if (ngiven < 0 || ngiven > n || (ngiven > 0 && !given) || nholds < 0 || (nholds > 0 && !holds)) return NULL;
   if (start[0] != 0 || (start[n] > 0 && !src)) return NULL;
   for (i = 0; i < n; i++) {
     *where = i;
@@ -544,14 +569,18 @@ pg_build *pg_serial_build_new(pg_store *st, int64_t n, const int32_t *op, const 
   b->users = (int32_t *)malloc((size_t)(n ? n : 1) * BUILD_USERS * sizeof *b->users);
   b->tmpcap = maxs ? maxs : 1;
   b->tmp = (int32_t *)malloc((size_t)b->tmpcap * sizeof *b->tmp);
-  if (!b->ids || !b->meta || !b->sdt || !b->nuse || !b->users || !b->tmp) {
+  if (holds && (b->holds = (int32_t *)malloc((size_t)(nholds ? nholds : 1) * sizeof *b->holds)) != NULL) {
+    if (nholds) memcpy(b->holds, holds, (size_t)nholds * sizeof *b->holds);
+    b->nholds = nholds;
+  }
+  if (!b->ids || !b->meta || !b->sdt || !b->nuse || !b->users || !b->tmp || (holds && !b->holds)) {
     pg_serial_build_delete(b);
     return NULL;
   }
   pg_lock_take(&st->lock);
   if (!st->sigcache) st->sigcache = sigcache_new();
   b->sc = st->sigcache;
-  *err = b->sc ? build_hold_locked(b, n, 1, where) : PG_ERR_NOMEM;
+  *err = b->sc ? build_hold_locked(b, 1, where) : PG_ERR_NOMEM;
   if (*err == 0) {
     b->held = 1;
     pg_store_retain_locked(st);
@@ -803,8 +832,12 @@ void pg_serial_build_delete(pg_build *b) {
   if (!b) return;
   if (b->held) {
     pg_lock_take(&b->st->lock);
-    for (i = 0; i < b->next; i++) pg_store_decref_locked(b->st, b->ids[i]);
-    build_hold_locked(b, b->n, 0, &where);
+    for (i = 0; i < b->next; i++) {  /* most rows have users besides the builder: just drop its count */
+      pg_node *nd = pg_node_at(b->st, (uint32_t)b->ids[i]);
+      if (nd->rc > 1) nd->rc--;
+      else pg_store_decref_locked(b->st, b->ids[i]);
+    }
+    build_hold_locked(b, 0, &where);
     pg_lock_drop(&b->st->lock);
     pg_store_release(b->st);
   }
@@ -814,5 +847,6 @@ void pg_serial_build_delete(pg_build *b) {
   free(b->nuse);
   free(b->users);
   free(b->tmp);
+  free(b->holds);
   free(b);
 }

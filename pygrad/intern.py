@@ -44,6 +44,7 @@ class Interner:
     self.ids: dict = {}
     self.objs: dict[int, object] = {0: None}
     self.keys: dict[int, object] = {}
+    self.ident: dict[int, int] = {}  # id() of each interned object -> its id: equal values found without a key
     self.next = 1  # the first slot never used
     self.free: deque[int] = deque()  # drained ids whose slots are free, oldest first
     self.slots = 1 << core.arg_slot_bits
@@ -66,6 +67,20 @@ class Interner:
     if aid is None: aid = self._new(k, x)
     return aid
 
+  def get_many(self, xs, keys=None) -> list[int]:
+    """[get(x) for x in xs] (keys: their argkeys, if the caller has them). An object that is itself the interned one
+    (passed again to pygrad.build, or loaded again) is found by identity, without its key: ~30x cheaper for a
+    BUFFER's nested tuple. Sound because an interned object stays in objs until its id is forgotten, and forgetting
+    drops its ident entry first, so a live object's id() names no other object's entry."""
+    ident, objs = self.ident.get, self.objs.get
+    out = [0] * len(xs)
+    for j, x in enumerate(xs):
+      if x is None: continue
+      aid = ident(id(x))
+      if aid is None or objs(aid) is not x: aid = self.get(x) if keys is None else self.get_key(keys[j], x)
+      out[j] = aid
+    return out
+
   def _new(self, k, x) -> int:
     with self.lock:
       aid = self.ids.get(k)  # another thread may have made it meanwhile
@@ -85,6 +100,7 @@ class Interner:
         raise MemoryError(f"pygrad: more than {self.slots - 1} distinct args, tags and metadata alive at once")
       self.core.arg_register(aid)
       self.ids[k], self.objs[aid], self.keys[aid] = aid, x, k
+      self.ident[id(x)] = aid
       return aid
 
   def forget(self, aid: int) -> None:
@@ -96,6 +112,8 @@ class Interner:
 
   def _forget(self, aid: int) -> None:
     k = self.keys.pop(aid, None)
+    x = self.objs.get(aid)
+    if self.ident.get(id(x)) == aid: del self.ident[id(x)]
     self.objs.pop(aid, None)
     if k is not None and self.ids.get(k) == aid: del self.ids[k]
 

@@ -147,9 +147,10 @@ def _starts(nsrc: np.ndarray) -> np.ndarray:
 def _intern_all(objs: list, keys: list | None) -> np.ndarray:
   """Interned ids of objs (whose interning keys are keys, where known), with 0 (None) in front: row k + 1 is
   objs[k]."""
-  if keys is None: return np.array([0] + [ARGS.get(o) for o in objs], np.int32)
-  get, get_key = ARGS.get, ARGS.get_key
-  return np.array([0] + [0 if o is None else get_key(k, o) for o, k in zip(objs, keys)], np.int32)
+  out = np.empty(len(objs) + 1, np.int32)
+  out[0] = 0
+  out[1:] = ARGS.get_many(objs, keys)
+  return out
 
 
 def _build(op, dt, start, src, argref, tagref, pdref, objs: list, roots, given=None, keys=None):
@@ -163,8 +164,9 @@ def _build(op, dt, start, src, argref, tagref, pdref, objs: list, roots, given=N
     try:
       if CORE.name == "c":
         ng = 0 if given is None else len(given)
-        return _build_c(op, dt, start, src, ids[argref], ids[tagref], None if pdref is None else ids[pdref], objs,
-                        argref, tagref, roots, given, n - ng > _SMALL)
+        pdata = None if pdref is None else ids.take(pdref)
+        return _build_c(op, dt, start, src, ids.take(argref), ids.take(tagref), pdata, ids, objs, argref, tagref, roots,
+                        given, n - ng > _SMALL)
       return _build_py(op, dt, start, src, argref, tagref, pdref, objs, ids, roots, given)
     except ArgGone:
       with ARGS.lock: pass  # a concurrent drain finishes forgetting what it marked gone
@@ -233,21 +235,23 @@ def _flags_c():
   return _FLAGS_C[0]
 
 
-def _build_c(op, dt, start, src, arg, tag, pdata, objs, argref, tagref, roots, given, infer: bool):
-  """The C core's _build (arg, tag, pdata: interned ids). infer: infer the metas of the leaves whose signature the
-  store's cache lacks up front, in one pass (_leaf_metas), rather than stopping the builder for each."""
+def _build_c(op, dt, start, src, arg, tag, pdata, holds, objs, argref, tagref, roots, given, infer: bool):
+  """The C core's _build (arg, tag, pdata: interned ids, all of them among holds, which the builder holds once each).
+  infer: infer the metas of the leaves whose signature the store's cache lacks up front, in one pass (_leaf_metas),
+  rather than stopping the builder for each."""
   from .core.ccore import ffi, lib
   i32 = lambda a: ffi.from_buffer("int32_t[]", a)  # noqa: E731
   err, where, pos = ffi.new("int *"), ffi.new("int64_t *"), ffi.new("int64_t *")
   ng = 0 if given is None else len(given)
   known = np.full(len(op), -1, np.int32) if infer else None
   b = CORE.serial_build_new(len(op), i32(op), i32(dt), ffi.from_buffer("int64_t[]", start), i32(src),
-                            i32(arg), i32(tag), ffi.NULL if pdata is None else i32(pdata),
+                            i32(arg), i32(tag), ffi.NULL if pdata is None else i32(pdata), i32(holds), len(holds),
                             i32(given) if ng else ffi.NULL, ng, ffi.NULL if known is None else i32(known),
                             _flags_c(), _NOPS, _NDT, err, where)
   if b == ffi.NULL:
     if err[0] == lib.PG_ERR_ARG_GONE: raise ArgGone()
     if err[0] == lib.PG_ERR_NOMEM: raise MemoryError(f"pygrad.build: out of memory for {len(op)} nodes")
+    _check_sources(start, src)
     raise ValueError(f"pygrad.build: bad node table at row {where[0]}")
   b = ffi.gc(b, lib.pg_serial_build_delete)
   if infer:
@@ -314,6 +318,14 @@ def _build_py(op, dt, start, src, argref, tagref, pdref, objs, ids, roots, given
   return out, np.array([u._id for u in made[len(given):]], np.int32)
 
 
+def _check_sources(start: np.ndarray, src: np.ndarray) -> None:
+  """Raise ValueError naming the first node with a source that is not an earlier row, if there is one (the builder
+  checks the same; this names the problem when it refuses a table)."""
+  rows = np.repeat(np.arange(len(start) - 1), np.diff(start))
+  bad = (src < 0) | (src >= rows)
+  if bad.any(): raise ValueError(f"pygrad.build: node {int(rows[bad][0])} names a source that is not an earlier row")
+
+
 def _int_col(a, n: int, name: str, lo: int, hi: int) -> np.ndarray:
   a = np.asarray(a)
   if a.shape != (n,) or a.dtype.kind not in "iu":
@@ -352,11 +364,9 @@ def build(ops, dtypes, srcs, args=None, arg_index=None, tags=None, roots=None) -
     start = _starts(keep.sum(1))
     src = s2[keep]
   if len(src) and src.dtype.kind not in "iu": raise ValueError("pygrad.build: source positions must be integers")
-  rows = np.repeat(np.arange(n), np.diff(start))
-  if len(src) and ((src < 0).any() or (src >= rows).any()):
-    bad = int(rows[(src < 0) | (src >= rows)][0])
-    raise ValueError(f"pygrad.build: node {bad} names a source that is not an earlier row")
-  src = np.ascontiguousarray(src, np.int32)
+  if len(src) and (src.min() < 0 or src.max() >= n): _check_sources(start, src)  # raises, naming the node
+  if CORE.name != "c": _check_sources(start, src)
+  src = np.ascontiguousarray(src, np.int32)  # in [0, n): the C builder checks that each row's come earlier
   if arg_index is None:
     objs = [] if args is None else list(args)
     if args is not None and len(objs) != n: raise ValueError(f"pygrad.build: args must hold {n} values")

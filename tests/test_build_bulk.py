@@ -110,7 +110,7 @@ def _raw_build(core: CCore, rows: list[tuple[int, tuple[int, ...]]]) -> list[int
   i32 = lambda a: ffi.from_buffer("int32_t[]", a)  # noqa: E731
   dt = np.ones(n, np.int32)
   b = core.serial_build_new(n, i32(op), i32(dt), ffi.from_buffer("int64_t[]", start), i32(src), i32(zero),
-                            i32(zero), ffi.NULL, ffi.NULL, 0, i32(zero), ffi.from_buffer("uint8_t[]", flags), 64, 16,
+                            i32(zero), ffi.NULL, ffi.NULL, 0, ffi.NULL, 0, i32(zero), ffi.from_buffer("uint8_t[]", flags), 64, 16,
                             err, where)
   assert b != ffi.NULL, (err[0], where[0])
   try:
