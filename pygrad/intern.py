@@ -3,6 +3,7 @@
 from __future__ import annotations
 import math, threading
 from collections import deque
+from itertools import count
 from .core import CORE
 
 _INTS = "ints"
@@ -72,14 +73,10 @@ class Interner:
     (passed again to pygrad.build, or loaded again) is found by identity, without its key: ~30x cheaper for a
     BUFFER's nested tuple. Sound because an interned object stays in objs until its id is forgotten, and forgetting
     drops its ident entry first, so a live object's id() names no other object's entry."""
-    ident, objs = self.ident.get, self.objs.get
-    out = [0] * len(xs)
-    for j, x in enumerate(xs):
-      if x is None: continue
-      aid = ident(id(x))
-      if aid is None or objs(aid) is not x: aid = self.get(x) if keys is None else self.get_key(keys[j], x)
-      out[j] = aid
-    return out
+    out = list(map(self.ident.get, map(id, xs)))  # None (None's entry) where no interned object is x
+    for j in [j for j, x, o in zip(count(), xs, map(self.objs.get, out)) if o is not x]:
+      out[j] = self.get(xs[j]) if keys is None else self.get_key(keys[j], xs[j])
+    return [0 if a is None else a for a in out] if None in out else out
 
   def _new(self, k, x) -> int:
     with self.lock:

@@ -193,6 +193,40 @@ def test_arg_table_round_trips_every_kind_of_arg():
   del every, small
 
 
+def test_loading_the_same_bytes_again_decodes_no_arg_table(monkeypatch):
+  """Regression (load speed): decoding the arg table is a fixed cost of numpy calls per skeleton, ~60% of loading a
+  2,800-node model. A table of plain data decoded lately is handed out again: the graph comes back the same, alive
+  or not; a table naming callables is decoded on every load (they resolve by name each time)."""
+  import pygrad.argtable as at
+  vs = _vars("c")
+  data, want = pygrad.dumps(vs), [argkey(v.arg) for v in vs]
+  calls: list = []
+  real = at._decode_args
+  monkeypatch.setattr(at, "_decode_args", lambda *a: calls.append(1) or real(*a))
+  monkeypatch.setattr(at, "_CACHE", {})
+  assert all(a is b for a, b in zip(pygrad.loads(data), vs)) and len(calls) == 1
+  del vs
+  gc.collect()
+  back = pygrad.loads(data)
+  assert [argkey(v.arg) for v in back] == want and len(calls) == 1
+  k = UOp.custom_kernel(UOp.placeholder((3,), dtypes.float32), fxn=kernel_fxn)[0]
+  kd = pygrad.dumps(k)
+  assert pygrad.loads(kd) is k and pygrad.loads(kd) is k and len(calls) == 3
+
+
+def test_interning_by_identity_is_exact():
+  """Interner.get_many (build's and loads' interning) finds an object that is itself the interned one by id(): it
+  gives the ids get gives, keeps 1, True and 1.0 (and 0.0, -0.0) apart, and never keeps an entry for a forgotten id."""
+  from pygrad.intern import ARGS
+  a, b = ("ident", (2, 3), "x"), ("ident", (2, 3), "x")
+  xs = [None, a, b, 1, True, 1.0, -0.0, 0.0, float("nan"), a]
+  got = ARGS.get_many(xs)
+  assert got == [ARGS.get(x) for x in xs] == ARGS.get_many(xs, [None] + [argkey(x) for x in xs[1:]])
+  assert got[0] == 0 and got[1] == got[2] == got[9] and len(set(got[3:9])) == 6
+  ARGS.drain()
+  assert all(id(ARGS.objs[aid]) == i for i, aid in ARGS.ident.items())
+
+
 def test_arg_table_that_expands_too_much_is_refused():
   """An arg costs 4 bytes (its skeleton number) however many None items its skeleton has: bytes that ask for more
   items than their size allows raise instead of allocating them."""
