@@ -12,6 +12,19 @@ static uint32_t get_le(const uint8_t *p, int32_t w) {
   return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
+/* k little-endian words of w bytes (1, 2 or 4) at p, as their uint32 values' bits in out: one loop per width, where
+   a get_le call per item was most of reading a large table */
+static void get_col(const uint8_t *p, int32_t w, int64_t k, int32_t *out) {
+  int64_t i;
+  uint32_t *o = (uint32_t *)out;  /* same size and alignment; read back as uint32 by the callers */
+  if (w == 1)
+    for (i = 0; i < k; i++) o[i] = p[i];
+  else if (w == 2)
+    for (i = 0; i < k; i++) o[i] = (uint32_t)p[2 * i] | (uint32_t)p[2 * i + 1] << 8;
+  else
+    for (i = 0; i < k; i++) o[i] = get_le(p + 4 * i, 4);
+}
+
 /* whether k items of w bytes fit in the bytes left (no overflow for any k) */
 static int fits(int64_t k, int64_t w, int64_t left) { return k >= 0 && k <= left / w; }
 
@@ -50,24 +63,25 @@ int pg_serial_decode(const uint8_t *data, int64_t size, int64_t n, int64_t m, in
   if (p != size) { *what = size - p; return PG_DEC_TRAIL; }
   for (i = 0; i < n; i++) if (ops[i] >= nops) { *what = ops[i]; return PG_DEC_OP; }
   for (i = 0; i < n; i++) if (dts[i] >= ndtypes) { *what = dts[i]; return PG_DEC_DTYPE; }
-  for (i = 0; i < n; i++) if (get_le(args + (int64_t)argw * i, argw) > (uint64_t)nargs) return PG_DEC_ARG;
+  get_col(args, argw, n, arg + ngiven);
+  for (i = 0; i < n; i++) if ((uint32_t)arg[ngiven + i] > (uint64_t)nargs) return PG_DEC_ARG;
   /* the columns: the given rows first, with no sources and no args */
-  memset(op, 0, (size_t)total * sizeof *op);
+  memset(op, 0, (size_t)ngiven * sizeof *op);
   memset(dtype, 0, (size_t)ngiven * sizeof *dtype);
   memset(arg, 0, (size_t)ngiven * sizeof *arg);
   memset(tag, 0, (size_t)total * sizeof *tag);
   memset(pdata, 0, (size_t)total * sizeof *pdata);
   for (i = 0; i <= ngiven; i++) start[i] = 0;
+  for (i = 0; i < n; i++) op[ngiven + i] = ops[i];
+  for (i = 0; i < n; i++) dtype[ngiven + i] = dts[i];
+  if (m) get_col(deltas, srcw, m, src);  /* distances now, rows below */
   for (i = 0, k = 0, j = 0; i < n; i++) {
     int64_t row = ngiven + i, c = cnt[i] == 255 ? (int64_t)get_le(bigs + 4 * k++, 4) : cnt[i], e;
-    op[row] = ops[i];
-    dtype[row] = dts[i];
-    arg[row] = (int32_t)get_le(args + (int64_t)argw * i, argw);
     start[row + 1] = start[row] + c;
     for (e = 0; e < c; e++, j++) {
-      int64_t d = get_le(deltas + (int64_t)srcw * j, srcw), s = row - d;
-      if (s < 0) before = 1;
-      if (d == 0) cycle = 1;
+      int64_t d = (uint32_t)src[j], s = row - d;
+      before |= s < 0;
+      cycle |= d == 0;
       src[j] = (int32_t)(s < 0 ? 0 : s);
     }
   }

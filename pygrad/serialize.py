@@ -164,8 +164,9 @@ def _build(op, dt, start, src, argref, tagref, pdref, objs: list, roots, given=N
     try:
       if CORE.name == "c":
         ng = 0 if given is None else len(given)
-        pdata = None if pdref is None else ids.take(pdref)
-        return _build_c(op, dt, start, src, ids.take(argref), ids.take(tagref), pdata, ids, objs, argref, tagref, roots,
+        take = lambda ref: ref if not ref.any() else ids.take(ref)  # noqa: E731  (ids[0] is 0: zeros stay)
+        pdata = None if pdref is None else take(pdref)
+        return _build_c(op, dt, start, src, ids.take(argref), take(tagref), pdata, ids, objs, argref, tagref, roots,
                         given, n - ng > _SMALL)
       return _build_py(op, dt, start, src, argref, tagref, pdref, objs, ids, roots, given)
     except ArgGone:
