@@ -559,7 +559,9 @@ def _nodes_py(r: _Reader, n: int, m: int, nroots: int, srcw: int, argw: int, nar
   ns = _col(r, n, np.uint8, "source counts").astype(np.int64)
   big = ns == 255
   ns[big] = _col(r, int(big.sum()), "<u4", "source counts")
-  argref = _col(r, n, _UTYPE[argw], "args").astype(np.int32)
+  # int64 until checked: a u32 above 2**31 cast to int32 first wrapped negative, passed the check and named an arg
+  # counted from the end of the table
+  argref = _col(r, n, _UTYPE[argw], "args").astype(np.int64)
   if ns.sum() != m: raise ValueError(f"pygrad.loads: source counts add up to {int(ns.sum())}, the header says {m}")
   delta = _col(r, m, _UTYPE[srcw], "sources").astype(np.int64)
   rts = _col(r, nroots, "<u4", "roots").astype(np.int64)
@@ -569,6 +571,7 @@ def _nodes_py(r: _Reader, n: int, m: int, nroots: int, srcw: int, argw: int, nar
   if (op >= _NOPS).any(): raise ValueError(f"pygrad.loads: unknown op {int(op[op >= _NOPS][0])}")
   if (dt >= _NDT).any(): raise ValueError(f"pygrad.loads: unknown dtype {int(dt[dt >= _NDT][0])}")
   if (argref > nargs).any(): raise ValueError("pygrad.loads: an arg reference is outside the arg table")
+  argref = argref.astype(np.int32)
   src = np.repeat(np.arange(ng, ng + n, dtype=np.int64), ns) - delta
   if m and (src < 0).any(): raise ValueError("pygrad.loads: a source reference points before the first node")
   if (delta == 0).any(): raise ValueError("pygrad.loads: a node is its own source (a cycle)")

@@ -397,6 +397,19 @@ def _tamper(data: bytes, pos: int, value: int) -> bytes:
   return _reseal(bytes(body))
 
 
+def test_arg_reference_beyond_int32_raises_value_error():
+  """Regression (found by the fuzzer at a larger budget): the pure reader cast 4-byte arg numbers to int32 before
+  checking them, so one above 2**31 wrapped negative, passed the check and named an arg counted from the end."""
+  data = pygrad.dumps(UOp.placeholder((2,), dtypes.float32, name="big_ref").sin())
+  magic, ver, flags, nargs, argbytes, n, m, nroots, srcw, argw, ng = _HEAD.unpack_from(data, 0)
+  body = data[_HEAD.size + argbytes:-4]
+  assert argw == 1 and 255 not in body[2 * n:3 * n]
+  wide = body[:3 * n] + struct.pack("<I", 0x80000001) * n + body[4 * n:]
+  head = _HEAD.pack(magic, ver, flags, nargs, argbytes, n, m, nroots, srcw, 4, ng)
+  with pytest.raises(ValueError, match="arg reference is outside the arg table"):
+    pygrad.loads(_reseal(head + data[_HEAD.size:_HEAD.size + argbytes] + wide))
+
+
 def test_lying_tables_raise_value_error():
   u = _small()
   data = pygrad.dumps(u)
