@@ -2,12 +2,13 @@
 builds, for every templated method, operand kind and signature; the cache neither leaks nodes nor loses arg ids;
 the C entry points reject bad programs and bad ids."""
 from __future__ import annotations
-import gc, threading
+import gc
 import numpy as np
 import pytest
 import pygrad
 from pygrad import UOp, Ops, dtypes
 from pygrad.core import CORE
+from concurrency import run_on_threads
 
 if pygrad.core_name() != "c": pytest.skip("method templates are the C core's", allow_module_level=True)
 
@@ -156,17 +157,12 @@ def test_gradient_templates_keep_no_nodes():
 def test_threads_build_the_same_nodes(T):
   x, w = UOp.placeholder((6, 8)), UOp.placeholder((8, 6))
   want = direct(T, lambda: ((x @ w).relu() - 1.0).softmax())
-  out, errs = [], []
+  out = []
 
-  def work():
-    try:
-      for _ in range(200): out.append(((x @ w).relu() - 1.0).softmax())
-    except Exception as e:  # pragma: no cover - reported below
-      errs.append(e)
-  ts = [threading.Thread(target=work) for _ in range(4)]
-  for t in ts: t.start()
-  for t in ts: t.join()
-  assert not errs and len(out) == 800 and all(o is want for o in out)
+  def work(_):
+    for _ in range(200): out.append(((x @ w).relu() - 1.0).softmax())
+  run_on_threads(work, 4)
+  assert len(out) == 800 and all(o is want for o in out)
 
 
 def test_cache_limit_evicts_and_stays_correct(T, monkeypatch):

@@ -3,11 +3,11 @@ signature (pygrad/engine/fastcall.py). Every input it does not take -- another d
 array, a list, a wrong count -- must still give the general path's result or its error naming the input, and results
 must not share memory between calls."""
 from __future__ import annotations
-import threading
 import numpy as np
 import pytest
 import pygrad
 from pygrad import UOp, dtypes
+from concurrency import run_on_threads
 
 pytest.importorskip("pygrad.engine.program", reason="the compiled interpreter is not built", exc_type=ImportError)
 
@@ -73,16 +73,9 @@ def test_threads_calling_one_program():
   """Two Python threads call one program: one takes its run state, the other a private one; both are right."""
   p = _prog()
   vals = [(_rnd((3, 4), 10 + i), _rnd((4, 2), 20 + i)) for i in range(2)]
-  errs = []
 
   def run(i):
-    try:
-      for _ in range(300):
-        for x, w in zip(p(*vals[i]), _want(*vals[i])): np.testing.assert_allclose(x, w, rtol=1e-5, atol=1e-6)
-    except Exception as e:  # noqa: BLE001 -- reported below
-      errs.append(e)
-  ts = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-  for t in ts: t.start()
-  for t in ts: t.join()
-  assert not errs, errs
+    for _ in range(300):
+      for x, w in zip(p(*vals[i]), _want(*vals[i])): np.testing.assert_allclose(x, w, rtol=1e-5, atol=1e-6)
+  run_on_threads(run, 2)
   assert len(p._free) >= 1

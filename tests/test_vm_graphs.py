@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st, HealthCheck
 from pygrad import UOp, Ops, dtypes
+from concurrency import run_on_threads
 
 program = pytest.importorskip("pygrad.engine.program", reason="the compiled interpreter is not built",
                               exc_type=ImportError)
@@ -205,25 +206,17 @@ def test_random_integer_graphs_exact(steps, seed):
 
 
 def test_one_program_from_four_threads():
-  import threading
   x = UOp.placeholder((300, 200), F32, "x")
   p = program.compile_program([(x.exp() * 2.0).sum(1), x.T @ x], [x])
   vals = [rnd(300, 200, seed=i) for i in range(4)]
   want = [p(v) for v in vals]
-  errs = []
 
   def run(i):
-    try:
-      for _ in range(20):
-        r = p(vals[i])
-        np.testing.assert_allclose(r[0], want[i][0], rtol=1e-6)
-        np.testing.assert_allclose(r[1], want[i][1], rtol=1e-6)
-    except Exception as e:  # noqa: BLE001 -- reported below
-      errs.append(e)
-  ts = [threading.Thread(target=run, args=(i,)) for i in range(4)]
-  for t in ts: t.start()
-  for t in ts: t.join()
-  assert not errs, errs
+    for _ in range(20):
+      r = p(vals[i])
+      np.testing.assert_allclose(r[0], want[i][0], rtol=1e-6)
+      np.testing.assert_allclose(r[1], want[i][1], rtol=1e-6)
+  run_on_threads(run, 4)
 
 
 @pytest.mark.parametrize("isa", [0, 1, 2])

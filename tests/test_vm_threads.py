@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import numpy as np
 import pytest
 import pygrad
 from pygrad import UOp, dtypes
+from concurrency import run_on_threads
 
 program = pytest.importorskip("pygrad.engine.program", reason="the compiled interpreter is not built",
                               exc_type=ImportError)
@@ -135,15 +135,8 @@ def test_two_python_threads_share_the_pool(restore_threads):
   prog = pygrad.compile([(a.exp2() * a).sum(0), a @ a.T], [a])
   vals = [_rnd((400, 500), i) for i in range(2)]
   want = [[r.copy() for r in prog(v)] for v in vals]
-  errs = []
 
   def run(i):
-    try:
-      for _ in range(15):
-        for r, w in zip(prog(vals[i]), want[i]): assert r.tobytes() == w.tobytes()
-    except Exception as e:  # noqa: BLE001 -- reported below
-      errs.append(e)
-  ts = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-  for t in ts: t.start()
-  for t in ts: t.join()
-  assert not errs, errs
+    for _ in range(15):
+      for r, w in zip(prog(vals[i]), want[i]): assert r.tobytes() == w.tobytes()
+  run_on_threads(run, 2)
