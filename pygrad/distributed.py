@@ -63,11 +63,15 @@ def _program(key: str, blob: bytes, nout: int):
   return prog
 
 
-def _run(key: str, blob: bytes, nout: int, *arrays) -> list:
-  """Run the graph's program on one chunk of inputs (a task on a worker): one array per output."""
-  res = _program(key, blob, nout)(*arrays)
+def _ran(res) -> list:
+  """A chunk's result as one array per output, counted in this worker's stats."""
   _stats["runs"] += 1
   return list(res) if isinstance(res, (list, tuple)) else [res]
+
+
+def _run(key: str, blob: bytes, nout: int, *arrays) -> list:
+  """Run the graph's program on one chunk of inputs (a task on a worker): one array per output."""
+  return _ran(_program(key, blob, nout)(*arrays))
 
 
 class _Runner:
@@ -77,13 +81,9 @@ class _Runner:
   is the difference between 1.5x and 1.7x for two workers over one."""
 
   def __init__(self, key: str, blob: bytes, nout: int):
-    self.key, self.nout = key, nout
     self.prog = _program(key, blob, nout)
 
-  def run(self, *arrays) -> list:
-    res = self.prog(*arrays)
-    _stats["runs"] += 1
-    return list(res) if isinstance(res, (list, tuple)) else [res]
+  def run(self, *arrays) -> list: return _ran(self.prog(*arrays))
 
 
 def _evaluate_part(key: str, blob: bytes, nout: int, engine: str | None, *arrays) -> list:
@@ -91,9 +91,7 @@ def _evaluate_part(key: str, blob: bytes, nout: int, engine: str | None, *arrays
   import pygrad
   if engine != "numpy": return _run(key, blob, nout, *arrays)
   outs, ins = _loaded(blob, nout)
-  res = pygrad.evaluate(outs, dict(zip(ins, arrays)), engine="numpy")
-  _stats["runs"] += 1
-  return list(res) if isinstance(res, (list, tuple)) else [res]
+  return _ran(pygrad.evaluate(outs, dict(zip(ins, arrays)), engine="numpy"))
 
 
 def _gradients(blob: bytes, ntargets: list[int]) -> bytes:
@@ -380,9 +378,7 @@ class DataParallel:
       for c, f in enumerate(futs):
         while True:
           left = deadline - time.monotonic()
-          if left <= 0:
-            raise TimeoutError(f"pygrad.distributed: chunk {c} not done within {self.timeout:g} s (on its worker's "
-                               f"actor; workers now: {_workers(self.client)})")
+          if left <= 0: raise _Lost()  # an actor silent for the call's whole timeout counts as lost
           try:
             res.append(f.result(timeout=min(left, _ACTOR_POLL)))
             break
@@ -391,14 +387,11 @@ class DataParallel:
             # which never happens on a worker that is gone. Its creation task's state tells.
             if any(a.status != "finished" for a in self._actor_futures or ()): raise _Lost() from None
       return res
-    except _Lost:  # a worker went away: run the call as tasks instead
-      self._actors = self._actor_futures = None
-      return None
-    except (OSError, dist.comm.CommClosedError):  # the worker went away: run the call as tasks instead
-      self._actors = self._actor_futures = None
-      return None
-    except Exception as e:  # noqa: BLE001 -- a lost worker falls back, an error of the program itself is raised
-      if not _worker_loss(e): raise
+    except Exception as e:  # noqa: BLE001 -- sorted below
+      # a worker went away (a closed connection: OSError, which includes TimeoutError, or CommClosedError; an actor
+      # or its data lost): the call runs as tasks instead, which Dask re-runs elsewhere under their own deadline.
+      # An error raised by the program itself is the caller's.
+      if not (isinstance(e, (OSError, dist.comm.CommClosedError)) or _worker_loss(e)): raise
       self._actors = self._actor_futures = None
       return None
 
