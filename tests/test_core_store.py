@@ -1,7 +1,7 @@
 """The node store and walks through the cores' raw id interface: PyCore is the reference, CCore must match it id for
 id (same make results, id recycling, toposort and deepwalk orders, arg drain)."""
 import random
-import threading
+from concurrency import run_on_threads
 import pytest
 from hypothesis import given, settings, strategies as st
 from pygrad.core.pycore import PyCore, ArgGone
@@ -330,32 +330,25 @@ def test_threads_share_one_store():
   c = CCore()
   c.arg_register(1)
   leaves = [c.make(LEAF, d, (), 0, 0, 0) for d in range(4)]
-  errors = []
 
   def work(seed):
     rng = random.Random(seed)
-    try:
-      for _ in range(60):
-        held = list(leaves)
-        for x in held: c.incref(x)
-        for _ in range(300):
-          op = rng.choice([ADD, MUL, TUPLE])
-          src = tuple(rng.choice(held[:8] if rng.random() < 0.5 else held) for _ in range(2 if op != TUPLE else 5))
-          n = c.make(op, 1, src, 0, rng.choice([0, 1]) if op == TUPLE else 0, 0)
-          again = c.make(op, 1, src, 0, c.info(n)[4], 0)
-          assert again == n and c.src(n) == src
-          c.decref(again)
-          held.append(n)
-        order = c.toposort(held[-3:])
-        assert len(set(order)) == len(order)
-        for x in held: c.decref(x)
-    except Exception as e:  # reported to the main thread
-      errors.append(e)
+    for _ in range(60):
+      held = list(leaves)
+      for x in held: c.incref(x)
+      for _ in range(300):
+        op = rng.choice([ADD, MUL, TUPLE])
+        src = tuple(rng.choice(held[:8] if rng.random() < 0.5 else held) for _ in range(2 if op != TUPLE else 5))
+        n = c.make(op, 1, src, 0, rng.choice([0, 1]) if op == TUPLE else 0, 0)
+        again = c.make(op, 1, src, 0, c.info(n)[4], 0)
+        assert again == n and c.src(n) == src
+        c.decref(again)
+        held.append(n)
+      order = c.toposort(held[-3:])
+      assert len(set(order)) == len(order)
+      for x in held: c.decref(x)
 
-  threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
-  for t in threads: t.start()
-  for t in threads: t.join()
-  assert not errors, errors
+  run_on_threads(work, 4)
   assert c.live() == len(leaves)
   for x in leaves: c.decref(x)
   assert c.live() == 0

@@ -7,6 +7,7 @@ import pygrad
 from pygrad import UOp, Ops, GroupOp, dtypes, CallInfo
 from pygrad.dtype import VALUE_DTYPES
 from pygrad.gradient import compute_gradient
+from concurrency import run_on_threads
 
 F32, I32, BOOL = dtypes.float32, dtypes.int32, dtypes.bool
 
@@ -534,32 +535,25 @@ def test_memory_flat_over_rounds():
 
 def test_threads_build_and_drop():
   base = live_after_gc()
-  errors: list = []
   shared = ph(4, name="shared")
 
   def work(tid: int):
-    try:
-      rng = np.random.default_rng(tid)
-      for it in range(15):
-        x = ph(4, name=f"t{tid}")
-        y = x
-        for i in range(60): y = (y + shared) * 0.5 if i % 2 else (y - float(tid)).maximum(shared)
-        xv, sv = rng.standard_normal(4).astype(np.float32), rng.standard_normal(4).astype(np.float32)
-        want = xv
-        for i in range(60): want = (want + sv) * np.float32(0.5) if i % 2 else np.maximum(want - np.float32(tid), sv)
-        got = ev(y, {x: xv, shared: sv})
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-        walk = y.toposort()
-        assert walk[-1] is y and walk[0] is x and shared in walk
-        assert (x + shared) is (x + shared)
-        del x, y, walk
-    except BaseException as e:  # reported in the main thread
-      errors.append(e)
+    rng = np.random.default_rng(tid)
+    for it in range(15):
+      x = ph(4, name=f"t{tid}")
+      y = x
+      for i in range(60): y = (y + shared) * 0.5 if i % 2 else (y - float(tid)).maximum(shared)
+      xv, sv = rng.standard_normal(4).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+      want = xv
+      for i in range(60): want = (want + sv) * np.float32(0.5) if i % 2 else np.maximum(want - np.float32(tid), sv)
+      got = ev(y, {x: xv, shared: sv})
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+      walk = y.toposort()
+      assert walk[-1] is y and walk[0] is x and shared in walk
+      assert (x + shared) is (x + shared)
+      del x, y, walk
 
-  threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
-  for t in threads: t.start()
-  for t in threads: t.join()
-  assert not errors, errors
+  run_on_threads(work, 4)
   del shared
   assert live_after_gc() == base
 
@@ -569,24 +563,17 @@ def test_handle_identity_under_racing_threads():
   every node freed at the end (the registry's lock-free claim and its slow path under races)."""
   base = live_after_gc()
   x = ph(3, name="racing")
-  errors: list = []
 
-  def work():
-    try:
-      for i in range(3000):
-        a, b = x + 1.0, x + 1.0
-        assert a is b and a.src[0] is x
-        if i % 7 == 0: gc.collect(0)
-        del a, b
-        c = (x * 2.0).sin()
-        assert c is (x * 2.0).sin()
-    except BaseException as e:  # reported in the main thread
-      errors.append(e)
+  def work(_):
+    for i in range(3000):
+      a, b = x + 1.0, x + 1.0
+      assert a is b and a.src[0] is x
+      if i % 7 == 0: gc.collect(0)
+      del a, b
+      c = (x * 2.0).sin()
+      assert c is (x * 2.0).sin()
 
-  ts = [threading.Thread(target=work) for _ in range(4)]
-  for t in ts: t.start()
-  for t in ts: t.join()
-  assert not errors, errors
+  run_on_threads(work, 4)
   del x
   assert live_after_gc() == base
 
