@@ -53,7 +53,9 @@ def _rel(p): return os.path.relpath(p, HERE).replace(os.sep, "/")
 with open(os.path.join(CSRC, "pygrad.h")) as f: HEADER = f.read()
 gnu = sys.platform != "win32" or "gcc" in os.environ.get("CC", "") or "clang" in os.environ.get("CC", "")
 # C11 without GNU extensions outside the guarded ISA code (the AVX clones use target attributes and vector types)
-cflags = ["-std=c11", "-Wall", "-Wextra", "-Werror=implicit-function-declaration"] if gnu else []
+# -fvisibility=hidden: the module exports only PyInit__core, so the core's calls to its own small functions (vm_esize
+# in every kernel's row loop) are direct calls, not calls through the PLT that the compiler may not inline
+cflags = ["-std=c11", "-Wall", "-Wextra", "-Werror=implicit-function-declaration", "-fvisibility=hidden"] if gnu else []
 ldflags = []
 if os.environ.get("PYGRAD_SANITIZE") in ("1", "thread"):  # 1: ASan + UBSan; thread: TSan (the VM's thread pool)
   san = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"] \
