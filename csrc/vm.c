@@ -458,10 +458,23 @@ static void gather(const vm_view *v, const char *base, const int64_t *shape, int
                    int64_t c0, int64_t nc, char *dst) {
   int64_t idx[VM_MAXDIM], r, ces = vm_esize(vm_ct(v->stype)), si = v->st[nd], lo = v->lo[nd], hi = v->hi[nd];
   int d;
+  /* whole rows that follow each other in memory along the last outer dim (a matrix broadcast over the dims before
+     it, in a contraction-shaped loop): one copy per run of rows, not one per row */
+  int runs = nd >= 1 && !v->masked && v->stype == vm_ct(v->stype) && si == 1 && c0 == 0 && nc == shape[nd] &&
+             v->st[nd - 1] == nc;
   if (gather_columns(v, base, shape, nd, idx0, nr, c0, nc, dst)) return;
   for (d = 0; d < nd; d++) idx[d] = idx0[d];
   for (r = 0; r < nr; r++) {
     char *o = dst + r * nc * ces;
+    if (runs) {
+      int64_t run = shape[nd - 1] - idx[nd - 1];
+      if (run > nr - r) run = nr - r;
+      memcpy(o, base + row_off(v, idx, nd) * v->esize, (size_t)(run * nc * ces));
+      r += run - 1;
+      idx[nd - 1] += run - 1;  /* the odometer's step below moves past the run */
+      odo_next(idx, shape, nd);
+      continue;
+    }
     if (!row_valid(v, idx, nd)) {
       memset(o, 0, (size_t)(nc * ces));
     } else {

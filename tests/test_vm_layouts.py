@@ -93,3 +93,27 @@ def test_row_broadcast_is_exact(shapes, dt, restore_threads):
   for n in (1, 2, 3):
     pygrad.set_num_threads(n)
     for g, w in zip(prog(vx, vb, vw), want): np.testing.assert_array_equal(g, w)
+
+
+# a matrix broadcast over an outer dim, in a loop that multiplies and reduces (the backward of sum(x @ w) has this
+# shape: a constant times w, summed): the tile's rows are whole rows of w that follow each other in memory, copied
+# one run at a time (csrc/vm.c, gather). Runs that a tile cuts, runs longer than a tile, and rows of odd length;
+# the sums are the reference's (exact in int32) and the same bits on 1, 2 and 3 threads.
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float64, dtypes.int32], ids=lambda d: d.name)
+@pytest.mark.parametrize("shape", [(16, 32, 32), (3, 7, 5), (5, 33, 16), (4, 300, 40), (2, 1, 9)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("axis", [0, 1])
+def test_a_matrix_broadcast_over_an_outer_dim(shape, axis, dt, restore_threads):
+  b, r, c = shape
+  w = UOp.placeholder((r, c), dt, "w")
+  s = UOp.placeholder((b, 1, 1), dt, "s")
+  out = (w.reshape(1, r, c).expand(b, r, c) * s).sum(axis)
+  wv, sv = _val((r, c), 1, dt.numpy), _val((b, 1, 1), 2, dt.numpy)
+  ref = (np.broadcast_to(wv, (b, r, c)).astype(np.float64) * sv).sum(axis)
+  got = []
+  for n in (1, 2, 3):
+    pygrad.set_num_threads(n)
+    got.append(pygrad.compile(out, [w, s])(wv, sv))
+    assert got[-1].dtype == wv.dtype and got[-1].tobytes() == got[0].tobytes(), n  # the same bits on any threads
+  if dt is dtypes.int32: np.testing.assert_array_equal(got[0], ref.astype(np.int32))
+  else: np.testing.assert_allclose(got[0], ref, rtol=1e-5 if dt is dtypes.float32 else 1e-12, atol=1e-5)
