@@ -17,7 +17,15 @@ PLAT = "manylinux_2_17_x86_64"
 
 
 def _pypa_build(args, env=None):
-  """PyPA's build, imported from anywhere but this folder (python -P: no script folder on sys.path)."""
+  """PyPA's build, imported from anywhere but this folder: python -P (no script folder on sys.path) and this folder
+  taken out of PYTHONPATH. Were this file found again all the same (PyPA's build missing, this folder on sys.path some
+  other way), each hand-over would start the next without end: the guard variable stops the second one."""
+  if os.environ.get("PYGRAD_PYPA_HANDOVER"):
+    sys.exit(f"python -m build found pygrad's build.py ({__file__}) instead of PyPA's build: install it "
+             "(pip install build) or take this folder off sys.path")
+  env = dict(os.environ if env is None else env, PYGRAD_PYPA_HANDOVER="1")
+  path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != HERE]
+  env["PYTHONPATH"] = os.pathsep.join(path)
   cmd = [sys.executable, "-P", "-m", "build", *args] if sys.version_info >= (3, 11) else \
         [sys.executable, "-c", "import runpy, sys; del sys.path[0]; sys.argv[0] = 'build'; "
          "runpy.run_module('build', run_name='__main__', alter_sys=True)", *args]

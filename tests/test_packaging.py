@@ -51,3 +51,20 @@ def test_python_m_build_is_pypa_build_in_the_checkout():
   if "No module named build" in p.stderr: pytest.skip("PyPA build is not installed")
   assert p.returncode == 0, p.stderr
   assert p.stdout.startswith("build ")
+
+
+@pytest.mark.skipif(not os.path.isfile(os.path.join(ROOT, "build.py")), reason="not run from a checkout")
+def test_python_m_build_with_the_checkout_on_pythonpath_hands_over_once():
+  """With the checkout on PYTHONPATH, `python -P -m build` found build.py again and each hand-over started the next:
+  ~2,800 processes and the machine's 24 GiB before anyone noticed. The checkout is taken out of the child's
+  PYTHONPATH, and a second hand-over stops with a message instead of recursing."""
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  env.pop("PYGRAD_PYPA_HANDOVER", None)
+  p = subprocess.run([sys.executable, "-m", "build", "--version"], cwd=ROOT, capture_output=True, text=True,
+                     timeout=120, env=env)
+  if "No module named build" in p.stderr: pytest.skip("PyPA build is not installed")
+  assert p.returncode == 0 and p.stdout.startswith("build "), p.stderr
+  env["PYGRAD_PYPA_HANDOVER"] = "1"  # as in the child of a hand-over that found this build.py again
+  p = subprocess.run([sys.executable, "-m", "build", "--version"], cwd=ROOT, capture_output=True, text=True,
+                     timeout=120, env=env)
+  assert p.returncode != 0 and "instead of PyPA's build" in p.stderr, (p.returncode, p.stderr)
