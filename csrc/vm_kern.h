@@ -275,7 +275,9 @@ VM_TGT static void VM_FN(binary)(const vm_ins *in, char *d, const char *a, const
     quotient, which is the correctly rounded half quotient (24 >= 2 * 11 + 2 bits) */
   case VM_MAX: switch (in->lt) { VM_INTS(K_MAX_I) K_FLOATS((A > B || A != A) ? A : B, (A > B || A != A) ? A : B)
     case VT_BOOL: BIN_LOOP(uint8_t, uint8_t, A | B); break; } break;
-  case VM_POW: switch (in->lt) { VM_INTS(K_POW_I) K_FLOATS(powf(A, B), pow(A, B))
+  /* float32 (and the half formats) through double pow, rounded once: powf's result was off by up to an ulp where
+     numpy's float64 pow rounded once is not (the numpy engine computes the same) */
+  case VM_POW: switch (in->lt) { VM_INTS(K_POW_I) K_FLOATS((float)pow((double)A, (double)B), pow(A, B))
     case VT_BOOL: BIN_LOOP(uint8_t, uint8_t, A | (B ^ 1u)); break; } break;
   case VM_IDIV: switch (in->lt) { VM_SINTS(K_IDIV_S) VM_UINTS(K_IDIV_U) } break;
   case VM_MOD: switch (in->lt) { VM_SINTS(K_MOD_S) VM_UINTS(K_MOD_U) } break;

@@ -18,6 +18,7 @@ Results defined here for what C leaves undefined (the C VM matches them):
   (logical on unsigned); by a count >= the bit width it gives -1 for a negative signed value, else 0.
 * POW on ints: exact (wrapping) integer power for exponents >= 0, 0**0 == 1; a negative exponent gives 0, except
   base 1 (gives 1) and base -1 (gives 1 for an even exponent, -1 for an odd one). POW on bool is `a or not b`.
+* POW on floats is C99's pow, computed in float64 (float32/float16/bfloat16 round once; values._float_pow).
 * CAST float -> int: truncation toward zero; NaN gives 0; values out of range saturate to the int's min/max.
   CAST int -> int wraps (keeps the low bits). CAST to bool is `x != 0` (so NaN -> True). CAST bool -> x is 0/1.
 * BITCAST reinterprets the bits (bfloat16 as the top 16 bits of its float32 storage); BITCAST to bool is `x != 0`.

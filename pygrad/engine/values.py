@@ -128,8 +128,21 @@ def bindings(inputs) -> dict:
 
 
 # ---- the ALU table ----
+def _float_pow(a, b) -> np.ndarray:
+  """C99's pow of float values, computed in float64 (float32 and the half formats then round once: within half an
+  ulp but for results within ~1e-16 of a rounding boundary, as the VM's (float)pow((double)x, (double)y)). The
+  exponent goes in as a full array, never a 0-d or stride-0 one: numpy's loop for a scalar exponent takes x ** 0.5 as
+  sqrt(x) and x ** -1 as 1 / x, which gives pow(-inf, 0.5) = NaN and pow(-0.0, 0.5) = -0.0 (C99: +inf and +0)."""
+  shape = np.broadcast_shapes(np.shape(a), np.shape(b))
+  x = np.asarray(a, np.float64)
+  y = np.empty(shape if shape else (1,), np.float64)
+  y[...] = b
+  r = np.power(x.reshape(1) if not shape else x, y).reshape(shape)
+  return r.astype(np.asarray(a).dtype, copy=False)
+
+
 def _pow(a, b, dt: DType):
-  if dtypes.is_float(dt): return np.power(a, b)
+  if dtypes.is_float(dt): return _float_pow(a, b)
   if dtypes.is_bool(dt): return np.logical_or(a, np.logical_not(b))
   if dtypes.is_unsigned(dt): return np.power(a, b)
   neg = b < 0
