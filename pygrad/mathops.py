@@ -197,6 +197,8 @@ def _float_floordiv(a, b): return _float_divmod(a, b)[0]
 def _float_mod(a, b): return _float_divmod(a, b)[1]
 
 
+_COS_TOP = {"float16": 2.0 ** 15, "bfloat16": 2.0 ** 127, "float32": 2.0 ** 127, "float64": 2.0 ** 1023}  # 2x finite below
+
 # tanh's Taylor coefficients, x**1 to x**15: 1, -1/3, 2/15, -17/315, 62/2835, -1382/155925, 21844/6081075, ...
 _TANH_TAYLOR = (1.0, -1 / 3, 2 / 15, -17 / 315, 62 / 2835, -1382 / 155925, 21844 / 6081075, -929569 / 638512875)
 
@@ -332,10 +334,19 @@ class MathMixin:
   reciprocal, sqrt, sin = _unary(Ops.RECIPROCAL), _unary(Ops.SQRT), _unary(Ops.SIN)
   exp2, log2, trunc = _unary(Ops.EXP2), _unary(Ops.LOG2), _unary(Ops.TRUNC)
   def cos(self) -> UOp:
-    # 1 - 2 sin(x/2)**2: x/2 is exact, where pi/2 - x rounds away x's low bits (cos(1e8) in float32 was off by 1.4, in
-    # float16 cos(1000) by 0.07); this is within 2 ulp of 1 for every x
-    h = (self * 0.5).sin()
-    return 1 - 2 * (h * h)
+    # 1 - 2 sin(x/2)**2 (x/2 is exact: sin(pi/2 - x) rounded x's low bits away) is within 2 ulp of 1, but near a zero
+    # of cos it cancels: up to 1e5 ulp off there, in float32 and float64. For 1 <= |x| < 2**emax (2x finite) the
+    # value is sin(2x) / (2 sin x) (2x exact, sin x never 0 there: a few ulp everywhere, as accurate as SIN at large
+    # |x|); 1 - 2 sin(x/2)**2 below 1 (cos >= 0.54 there) and in the top binade (absolute accuracy only). The quotient's
+    # own derivative cancels near sin x = 0, so the value is detached and the gradient is that of 1 - 2 sin(x/2)**2:
+    # -2 sin(x/2) cos(x/2), accurate (w - w.detach() is 0 with w's derivatives of every order)
+    x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.float32)
+    h = (x * 0.5).sin()
+    w = 1 - 2 * (h * h)
+    top = _COS_TOP[x.dtype.name]
+    q = (x * 2).sin() / (2 * x.sin())
+    mid = ((x < 1.0) & (x > -1.0)).ne(True) & (x < top) & (x > -top)
+    return mid.where(q, w).detach() + (w - w.detach())
   def exp(self) -> UOp:
     """e**x. exp2(x * log2(e)) was off by up to 64 ulp (the product's rounding error, |x| * 2**-24, is multiplied by
     the exponent), so x is reduced first (Cody and Waite): x = n ln2 + r with n = round(x log2(e)) and r computed

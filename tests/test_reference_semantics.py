@@ -569,3 +569,78 @@ def test_float32_pow_is_the_same_on_both_engines(dt):
   outs = [x ** y, x ** 0.5, y ** x]
   for g, w in zip(_run(outs, {x: a, y: b}, "c", 2), pygrad.evaluate(outs, {x: a, y: b}, engine="numpy")):
     assert _bits_equal(g, w)
+
+
+def _cos_operands(npdt, n=4000):
+  """Arguments where cos is hardest: the floats nearest the zeros (k + 1/2) pi (and their neighbours) for k up to
+  2**20, random ones over the exponent range, the ends of the threshold (1, 2**emax) and special values."""
+  rng = np.random.default_rng(13)
+  npdt = np.dtype(npdt).type
+  fi = np.finfo(npdt)
+  k = np.concatenate([np.arange(0, 64), rng.integers(0, 2 ** 20, n)]).astype(np.float64)
+  z = ((k + 0.5) * math.pi).astype(npdt)
+  z = np.concatenate([z, np.nextafter(z, npdt(np.inf)), np.nextafter(z, npdt(-np.inf))])
+  r = (2.0 ** rng.uniform(-20, math.log2(float(fi.max)), n)).astype(npdt)
+  sp = np.array([0.0, -0.0, 1.0, -1.0, float(np.nextafter(npdt(1), npdt(0))), 1e-30, float(fi.max), float(fi.max) / 2,
+                 float(fi.max) / 3, float(fi.tiny), math.inf, -math.inf, math.nan], npdt)
+  v = np.concatenate([z, -z, r, -r, sp])
+  return v.astype(npdt)
+
+
+@pytest.mark.parametrize("engine,threads", DIV_RUNS, ids=lambda v: str(v))
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float64], ids=lambda d: d.name)
+def test_cos_is_accurate_near_its_zeros(dt, engine, threads):
+  # cos was 1 - 2 sin(x/2)**2, which cancels where cos(x) ~ 0: off by up to 5,459 ulp (float32) and 1e5 ulp
+  # (float64) of np.cos near (k + 1/2) pi; now within 4 ulp of the correctly rounded cos for |x| < 2**emax (the top
+  # binade: within 2 ulp of 1), -0.0 -> 1, +-inf and NaN -> NaN
+  v = _cos_operands(dt.np)
+  x = UOp.placeholder(v.shape, dt)
+  got = _run([x.cos()], {x: v}, engine, threads)[0]
+  want = np.array([math.cos(t) if math.isfinite(t) else math.nan for t in v.astype(np.float64).tolist()]).astype(dt.np)
+  top = (np.abs(v) >= np.finfo(dt.np).max / 2) & np.isfinite(v)
+  u = _ulps(got, want, dt.np)
+  assert u[~top].max() <= 4, [(p, q, r) for p, q, r, e in zip(v, got, want, u) if e > 4][:5]
+  assert np.abs(got[top].astype(np.float64) - want[top]).max() <= 2 * np.finfo(dt.np).eps
+  sp = np.array([0.0, -0.0, math.inf, -math.inf, math.nan], dt.np)
+  s = UOp.placeholder(sp.shape, dt)
+  assert _bits_equal(_run([s.cos()], {s: sp}, engine, threads)[0], np.array([1, 1, math.nan, math.nan, math.nan], dt.np))
+
+
+@pytest.mark.parametrize("engine,threads", DIV_RUNS, ids=lambda v: str(v))
+@pytest.mark.parametrize("dt", [dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
+def test_half_cos_is_accurate(dt, engine, threads):
+  # the half formats compute in float32 and round after every op: within 3 ulp of the correctly rounded cos
+  import ml_dtypes
+  hd = np.float16 if dt is dtypes.float16 else ml_dtypes.bfloat16
+  fi = np.finfo(np.float16) if dt is dtypes.float16 else ml_dtypes.finfo(ml_dtypes.bfloat16)
+  rng = np.random.default_rng(17)
+  v = np.concatenate([((np.arange(0, 2000) + 0.5) * math.pi), 2.0 ** rng.uniform(-10, math.log2(float(fi.max)) - 1.01, 4000)])
+  v = np.concatenate([v, -v]).astype(hd)
+  store = np.float16 if dt is dtypes.float16 else np.float32
+  x = UOp.placeholder(v.shape, dt)
+  got = _run([x.cos()], {x: v.astype(store)}, engine, threads)[0]
+  want = np.cos(v.astype(np.float64)).astype(hd)
+  u = _ulps(got.astype(hd), want, hd)
+  assert u.max() <= 3, [(p, q, r) for p, q, r, e in zip(v, got, want, u) if e > 3][:5]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_cos_gradients_equal_torchs(engine):
+  # the value is detached where it is sin(2x) / (2 sin x), whose own derivative cancels near x = k pi; the gradient
+  # is -sin(x) within a few ulp there and at large |x|, and orders 2 and 3 agree with torch's
+  torch = pytest.importorskip("torch")
+  k = np.arange(1, 200, dtype=np.float64)
+  v = np.concatenate([k * math.pi, (k + 0.5) * math.pi, [0.0, -0.0, 0.3, -1.0, 1.0, 1e5, -3e7, 1e15, 1e100]])
+  x = UOp.placeholder(v.shape, dtypes.float64)
+  y = x.cos()
+  g1, = y.sum().gradient(x)
+  g2, = g1.sum().gradient(x)
+  g3, = g2.sum().gradient(x)
+  got = pygrad.evaluate([g1, g2, g3], {x: v}, engine=engine)
+  tx = torch.tensor(v, requires_grad=True)
+  t1, = torch.autograd.grad(torch.cos(tx).sum(), tx, create_graph=True)
+  t2, = torch.autograd.grad(t1.sum(), tx, create_graph=True)
+  t3, = torch.autograd.grad(t2.sum(), tx)
+  assert _ulps(got[0], t1.detach().numpy(), np.float64).max() <= 4  # -sin(x) near its zeros: relative accuracy
+  for g, t in zip(got[1:], [t2, t3]):
+    np.testing.assert_allclose(g, t.detach().numpy(), rtol=1e-12, atol=4e-16)
