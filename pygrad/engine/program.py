@@ -2,7 +2,7 @@
 lower, place buffers by liveness) and `program(*arrays)` runs it with one call into C per segment -- one segment
 unless the graph has CALLs, whose Python kernels run between segments. `evaluate_c` is compile-and-run-once."""
 from __future__ import annotations
-import bisect, contextlib, gc, heapq, os
+import bisect, contextlib, gc, heapq, mmap, os
 from typing import Any
 import numpy as np
 from ..ops import Ops
@@ -22,6 +22,7 @@ _MAGIC, _VERSION = value("consts", "VM_MAGIC"), value("consts", "VM_VERSION")
 VM_MAXSIZE = value("consts", "VM_MAXSIZE")  # csrc/tables.h: the bytes of a memory slot (the arena is one)
 from_buffer, NULL = ffi.from_buffer, ffi.NULL
 _ALIGN = 64
+_MAP_MIN = 1 << 17  # arenas of this many bytes or more are mapped pages (glibc's default mmap threshold)
 _TRIM_NODES = 20_000  # graphs whose plan gives its freed heap pages back to the OS (see Program.__init__)
 
 
@@ -248,6 +249,11 @@ class Program:
     return compile_program, (self._outputs, self.inputs)
 
   def _arena_array(self) -> np.ndarray:
+    if self.arena_bytes >= _MAP_MIN:
+      # the OS's pages (page-aligned), as csrc/mem.c maps the VM's workspace: glibc serves a block this large by mmap
+      # too, but freeing it raises glibc's mmap threshold to its size (up to 32 MiB), and from then on the process's
+      # large mallocs come from the heap, which keeps their pages (a 4.9 MB arena did that once the program died)
+      return np.frombuffer(mmap.mmap(-1, self.arena_bytes), np.uint8)
     a = np.empty(self.arena_bytes + _ALIGN, np.uint8)
     off = (-a.ctypes.data) % _ALIGN
     return a[off:off + self.arena_bytes]
