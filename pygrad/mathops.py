@@ -98,6 +98,13 @@ _RESHAPE, _EXPAND, _PERMUTE, _PAD, _SHRINK, _REDUCE_AXIS = \
   Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.PAD, Ops.SHRINK, Ops.REDUCE_AXIS
 
 
+def _no_grad(x):
+  """x's value passing no gradient: a BITCAST to the same-width int and back (BITCAST has no gradient rule). Not a
+  DETACH: tinygrad's simplifier folds the BITCAST pair away but keeps a DETACH, so a gradient converted to tinygrad
+  and evaluated at constants would not simplify to one constant."""
+  return x.bitcast(_SAME_WIDTH_INT[x.dtype.itemsize]).bitcast(x.dtype)
+
+
 def _signbit(x):
   """Whether x's sign bit is set (-0.0 and NaNs with the sign set included), read from its bits."""
   return x.bitcast(_SAME_WIDTH_INT[x.dtype.itemsize]) < 0
@@ -339,14 +346,16 @@ class MathMixin:
     # value is sin(2x) / (2 sin x) (2x exact, sin x never 0 there: a few ulp everywhere, as accurate as SIN at large
     # |x|); 1 - 2 sin(x/2)**2 below 1 (cos >= 0.54 there) and in the top binade (absolute accuracy only). The quotient's
     # own derivative cancels near sin x = 0, so the value is detached and the gradient is that of 1 - 2 sin(x/2)**2:
-    # -2 sin(x/2) cos(x/2), accurate (w - w.detach() is 0 with w's derivatives of every order)
+    # -2 sin(x/2) cos(x/2), accurate (w - no_grad(w) is 0 with w's derivatives of every order)
+    # (w is built three ways, the same value each time, so that no node but h has two users: the planner would
+    # store each such node in a buffer of its own)
     x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.float32)
     h = (x * 0.5).sin()
     w = 1 - 2 * (h * h)
     top = _COS_TOP[x.dtype.name]
     q = (x * 2).sin() / (2 * x.sin())
     mid = ((x < 1.0) & (x > -1.0)).ne(True) & (x < top) & (x > -top)
-    return mid.where(q, w).detach() + (w - w.detach())
+    return _no_grad(mid.where(q, w)) + ((h * -2) * h + 1 - _no_grad((h * 2) * h * -1 + 1))
   def exp(self) -> UOp:
     """e**x. exp2(x * log2(e)) was off by up to 64 ulp (the product's rounding error, |x| * 2**-24, is multiplied by
     the exponent), so x is reduced first (Cody and Waite): x = n ln2 + r with n = round(x log2(e)) and r computed
