@@ -35,7 +35,7 @@ def _dask():
 
 _programs: dict[str, Any] = {}  # content key -> program, least recently used first
 _programs_lock = threading.Lock()
-_stats = {"compiles": 0, "runs": 0}
+_stats = {"compiles": 0, "runs": 0, "run_seconds": 0.0, "run_cpu": 0.0}
 PROGRAMS_LIMIT = 64  # programs a worker keeps: a long-lived worker sent many graphs must not grow without bound
 
 
@@ -63,27 +63,31 @@ def _program(key: str, blob: bytes, nout: int):
   return prog
 
 
-def _ran(res) -> list:
-  """A chunk's result as one array per output, counted in this worker's stats."""
+def _ran(fn, *args) -> list:
+  """fn(*args) -- one chunk's run -- as one array per output, counted and timed in this worker's stats: the wall
+  and CPU seconds of the runs themselves, so a caller can tell them from the time spent around them."""
+  t, c = time.perf_counter(), time.thread_time()
+  res = fn(*args)
+  _stats["run_seconds"] += time.perf_counter() - t
+  _stats["run_cpu"] += time.thread_time() - c
   _stats["runs"] += 1
   return list(res) if isinstance(res, (list, tuple)) else [res]
 
 
 def _run(key: str, blob: bytes, nout: int, *arrays) -> list:
   """Run the graph's program on one chunk of inputs (a task on a worker): one array per output."""
-  return _ran(_program(key, blob, nout)(*arrays))
+  return _ran(_program(key, blob, nout), *arrays)
 
 
 class _Runner:
-  """A Dask actor holding one worker's compiled program of a DataParallel graph. A call to an actor goes from the
-  client straight to its worker and the result straight back, without the scheduler: ~2 ms a call here against
-  ~11 ms for a task (the scheduler's batching, its notice that the task ended, the fetch), which on a 2-core machine
-  is the difference between 1.5x and 1.7x for two workers over one."""
+  """A Dask actor holding one worker's compiled program of a DataParallel graph. DataParallel calls it over the
+  client's own connection to the worker (see DataParallel._actor_round), so a call goes to its worker and the result
+  straight back without the scheduler: no task to schedule, no notice that it ended, no fetch."""
 
   def __init__(self, key: str, blob: bytes, nout: int):
     self.prog = _program(key, blob, nout)
 
-  def run(self, *arrays) -> list: return _ran(self.prog(*arrays))
+  def run(self, *arrays) -> list: return _ran(self.prog, *arrays)
 
 
 def _evaluate_part(key: str, blob: bytes, nout: int, engine: str | None, *arrays) -> list:
@@ -91,7 +95,7 @@ def _evaluate_part(key: str, blob: bytes, nout: int, engine: str | None, *arrays
   import pygrad
   if engine != "numpy": return _run(key, blob, nout, *arrays)
   outs, ins = _loaded(blob, nout)
-  return _ran(pygrad.evaluate(outs, dict(zip(ins, arrays)), engine="numpy"))
+  return _ran(pygrad.evaluate, outs, dict(zip(ins, arrays)), "numpy")
 
 
 def _gradients(blob: bytes, ntargets: list[int]) -> bytes:
@@ -115,7 +119,8 @@ def _set_programs_limit(n: int) -> int:
 
 
 def worker_stats() -> dict:
-  """How many graphs this process compiled and how many chunks it ran (read on workers through `client.run`)."""
+  """How many graphs this process compiled, how many chunks it ran and the seconds those runs took (wall, and CPU
+  of the running thread). Read on workers through `client.run`."""
   return dict(_stats, programs=len(_programs))
 
 
@@ -371,22 +376,9 @@ class DataParallel:
         self._actors = [f.result(timeout=self.timeout) for f in fs]
         self._actor_futures = fs  # the actors live as long as these futures are held
         self._actor_workers, self._actors_checked = ws, time.monotonic()
-      acts = self._actors
-      futs = [acts[c % len(acts)].run(*a) for c, a in enumerate(per_chunk)]
-      deadline = time.monotonic() + self.timeout
-      res = []
-      for c, f in enumerate(futs):
-        while True:
-          left = deadline - time.monotonic()
-          if left <= 0: raise _Lost()  # an actor silent for the call's whole timeout counts as lost
-          try:
-            res.append(f.result(timeout=min(left, _ACTOR_POLL)))
-            break
-          except TimeoutError:
-            # an actor whose worker died may not answer at all: Dask then waits for the actor to be made again,
-            # which never happens on a worker that is gone. Its creation task's state tells.
-            if any(a.status != "finished" for a in self._actor_futures or ()): raise _Lost() from None
-      return res
+      # the whole round (every chunk out, every result back) is one coroutine on the client's event loop: one
+      # hand-off between this thread and the loop per call, not two per chunk (ActorFuture.result is a sync() each)
+      return self.client.sync(self._actor_round, per_chunk)
     except Exception as e:  # noqa: BLE001 -- sorted below
       # a worker went away (a closed connection: OSError, which includes TimeoutError, or CommClosedError; an actor
       # or its data lost): the call runs as tasks instead, which Dask re-runs elsewhere under their own deadline.
@@ -394,6 +386,50 @@ class DataParallel:
       if not (isinstance(e, (OSError, dist.comm.CommClosedError)) or _worker_loss(e)): raise
       self._actors = self._actor_futures = None
       return None
+
+  async def _actor_round(self, per_chunk: list[list]) -> list:
+    """On the client's event loop: chunk c sent to actor c mod n (each actor runs its chunks in order), the results
+    in chunk order. _Lost when an actor's worker went away or the call's timeout passed.
+
+    Each chunk goes straight to its actor's worker over the client's own connections (the worker's `actor_execute`
+    handler, which an Actor method call uses too): a Dask Actor bound to a client without `direct_to_workers=True`
+    -- Dask's default -- sends every call through the scheduler (its `proxy` handler), which receives the chunk's
+    arrays, sends them on, and does the same with the results: twice the bytes moved and a hop each way."""
+    import asyncio
+    from distributed.protocol import to_serialize
+    dist = _dask()
+    keys, workers = [f.key for f in self._actor_futures], self._actor_workers
+
+    async def one(c: int, a: list):
+      k = c % len(keys)
+      try:
+        r = await self.client.rpc(workers[k]).actor_execute(function="run", actor=keys[k],
+                                                             args=[to_serialize(v) for v in a], kwargs={})
+      except (OSError, dist.comm.CommClosedError) as e:
+        raise _Lost(f"chunk {c}: the worker {workers[k]} of its actor went away ({type(e).__name__}: {e})") from e
+      if r["status"] == "OK": return r["result"]
+      raise r["exception"]
+    tasks = [asyncio.ensure_future(one(c, a)) for c, a in enumerate(per_chunk)]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + self.timeout
+    try:
+      pending = set(tasks)
+      while pending:
+        left = deadline - loop.time()
+        if left <= 0: raise _Lost()  # an actor silent for the call's whole timeout counts as lost
+        done, pending = await asyncio.wait(pending, timeout=min(left, _ACTOR_POLL))
+        # every finished chunk's error is read (asyncio would log an unread one when the task is collected) and the
+        # lowest-numbered one's raised: a program's own error
+        errs = [e for t in tasks if t in done and (e := t.exception()) is not None]
+        if errs: raise errs[0]
+        # an actor whose worker died may not answer at all: Dask then waits for the actor to be made again, which
+        # never happens on a worker that is gone. Its creation task's state tells.
+        if pending and any(f.status != "finished" for f in self._actor_futures or ()): raise _Lost()
+      return [t.result() for t in tasks]
+    finally:
+      for t in tasks:
+        if not t.done(): t.cancel()
+      tasks.clear()  # a raised error's traceback holds this frame: no cycle back to the tasks and their results
 
   def _chunks(self, arrays, nchunks: int) -> list[dict]:
     """Per chunk, the batch inputs' pieces: numpy slices, or futures of pieces made where the data lives."""
