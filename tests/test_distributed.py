@@ -265,18 +265,34 @@ def _run_tasks(dask_scheduler=None):
   return sum(tp.state_counts.values()) if tp is not None else 0
 
 
+def _count_proxied(dask_scheduler=None):
+  """Counts, from now on, the messages the scheduler relays to workers (its `proxy` handler); returns the count."""
+  if not hasattr(dask_scheduler, "_test_proxied"):
+    dask_scheduler._test_proxied = 0
+    inner = dask_scheduler.handlers["proxy"]
+
+    async def counted(*args, **kwargs):
+      dask_scheduler._test_proxied += 1
+      return await inner(*args, **kwargs)
+    dask_scheduler.handlers["proxy"] = counted
+  return dask_scheduler._test_proxied
+
+
 def test_calls_on_reachable_workers_go_to_their_actors_not_through_the_scheduler(client):
   # loopback workers are reachable: each call goes straight to the workers' actors (no task, no scheduler round
-  # trip), with the same results as the sequential chunks
+  # trip, no message relayed by the scheduler -- where a Dask Actor's method call goes by default), with the same
+  # results as the sequential chunks
   dp, outs, ins = _dp(client, 16)
   assert dp.use_actors
   before = client.run_on_scheduler(_run_tasks)
+  proxied = client.run_on_scheduler(_count_proxied)
   stats = client.run(pd.worker_stats)
   arrays = _data(64, seed=6)
   got = dp(*arrays)
   want = _sequential(pygrad.compile(outs, ins), arrays, 16, RED)
   for g, w in zip(got, want): assert np.array_equal(g, w)
   assert client.run_on_scheduler(_run_tasks) == before
+  assert client.run_on_scheduler(_count_proxied) == proxied
   after = client.run(pd.worker_stats)
   assert sorted(after[w]["runs"] - stats[w]["runs"] for w in after) == [2, 2]  # 4 chunks, 2 on each worker
   assert dp._held == []  # nothing of the call stays on the cluster
