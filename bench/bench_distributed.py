@@ -7,7 +7,7 @@
 
 Usage: python bench/bench_distributed.py [--steps 20] [--nodes 1000000] [--out bench/results/distributed.md]"""
 from __future__ import annotations
-import argparse, os, statistics, sys, time
+import argparse, contextlib, os, statistics, sys, time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -56,6 +56,23 @@ def _median_step(step, steps: int) -> float:
   return statistics.median(ts)
 
 
+def cpu_split(client, step, steps: int) -> dict:
+  """Per step: wall seconds, the workers' runs (wall and CPU of the program, per worker), each worker process's CPU,
+  this process's CPU (client, scheduler and nannies of a LocalCluster), their total, and the load average."""
+  from pygrad import distributed as pd
+  st0, wc0, c0 = client.run(pd.worker_stats), client.run(time.process_time), time.process_time()
+  t = time.perf_counter()
+  for _ in range(steps): step()
+  wall = (time.perf_counter() - t) / steps
+  c1, st1, wc1 = time.process_time(), client.run(pd.worker_stats), client.run(time.process_time)
+  ws = sorted(st0)
+  worker_cpu = [(wc1[w] - wc0[w]) / steps for w in ws]
+  return {"wall": wall, "run": statistics.mean((st1[w]["run_seconds"] - st0[w]["run_seconds"]) / steps for w in ws),
+          "run_cpu": statistics.mean((st1[w]["run_cpu"] - st0[w]["run_cpu"]) / steps for w in ws),
+          "worker_cpu": worker_cpu, "client_cpu": (c1 - c0) / steps,
+          "total_cpu": sum(worker_cpu) + (c1 - c0) / steps, "load": os.getloadavg()[0]}
+
+
 def chain_graph(nodes: int):
   from pygrad import UOp, dtypes
   x = UOp.placeholder((4,), dtypes.float32, name="x")
@@ -78,50 +95,61 @@ def main(argv=None) -> int:
   from pygrad import distributed as pd
   if hasattr(pygrad, "set_num_threads"): pygrad.set_num_threads(1)
   lr, B = 0.05, a.batch
+  load0 = os.getloadavg()[0]
   x, y, ws0 = data(B)
-  rows = []
+  rows: list = []
 
   def sgd(run, ws):
     res = run(ws)
     for w, g in zip(ws, res[1:]): w -= (lr / B) * g
 
-  # plain compile in this process
+  # plain compile in this process, and DataParallel on a 1-worker and a 2-worker cluster, both up at once: the steps
+  # of all of them run in turn (interleaved), so a change in the shared machine's load hits every figure alike
   outs, ins = mlp_step_graph(B)
   prog = pygrad.compile(outs, ins)
-  ws = [w.copy() for w in ws0]
-  t_local = _median_step(lambda: sgd(lambda w: prog(x, y, *w), ws), a.steps)
-  rows.append(("pygrad.compile, this process (1 VM thread)", B, 1, t_local))
-  results, tasks = {}, {}
-  for n in (1, 2):
-    with distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                  dashboard_address=None, silence_logs=50) as cl, distributed.Client(cl) as c:
+  steps = {"local": (lambda ws: sgd(lambda w: prog(x, y, *w), ws), [w.copy() for w in ws0])}
+  clusters, clients, results, tasks, split = {}, {}, {}, {}, {}
+  with contextlib.ExitStack() as stack:
+    for n in (1, 2):
+      cl = clusters[n] = stack.enter_context(distributed.LocalCluster(
+        n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None, silence_logs=50))
+      c = clients[n] = stack.enter_context(distributed.Client(cl))
       c.wait_for_workers(n)
       outs, ins = mlp_step_graph(B // n)
       dp = pd.DataParallel(outs, ins, c, batch=ins[:2], reduce={i: "sum" for i in range(len(outs))})
       # the same graph run as scheduler tasks: the path taken when the client cannot reach the workers itself
       dpt = pd.DataParallel(outs, ins, c, batch=ins[:2], reduce={i: "sum" for i in range(len(outs))})
       dpt.use_actors = False
-      ws, wst = [w.copy() for w in ws0], [w.copy() for w in ws0]
-      dp(x, y, *ws), dpt(x, y, *wst)  # compile on the workers
-      t = _interleaved({"actors": lambda: sgd(lambda w: dp(x, y, *w), ws),
-                        "tasks": lambda: sgd(lambda w: dpt(x, y, *w), wst)}, a.steps)
-      results[n], tasks[n] = t["actors"], t["tasks"]
+      for k, d in ((("actors", n), dp), (("tasks", n), dpt)):
+        steps[k] = ((lambda d: lambda ws: sgd(lambda w: d(x, y, *w), ws))(d), [w.copy() for w in ws0])
+        steps[k][0](steps[k][1])  # compile on the workers
+    load_t = os.getloadavg()[0]
+    t = _interleaved({k: (lambda f, ws: lambda: f(ws))(*v) for k, v in steps.items()}, a.steps)
+    load_t = (load_t, os.getloadavg()[0])
+    rows.append(("pygrad.compile, this process (1 VM thread)", B, 1, t["local"]))
+    for n in (1, 2):
+      results[n], tasks[n] = t[("actors", n)], t[("tasks", n)]
       name = f"DataParallel, {n} worker{'s' if n > 1 else ''} (chunks of {B // n})"
       rows.append((name + ", actors (workers reachable: the default here)", B, n, results[n]))
       rows.append((name + ", scheduler tasks (workers not reachable)", B, n, tasks[n]))
-      if n == 2:
-        touts, tins = mlp_step_graph(2)
-        tiny = pd.DataParallel(touts, tins, c, batch=tins[:2], reduce={i: "sum" for i in range(len(touts))})
-        tx, ty, tws = data(4)
-        tiny(tx, ty, *tws)
-        tinyt = pd.DataParallel(touts, tins, c, batch=tins[:2], reduce={i: "sum" for i in range(len(touts))})
-        tinyt.use_actors = False
-        tinyt(tx, ty, *tws)
-        tt = _interleaved({"actors": lambda: tiny(tx, ty, *tws), "tasks": lambda: tinyt(tx, ty, *tws)}, a.steps)
-        t_tiny, t_tiny_tasks = tt["actors"], tt["tasks"]
-        tprog = pygrad.compile(touts, tins)
-        t_tiny_local = _median_step(lambda: tprog(tx[:2], ty[:2], *tws), a.steps)
-        ship = ship_big(c, a.nodes)
+    for n in (1, 2):
+      f, ws = steps[("actors", n)]
+      split[n] = cpu_split(clients[n], lambda: f(ws), a.steps)
+    c = clients[2]
+    touts, tins = mlp_step_graph(2)
+    tiny = pd.DataParallel(touts, tins, c, batch=tins[:2], reduce={i: "sum" for i in range(len(touts))})
+    tx, ty, tws = data(4)
+    tiny(tx, ty, *tws)
+    tinyt = pd.DataParallel(touts, tins, c, batch=tins[:2], reduce={i: "sum" for i in range(len(touts))})
+    tinyt.use_actors = False
+    tinyt(tx, ty, *tws)
+    tprog = pygrad.compile(touts, tins)
+    tt = _interleaved({"actors": lambda: tiny(tx, ty, *tws), "tasks": lambda: tinyt(tx, ty, *tws),
+                       "local": lambda: tprog(tx[:2], ty[:2], *tws)}, a.steps)
+    t_tiny, t_tiny_tasks, t_tiny_local = tt["actors"], tt["tasks"], tt["local"]
+    clients[1].close()  # the 1-worker cluster goes before the big graph is shipped to the 2-worker one
+    clusters[1].close()
+    ship = ship_big(c, a.nodes)
   speedup = results[1] / results[2]
   lines = [f"# pygrad.distributed (python bench/bench_distributed.py --steps {a.steps} --batch {B} --nodes {a.nodes})",
            "", f"Dask LocalCluster, worker processes on loopback, 1 thread per worker and 1 VM thread each; "
@@ -130,7 +158,22 @@ def main(argv=None) -> int:
            "| engine | batch | workers | ms/step |", "|---|---|---|---|"]
   lines += [f"| {name} | {b} | {n} | {t * 1e3:.1f} |" for name, b, n, t in rows]
   lines += ["", f"2 workers vs 1 worker: **{speedup:.2f}x** (target >= 1.6x: {'PASS' if speedup >= 1.6 else 'FAIL'}); "
-            f"as scheduler tasks: {tasks[1] / tasks[2]:.2f}x",
+            f"as scheduler tasks: {tasks[1] / tasks[2]:.2f}x. All five interleaved step by step, both clusters up at "
+            f"once; load average (1 min) {load_t[0]:.2f} before, {load_t[1]:.2f} after.",
+            "", "## Where a step's time and CPU go (actors; the same steps run alone, after the interleaved ones)", "",
+            "CPU seconds per step of each process: this process holds the client, the scheduler and the nannies (a "
+            "LocalCluster runs them in its caller); a worker's run is the program itself, timed on the worker; the "
+            "rest of a worker's CPU is its event loop, (de)serialization and transfers. With 2 cores, a step can "
+            "take no less than the total CPU / 2.", "",
+            "| workers | ms/step (wall) | run on a worker: wall / CPU (each) | worker process CPU (each) | "
+            "client + scheduler + nannies CPU | total CPU | total CPU / 2 cores | load avg (1 min) |",
+            "|---|---|---|---|---|---|---|---|"]
+  lines += [f"| {n} | {d['wall'] * 1e3:.1f} | {d['run'] * 1e3:.1f} / {d['run_cpu'] * 1e3:.1f} | "
+            f"{' + '.join(f'{v * 1e3:.1f}' for v in d['worker_cpu'])} | {d['client_cpu'] * 1e3:.1f} | "
+            f"{d['total_cpu'] * 1e3:.1f} | {d['total_cpu'] * 1e3 / 2:.1f} | {d['load']:.2f} |"
+            for n, d in split.items()]
+  lines += ["", f"Load average (1 min) at the start: {load0:.2f}, at the end: {os.getloadavg()[0]:.2f} (the machine is "
+            "shared: other processes' CPU is not in these columns but takes the same cores).",
             "", "## Per-call overhead (batch 4 in chunks of 2 on 2 workers)", "",
             f"DataParallel call: {t_tiny * 1e3:.2f} ms; the same graph compiled in this process: "
             f"{t_tiny_local * 1e6:.0f} us per chunk; overhead per call about {(t_tiny - t_tiny_local) * 1e3:.2f} ms "
