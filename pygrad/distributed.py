@@ -35,7 +35,7 @@ def _dask():
 
 _programs: dict[str, Any] = {}  # content key -> program, least recently used first
 _programs_lock = threading.Lock()
-_stats = {"compiles": 0, "runs": 0, "run_seconds": 0.0, "run_cpu": 0.0}
+_stats = {"compiles": 0, "runs": 0, "shared_runs": 0, "run_seconds": 0.0, "run_cpu": 0.0}
 PROGRAMS_LIMIT = 64  # programs a worker keeps: a long-lived worker sent many graphs must not grow without bound
 
 
@@ -86,8 +86,19 @@ class _Runner:
 
   def __init__(self, key: str, blob: bytes, nout: int):
     self.prog = _program(key, blob, nout)
+    self.shared = None  # this worker's mapping of the client's shared memory, made on the first call that uses it
 
   def run(self, *arrays) -> list: return _ran(self.prog, *arrays)
+
+  def run_shared(self, name: str, layout: list, *inline) -> list:
+    """run() on arrays the client left in its shared memory segment `name` (a worker on the client's machine)."""
+    from .shared_arrays import Reader
+    if self.shared is None: self.shared = Reader()
+    arrays, whole = self.shared.arrays(name, layout, inline)
+    res = _ran(self.prog, *arrays)
+    _stats["shared_runs"] += 1
+    # a result that is a view of the segment would change under the next call: it leaves as a copy
+    return [np.array(r) if isinstance(r, np.ndarray) and np.may_share_memory(r, whole) else r for r in res]
 
 
 def _evaluate_part(key: str, blob: bytes, nout: int, engine: str | None, *arrays) -> list:
@@ -119,8 +130,9 @@ def _set_programs_limit(n: int) -> int:
 
 
 def worker_stats() -> dict:
-  """How many graphs this process compiled, how many chunks it ran and the seconds those runs took (wall, and CPU
-  of the running thread). Read on workers through `client.run`."""
+  """How many graphs this process compiled, how many chunks it ran (`shared_runs`: of those, how many read their
+  arrays from the client's shared memory) and the seconds those runs took (wall, and CPU of the running thread).
+  Read on workers through `client.run`."""
   return dict(_stats, programs=len(_programs))
 
 
@@ -199,6 +211,7 @@ def _gather_in_order(client, futures: list, resubmit, timeout: float, retries: i
 
 
 _LOOPBACK = ("tcp://127.", "inproc://", "tls://127.")
+_SAME_MACHINE = ("tcp://127.", "tls://127.")  # worker processes on this machine (inproc ones share the arrays anyway)
 
 
 def _direct(client) -> bool | None:
@@ -283,6 +296,12 @@ class DataParallel:
     self._actor_futures: list | None = None
     self._actor_workers: list[str] = []
     self._actors_checked = 0.0
+    # actors on this machine's loopback read a call's arrays from shared memory rather than the socket (set False
+    # to send them, as to workers elsewhere); one call at a time uses the segment, a concurrent one the socket
+    self.shared_memory = True
+    self._writer = None
+    self._shm_lock = threading.Lock()
+    self._shm_workers = False
 
   def _graph(self):
     """The future of the graph's bytes on the cluster, sent again if Dask lost it: its memory manager keeps one
@@ -376,9 +395,19 @@ class DataParallel:
         self._actors = [f.result(timeout=self.timeout) for f in fs]
         self._actor_futures = fs  # the actors live as long as these futures are held
         self._actor_workers, self._actors_checked = ws, time.monotonic()
+        self._shm_workers = all(w.startswith(_SAME_MACHINE) for w in ws)
       # the whole round (every chunk out, every result back) is one coroutine on the client's event loop: one
       # hand-off between this thread and the loop per call, not two per chunk (ActorFuture.result is a sync() each)
-      return self.client.sync(self._actor_round, per_chunk)
+      shared = self.shared_memory and self._shm_workers and self._shm_lock.acquire(blocking=False)
+      try:
+        packed = None
+        if shared:
+          from .shared_arrays import Writer
+          if self._writer is None: self._writer = Writer()
+          packed = self._writer.pack(per_chunk)
+        return self.client.sync(self._actor_round, per_chunk, packed)
+      finally:
+        if shared: self._shm_lock.release()
     except Exception as e:  # noqa: BLE001 -- sorted below
       # a worker went away (a closed connection: OSError, which includes TimeoutError, or CommClosedError; an actor
       # or its data lost): the call runs as tasks instead, which Dask re-runs elsewhere under their own deadline.
@@ -387,7 +416,7 @@ class DataParallel:
       self._actors = self._actor_futures = None
       return None
 
-  async def _actor_round(self, per_chunk: list[list]) -> list:
+  async def _actor_round(self, per_chunk: list[list], packed: tuple | None = None) -> list:
     """On the client's event loop: chunk c sent to actor c mod n (each actor runs its chunks in order), the results
     in chunk order. _Lost when an actor's worker went away or the call's timeout passed.
 
@@ -397,18 +426,23 @@ class DataParallel:
     arrays, sends them on, and does the same with the results: twice the bytes moved and a hop each way."""
     import asyncio
     from distributed.protocol import to_serialize
+    from .shared_arrays import NoSharedMemory
     dist = _dask()
     keys, workers = [f.key for f in self._actor_futures], self._actor_workers
 
     async def one(c: int, a: list):
       k = c % len(keys)
-      try:
-        r = await self.client.rpc(workers[k]).actor_execute(function="run", actor=keys[k],
-                                                             args=[to_serialize(v) for v in a], kwargs={})
-      except (OSError, dist.comm.CommClosedError) as e:
-        raise _Lost(f"chunk {c}: the worker {workers[k]} of its actor went away ({type(e).__name__}: {e})") from e
-      if r["status"] == "OK": return r["result"]
-      raise r["exception"]
+      fn, args = ("run", a) if packed is None else ("run_shared", [packed[0], packed[1][c], *packed[2][c]])
+      for _ in range(2):
+        try:
+          r = await self.client.rpc(workers[k]).actor_execute(function=fn, actor=keys[k],
+                                                               args=[to_serialize(v) for v in args], kwargs={})
+        except (OSError, dist.comm.CommClosedError) as e:
+          raise _Lost(f"chunk {c}: the worker {workers[k]} of its actor went away ({type(e).__name__}: {e})") from e
+        if r["status"] == "OK": return r["result"]
+        if not (fn == "run_shared" and isinstance(r["exception"], NoSharedMemory)): raise r["exception"]
+        self._shm_workers = False  # a worker that cannot map this machine's shared memory: arrays go by socket
+        fn, args = "run", a
     tasks = [asyncio.ensure_future(one(c, a)) for c, a in enumerate(per_chunk)]
     loop = asyncio.get_running_loop()
     deadline = loop.time() + self.timeout

@@ -388,3 +388,59 @@ def test_the_graph_is_sent_again_when_the_cluster_lost_it(client):
   while old.status == "finished" and time.monotonic() < deadline: time.sleep(0.05)
   for g, w in zip(dp(*arrays), want): assert np.array_equal(g, w)
   assert dp._blob is not old
+
+
+def _shared_runs(client):
+  return sum(v["shared_runs"] for v in client.run(pd.worker_stats).values())
+
+
+def test_workers_on_this_machine_read_the_arrays_from_shared_memory(client):
+  # loopback workers map the client's shared memory: a call's arrays of 4 KiB or more are not sent over the
+  # socket (smaller ones still are); results are the sequential chunks' bit for bit, call after call (each call
+  # rewrites the segment), and the same with shared_memory=False, when everything goes by socket
+  dims = dict(din=32, dh=64, dout=8)  # x chunks and w1 8 KiB (shared memory), y chunks and w2 2 KiB (socket)
+  outs, ins = _mlp(64, **dims)
+  prog = pygrad.compile(outs, ins)
+  dp = pd.DataParallel(outs, ins, client, batch=ins[:2], reduce=dict(enumerate(RED)))
+  before = _shared_runs(client)
+  for seed in (8, 9):
+    arrays = _data(256, seed=seed, **dims)
+    got = dp(*arrays)
+    for g, w in zip(got, _sequential(prog, arrays, 64, RED)): assert np.array_equal(g, w)
+  assert _shared_runs(client) == before + 8
+  dp.shared_memory = False
+  arrays = _data(256, seed=10, **dims)
+  got = dp(*arrays)
+  for g, w in zip(got, _sequential(prog, arrays, 64, RED)): assert np.array_equal(g, w)
+  assert _shared_runs(client) == before + 8
+
+
+def _refuse_shared_memory(refuse: bool):
+  from pygrad import shared_arrays as sa
+  if refuse:
+    sa._attach_saved = sa._attach
+
+    def refused(name):
+      raise sa.NoSharedMemory(f"test: {name} refused")
+    sa._attach = refused
+  else:
+    sa._attach = sa._attach_saved
+
+
+def test_workers_that_cannot_map_shared_memory_get_the_arrays_by_socket(client):
+  # a worker whose /dev/shm is not the client's (another container on the same network): the call still completes,
+  # its arrays sent again by socket, and later calls send them by socket from the start
+  dims = dict(din=32, dh=64, dout=8)
+  outs, ins = _mlp(64, **dims)
+  prog = pygrad.compile(outs, ins)
+  client.run(_refuse_shared_memory, True)
+  try:
+    dp = pd.DataParallel(outs, ins, client, batch=ins[:2], reduce=dict(enumerate(RED)))
+    before = _shared_runs(client)
+    for seed in (11, 12):
+      arrays = _data(256, seed=seed, **dims)
+      got = dp(*arrays)
+      for g, w in zip(got, _sequential(prog, arrays, 64, RED)): assert np.array_equal(g, w)
+    assert _shared_runs(client) == before and not dp._shm_workers
+  finally:
+    client.run(_refuse_shared_memory, False)
