@@ -108,7 +108,7 @@ def main(argv=None) -> int:
   outs, ins = mlp_step_graph(B)
   prog = pygrad.compile(outs, ins)
   steps = {"local": (lambda ws: sgd(lambda w: prog(x, y, *w), ws), [w.copy() for w in ws0])}
-  clusters, clients, results, tasks, split = {}, {}, {}, {}, {}
+  clusters, clients, results, sockets, tasks, split = {}, {}, {}, {}, {}, {}
   with contextlib.ExitStack() as stack:
     for n in (1, 2):
       cl = clusters[n] = stack.enter_context(distributed.LocalCluster(
@@ -117,10 +117,13 @@ def main(argv=None) -> int:
       c.wait_for_workers(n)
       outs, ins = mlp_step_graph(B // n)
       dp = pd.DataParallel(outs, ins, c, batch=ins[:2], reduce={i: "sum" for i in range(len(outs))})
-      # the same graph run as scheduler tasks: the path taken when the client cannot reach the workers itself
+      # the same graph with its arrays sent over the sockets (as to workers on other machines), and run as scheduler
+      # tasks: the path taken when the client cannot reach the workers itself
+      dps = pd.DataParallel(outs, ins, c, batch=ins[:2], reduce={i: "sum" for i in range(len(outs))})
+      dps.shared_memory = False
       dpt = pd.DataParallel(outs, ins, c, batch=ins[:2], reduce={i: "sum" for i in range(len(outs))})
       dpt.use_actors = False
-      for k, d in ((("actors", n), dp), (("tasks", n), dpt)):
+      for k, d in ((("actors", n), dp), (("socket", n), dps), (("tasks", n), dpt)):
         steps[k] = ((lambda d: lambda ws: sgd(lambda w: d(x, y, *w), ws))(d), [w.copy() for w in ws0])
         steps[k][0](steps[k][1])  # compile on the workers
     load_t = os.getloadavg()[0]
@@ -128,13 +131,16 @@ def main(argv=None) -> int:
     load_t = (load_t, os.getloadavg()[0])
     rows.append(("pygrad.compile, this process (1 VM thread)", B, 1, t["local"]))
     for n in (1, 2):
-      results[n], tasks[n] = t[("actors", n)], t[("tasks", n)]
+      results[n], sockets[n], tasks[n] = t[("actors", n)], t[("socket", n)], t[("tasks", n)]
       name = f"DataParallel, {n} worker{'s' if n > 1 else ''} (chunks of {B // n})"
-      rows.append((name + ", actors (workers reachable: the default here)", B, n, results[n]))
+      rows.append((name + ", actors, arrays in shared memory (workers on this machine: the default here)", B, n,
+                   results[n]))
+      rows.append((name + ", actors, arrays by socket (shared_memory=False, as to other machines)", B, n, sockets[n]))
       rows.append((name + ", scheduler tasks (workers not reachable)", B, n, tasks[n]))
     for n in (1, 2):
-      f, ws = steps[("actors", n)]
-      split[n] = cpu_split(clients[n], lambda: f(ws), a.steps)
+      for k in ("actors", "socket"):
+        f, ws = steps[(k, n)]
+        split[(n, k)] = cpu_split(clients[n], lambda: f(ws), a.steps)
     c = clients[2]
     touts, tins = mlp_step_graph(2)
     tiny = pd.DataParallel(touts, tins, c, batch=tins[:2], reduce={i: "sum" for i in range(len(touts))})
@@ -158,21 +164,29 @@ def main(argv=None) -> int:
            "| engine | batch | workers | ms/step |", "|---|---|---|---|"]
   lines += [f"| {name} | {b} | {n} | {t * 1e3:.1f} |" for name, b, n, t in rows]
   lines += ["", f"2 workers vs 1 worker: **{speedup:.2f}x** (target >= 1.6x: {'PASS' if speedup >= 1.6 else 'FAIL'}); "
-            f"as scheduler tasks: {tasks[1] / tasks[2]:.2f}x. All five interleaved step by step, both clusters up at "
-            f"once; load average (1 min) {load_t[0]:.2f} before, {load_t[1]:.2f} after.",
+            f"arrays by socket: {sockets[1] / sockets[2]:.2f}x; as scheduler tasks: {tasks[1] / tasks[2]:.2f}x. All "
+            f"seven interleaved step by step, both clusters up at once; load average (1 min) {load_t[0]:.2f} before, "
+            f"{load_t[1]:.2f} after.",
             "", "## Where a step's time and CPU go (actors; the same steps run alone, after the interleaved ones)", "",
             "CPU seconds per step of each process: this process holds the client, the scheduler and the nannies (a "
             "LocalCluster runs them in its caller); a worker's run is the program itself, timed on the worker; the "
             "rest of a worker's CPU is its event loop, (de)serialization and transfers. With 2 cores, a step can "
             "take no less than the total CPU / 2.", "",
-            "| workers | ms/step (wall) | run on a worker: wall / CPU (each) | worker process CPU (each) | "
+            "| workers | arrays | ms/step (wall) | run on a worker: wall / CPU (each) | worker process CPU (each) | "
             "client + scheduler + nannies CPU | total CPU | total CPU / 2 cores | load avg (1 min) |",
-            "|---|---|---|---|---|---|---|---|"]
-  lines += [f"| {n} | {d['wall'] * 1e3:.1f} | {d['run'] * 1e3:.1f} / {d['run_cpu'] * 1e3:.1f} | "
+            "|---|---|---|---|---|---|---|---|---|"]
+  lines += [f"| {n} | {'shared memory' if k == 'actors' else 'socket'} | {d['wall'] * 1e3:.1f} | "
+            f"{d['run'] * 1e3:.1f} / {d['run_cpu'] * 1e3:.1f} | "
             f"{' + '.join(f'{v * 1e3:.1f}' for v in d['worker_cpu'])} | {d['client_cpu'] * 1e3:.1f} | "
             f"{d['total_cpu'] * 1e3:.1f} | {d['total_cpu'] * 1e3 / 2:.1f} | {d['load']:.2f} |"
-            for n, d in split.items()]
-  lines += ["", f"Load average (1 min) at the start: {load0:.2f}, at the end: {os.getloadavg()[0]:.2f} (the machine is "
+            for (n, k), d in split.items()]
+  one, two = split[(1, "actors")], split[(2, "actors")]
+  floor2 = max(two["run_cpu"], two["total_cpu"] / 2)
+  lines += ["", f"Floors on 2 cores from these CPU figures: a 1-worker step is at least its worker's CPU "
+            f"({one['worker_cpu'][0] * 1e3:.1f} ms: the call is serial), a 2-worker step at least max(a worker's run "
+            f"CPU, total CPU / 2) = {floor2 * 1e3:.1f} ms; the ratio of the floors is "
+            f"{one['worker_cpu'][0] / floor2:.2f}x, what an idle machine could give if nothing else delayed a run.",
+            "", f"Load average (1 min) at the start: {load0:.2f}, at the end: {os.getloadavg()[0]:.2f} (the machine is "
             "shared: other processes' CPU is not in these columns but takes the same cores).",
             "", "## Per-call overhead (batch 4 in chunks of 2 on 2 workers)", "",
             f"DataParallel call: {t_tiny * 1e3:.2f} ms; the same graph compiled in this process: "
