@@ -19,6 +19,7 @@ _INLINE_BYTES = 4 << 20  # shared inputs up to this size (times the chunk count)
 _INPUT_OPS = (Ops.BUFFER, Ops.DEFINE_VAR)
 _ACTOR_RECHECK = 5.0  # seconds between looks for workers that joined since a DataParallel made its actors
 _ACTOR_POLL = 0.5  # seconds between looks at the actors' workers while a call waits on them
+_INLINE_RUN = 0.002  # seconds: an actor's program whose last run took less runs on the worker's event loop
 
 
 def _dask():
@@ -82,20 +83,42 @@ def _run(key: str, blob: bytes, nout: int, *arrays) -> list:
 class _Runner:
   """A Dask actor holding one worker's compiled program of a DataParallel graph. DataParallel calls it over the
   client's own connection to the worker (see DataParallel._actor_round), so a call goes to its worker and the result
-  straight back without the scheduler: no task to schedule, no notice that it ended, no fetch."""
+  straight back without the scheduler: no task to schedule, no notice that it ended, no fetch.
+
+  Its methods are coroutines, which Dask runs on the worker's event loop: a program whose last run took less than
+  _INLINE_RUN seconds runs right there (a hand-off to a thread and back would cost more than the run), a longer one
+  on the worker's actor thread, so the event loop keeps answering (heartbeats, other calls) while it runs."""
 
   def __init__(self, key: str, blob: bytes, nout: int):
     self.prog = _program(key, blob, nout)
     self.shared = None  # this worker's mapping of the client's shared memory, made on the first call that uses it
+    self.last: float | None = None  # seconds the last run took; None before the first
 
-  def run(self, *arrays) -> list: return _ran(self.prog, *arrays)
+  async def run(self, *arrays) -> list:
+    return await self._call(self._run, *arrays)
 
-  def run_shared(self, name: str, layout: list, *inline) -> list:
+  async def run_shared(self, name: str, layout: list, *inline) -> list:
     """run() on arrays the client left in its shared memory segment `name` (a worker on the client's machine)."""
+    return await self._call(self._run_shared, name, layout, *inline)
+
+  async def _call(self, fn, *args) -> list:
+    if self.last is not None and self.last < _INLINE_RUN: return fn(*args)
+    import asyncio
+    from distributed import get_worker
+    return await asyncio.get_running_loop().run_in_executor(get_worker().executors["actor"], fn, *args)
+
+  def _run(self, *arrays) -> list:
+    t = time.perf_counter()
+    try:
+      return _ran(self.prog, *arrays)
+    finally:
+      self.last = time.perf_counter() - t
+
+  def _run_shared(self, name: str, layout: list, *inline) -> list:
     from .shared_arrays import Reader
     if self.shared is None: self.shared = Reader()
     arrays, whole = self.shared.arrays(name, layout, inline)
-    res = _ran(self.prog, *arrays)
+    res = self._run(*arrays)
     _stats["shared_runs"] += 1
     # a result that is a view of the segment would change under the next call: it leaves as a copy
     return [np.array(r) if isinstance(r, np.ndarray) and np.may_share_memory(r, whole) else r for r in res]
