@@ -35,6 +35,15 @@ def _unlink(seg: shared_memory.SharedMemory) -> None:
     pass
 
 
+def _reserve(seg: shared_memory.SharedMemory, size: int) -> None:
+  """Backs every page of a new segment now, or raises OSError: tmpfs hands pages out on first write, and a write
+  past a full /dev/shm (64 MiB in a default Docker container) is SIGBUS, which kills the process, where
+  posix_fallocate is ENOSPC. Without posix_fallocate (not Linux) the segment is not used."""
+  fd = getattr(seg, "_fd", -1)
+  if fd < 0 or not hasattr(os, "posix_fallocate"): raise OSError("no posix_fallocate for shared memory here")
+  os.posix_fallocate(fd, 0, size)
+
+
 class Writer:
   """The client's segment (one per DataParallel, grown when a call needs more). Not thread-safe: one call at a time
   (the caller holds a lock), and a call's arrays are overwritten only by the next call, after every worker answered
@@ -57,6 +66,7 @@ class Writer:
           total += -(-a.nbytes // ALIGN) * ALIGN
     if not offsets: return None
     seg = self._segment(total)
+    if seg is None: return None  # no room in this machine's shared memory: the arrays go by socket
     written: set[int] = set()
     layouts, inline = [], []
     for args in per_chunk:
@@ -75,11 +85,21 @@ class Writer:
       inline.append(rest)
     return seg.name, layouts, inline
 
-  def _segment(self, size: int) -> shared_memory.SharedMemory:
+  def _segment(self, size: int) -> shared_memory.SharedMemory | None:
     if self.seg is None or self.seg.size < size:
       self.close()
-      self.seg = shared_memory.SharedMemory(create=True, size=max(size, 1 << 20))
-      self._finalizer = weakref.finalize(self, _unlink, self.seg)  # unlinked when the writer goes, or at exit
+      size = max(size, 1 << 20)
+      try:
+        seg = shared_memory.SharedMemory(create=True, size=size)
+      except OSError:  # no /dev/shm, or no room in it
+        return None
+      try:
+        _reserve(seg, size)
+      except OSError:
+        _unlink(seg)
+        return None
+      self.seg = seg
+      self._finalizer = weakref.finalize(self, _unlink, seg)  # unlinked when the writer goes, or at exit
     return self.seg
 
   def close(self) -> None:

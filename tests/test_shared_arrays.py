@@ -72,3 +72,17 @@ def test_a_closed_writer_leaves_nothing_to_map():
   w.close()
   with pytest.raises(sa.NoSharedMemory):
     sa.Reader().arrays(name, [], ())
+
+
+def test_no_room_in_shared_memory_means_the_arrays_go_with_the_call(monkeypatch):
+  # a full /dev/shm (64 MiB in a default Docker container): writing past it would be SIGBUS, so the segment's
+  # pages are reserved first, and when that fails nothing is left behind and the caller sends the arrays itself
+  import errno, os
+
+  def full(fd, offset, size):
+    raise OSError(errno.ENOSPC, "No space left on device")
+  monkeypatch.setattr(os, "posix_fallocate", full)
+  w = sa.Writer()
+  assert w.pack([[np.ones(1 << 16, np.float32)]]) is None
+  assert w.seg is None
+  w.close()
