@@ -27,16 +27,23 @@ void pg_serial_table_free(pg_table *t) {
   free(t);
 }
 
+/* the slot of id a (nonzero) in the open-addressing set key[0..mask]: where it is, or the empty slot it goes in */
+static uint64_t args_slot(const int32_t *key, uint64_t mask, int32_t a) {
+  uint64_t h = (((uint64_t)(uint32_t)a * 0x9e3779b97f4a7c15ull) >> 20) & mask;
+  while (key[h] && key[h] != a) h = (h + 1) & mask;
+  return h;
+}
+
 /* number the arg, tag and pdata ids of rows [0, n) in order of first use (row by row: arg, tag, pdata) 1, 2, ...,
    replacing each column entry by its number (0 stays 0) and listing the ids in t->args: the table's own arg table,
-   in O(n) (an open-addressing map over the ids used, not over the store's whole id range) */
+   in O(n) (an open-addressing map over the ids used, not over the store's whole id range). The map starts small and
+   doubles at half full: a graph has far fewer distinct args than rows, and zeroing a map sized by the rows cost a
+   third of writing a small graph's node table. */
 static int table_number_args(pg_table *t, int64_t n) {
-  uint64_t cap = 16, mask, h;
+  uint64_t cap = 256, mask = cap - 1, h, j;
   int64_t i, na = 0;
   int32_t *key, *val, *cols[3];
   int c;
-  while (cap < (uint64_t)n * 6 + 16) cap *= 2;  /* at most 3n keys: load <= 1/2 */
-  mask = cap - 1;
   key = (int32_t *)calloc((size_t)cap, sizeof *key);  /* 0: empty (0 is never numbered) */
   val = (int32_t *)malloc((size_t)cap * sizeof *val);
   t->args = (int32_t *)malloc((size_t)(n ? 3 * n : 1) * sizeof *t->args);
@@ -50,9 +57,23 @@ static int table_number_args(pg_table *t, int64_t n) {
     for (c = 0; c < 3; c++) {
       int32_t a = cols[c][i];
       if (a == 0) continue;
-      h = (((uint64_t)(uint32_t)a * 0x9e3779b97f4a7c15ull) >> 20) & mask;
-      while (key[h] && key[h] != a) h = (h + 1) & mask;
+      h = args_slot(key, mask, a);
       if (!key[h]) {
+        if ((uint64_t)(na + 1) * 2 > cap) {  /* grow to keep the load <= 1/2: the ids are t->args[0..na) */
+          int32_t *k2 = (int32_t *)calloc((size_t)cap * 2, sizeof *k2);
+          int32_t *v2 = (int32_t *)malloc((size_t)cap * 2 * sizeof *v2);
+          if (!k2 || !v2) {
+            free(k2), free(v2), free(key), free(val);
+            return PG_ERR_NOMEM;
+          }
+          free(key), free(val);
+          key = k2, val = v2, cap *= 2, mask = cap - 1;
+          for (j = 0; j < (uint64_t)na; j++) {
+            uint64_t g = args_slot(key, mask, t->args[j]);
+            key[g] = t->args[j], val[g] = (int32_t)(j + 1);
+          }
+          h = args_slot(key, mask, a);
+        }
         key[h] = a;
         val[h] = (int32_t)++na;
         t->args[na - 1] = a;
@@ -201,6 +222,21 @@ static uint8_t *put_le(uint8_t *p, uint32_t v, int32_t w) {
   return p + w;
 }
 
+/* v[0..n) as w-byte (1, 2 or 4) little-endian integers at p; returns the end. A loop per width: the generic byte
+   loop of put_le costs ~4x more per value. */
+static uint8_t *put_col(uint8_t *p, const uint32_t *v, int64_t n, int32_t w) {
+  int64_t i;
+  if (w == 1)
+    for (i = 0; i < n; i++) p[i] = (uint8_t)v[i];
+  else if (w == 2)
+    for (i = 0; i < n; i++) p[2 * i] = (uint8_t)v[i], p[2 * i + 1] = (uint8_t)(v[i] >> 8);
+  else
+    for (i = 0; i < n; i++)
+      p[4 * i] = (uint8_t)v[i], p[4 * i + 1] = (uint8_t)(v[i] >> 8), p[4 * i + 2] = (uint8_t)(v[i] >> 16),
+      p[4 * i + 3] = (uint8_t)(v[i] >> 24);
+  return p + n * w;
+}
+
 /* bytes of the smallest of 1, 2, 4 that hold v */
 static int32_t width_of(int64_t v) { return v < 256 ? 1 : v < 65536 ? 2 : 4; }
 
@@ -229,6 +265,7 @@ int pg_serial_encode(const pg_table *t, int64_t base, const int32_t *roots, int3
   pg_blob *b;
   int64_t i, j, k = 0, nimp = 0, nbig = 0, nside = 0, maxd = 0, size;
   int32_t *imp;
+  uint32_t *dist;
   uint8_t *p;
   if (!t || !out || base < 0 || nroots < 0 || (nroots > 0 && !roots)) return PG_ERR_ARG;
   *out = NULL;
@@ -263,6 +300,10 @@ int pg_serial_encode(const pg_table *t, int64_t base, const int32_t *roots, int3
     nimp = j;
   }
   b->nimports = nimp;
+  if (!(dist = (uint32_t *)malloc((size_t)(t->m ? t->m : 1) * sizeof *dist))) {
+    pg_serial_blob_free(b);
+    return PG_ERR_NOMEM;
+  }
   /* a source's local row: an import's place among the imports, else nimp + (row - base); distance = user - source */
   for (i = 0; i < t->n; i++) {
     int32_t q;
@@ -272,12 +313,14 @@ int pg_serial_encode(const pg_table *t, int64_t base, const int32_t *roots, int3
       int32_t s = t->src[k];
       int64_t local = s < base ? find_i32(imp, nimp, s) : nimp + (s - base), d = nimp + i - local;
       if (d > maxd) maxd = d;
+      dist[k] = (uint32_t)d;
     }
   }
   b->srcw = width_of(maxd);
   b->argw = width_of(t->nargs);
   size = 3 * t->n + 4 * nbig + (int64_t)b->argw * t->n + (int64_t)b->srcw * t->m + 4 * (int64_t)nroots + 4 + 12 * nside;
   if (!(b->data = (uint8_t *)malloc((size_t)(size ? size : 1)))) {
+    free(dist);
     pg_serial_blob_free(b);
     return PG_ERR_NOMEM;
   }
@@ -287,15 +330,9 @@ int pg_serial_encode(const pg_table *t, int64_t base, const int32_t *roots, int3
   for (i = 0; i < t->n; i++) *p++ = (uint8_t)(t->nsrc[i] < 255 ? t->nsrc[i] : 255);
   for (i = 0; i < t->n; i++)
     if (t->nsrc[i] >= 255) p = put_le(p, (uint32_t)t->nsrc[i], 4);
-  for (i = 0; i < t->n; i++) p = put_le(p, (uint32_t)t->arg[i], b->argw);
-  for (i = 0, k = 0; i < t->n; i++) {
-    int32_t q;
-    for (q = 0; q < t->nsrc[i]; q++, k++) {
-      int32_t s = t->src[k];
-      int64_t local = s < base ? find_i32(imp, nimp, s) : nimp + (s - base);
-      p = put_le(p, (uint32_t)(nimp + i - local), b->srcw);
-    }
-  }
+  p = put_col(p, (const uint32_t *)t->arg, t->n, b->argw);  /* arg numbers are >= 0 */
+  p = put_col(p, dist, t->m, b->srcw);
+  free(dist);
   for (i = 0; i < nroots; i++)
     p = put_le(p, (uint32_t)(roots[i] < base ? find_i32(imp, nimp, roots[i]) : nimp + (roots[i] - base)), 4);
   p = put_le(p, (uint32_t)nside, 4);

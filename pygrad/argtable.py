@@ -18,6 +18,7 @@ expands to are bounded by its size (_budget), so hostile bytes cannot ask for un
 externals: loading runs no other code."""
 from __future__ import annotations
 import importlib, struct, sys, threading
+from typing import NamedTuple
 from itertools import chain, repeat
 import numpy as np
 from .ops import Ops
@@ -118,24 +119,34 @@ def _data_tokens(skel: tuple) -> list[tuple[int, int]]:
   return out
 
 
+class _Ascii(NamedTuple):
+  """A column of ASCII strings, encoded together: a character is a byte, so their lengths are their sizes."""
+  blob: bytes
+  lens: list
+
+
 def _columns(xs: list, key) -> tuple[tuple, list] | None:
   """(skeleton, leaf columns) of the args xs, which share key (their type, or for tuples their items' types), when
   one skeleton fits them all (ints within int64, int tuples of one length, no bools or None); else None."""
   flat = type(key) is tuple
   toks: list = [T_TUPLE, len(key)] if flat else []
   cols: list = []
-  for j, t in enumerate(key if flat else (key,)):
-    col = [x[j] for x in xs] if flat else xs
+  for t, col in zip(key, zip(*xs)) if flat else ((key, xs),):
+    k = 1
     if t is tuple:
       lens = set(map(len, col))
       if len(lens) != 1 or 0 in lens or set(map(type, chain.from_iterable(col))) != _JUST_INT: return None
-      toks += (T_INTS, lens.pop())
+      k = lens.pop()
+      toks += (T_INTS, k)
     elif t in _FLAT: toks.append(_FLAT[t])
     else: return None
-    if t is int or t is tuple:
-      try: col = np.array(col, "<i8")
+    if t is int or t is tuple:  # fromiter: np.array's nested-list discovery costs ~10x more
+      try: col = np.fromiter(chain.from_iterable(col) if k > 1 or t is tuple else col, "<i8", len(col) * k)
       except OverflowError: return None  # an int beyond int64: a T_BIGINT, so a skeleton per arg
-    elif t is str: col = [v.encode("utf-8", "surrogatepass") for v in col]
+    elif t is str:
+      s = "".join(col)
+      col = _Ascii(s.encode("ascii"), list(map(len, col))) if s.isascii() else \
+        [v.encode("utf-8", "surrogatepass") for v in col]
     elif t is Ops: col = list(map(int, col))
     cols.append(col)
   return tuple(toks), cols
@@ -199,6 +210,9 @@ def encode_args(aids: list[int], externals, cache: dict | None = None) -> bytes:
       elif t == T_FLOAT: out.append(np.asarray(col, "<f8").tobytes())
       elif t == T_OPS or t == T_DTYPE: out.append(bytes(col))
       elif t == T_EXTERN: out.append(np.asarray(col, "<u4").tobytes())
+      elif type(col) is _Ascii:
+        out.append(np.fromiter(col.lens, "<u4", len(col.lens)).tobytes())
+        out.append(col.blob)
       else:
         out.append(np.fromiter(map(len, col), "<u4", len(col)).tobytes())
         out.append(b"".join(col))
