@@ -8,11 +8,12 @@ from pygrad.serialize import _build
 from .tinygrad_tables import AddrSpace, ParamArg, TOps, TUOp, _AFTER, _ALU_I, _ASSIGN, _BCAST, _BITCAST, _BOOL, \
   _BUFFER, _CALL, _CAST, _CMP, _CONST, _CONTIGUOUS, _COPY, _DEFINE_VAR, _DT, _DTI, _EXPAND, _EXPANDOP, _FLIP, \
   _FUNCTION, _GETTUPLE, _INFO, _MD_IN, _MOVE, _NOOP, _NOWANT, _OP, _PAD, _PARAM, _PERMUTE, _REDUCE, _REDUCEOP, \
-  _RESHAPE, _ROP, _SAME_I, _SHRINK, _SINK, _TG, _TUPLE, _VOID, _WEAK, _ints, _is_assign, _operand_want, _pcallinfo, \
-  _pdtype, _tg_metadata, _value_srcs, tdtypes
+  _RESHAPE, _ROP, _SAME_I, _SHAPED_MOVE, _SHRINK, _SINK, _TG, _TUPLE, _VOID, _WEAK, _ints, _is_assign, \
+  _operand_want, _pcallinfo, _pdtype, _tg_metadata, _value_srcs, tdtypes
 
 _MD_IN1: dict = {}  # (name, backward) of tinygrad's Metadata -> pygrad's metadata 1-tuple
 _wref = weakref.ref
+_SHN = "_RECURSIVE_PROPERTY__shape"  # where tinygrad caches a node's _shape (read directly: its property is a frame)
 # ops whose sources are all values (the rest: _value_srcs)
 _PLAIN = frozenset(_ALU_I) | frozenset(_SAME_I) | {TOps.REDUCE, TOps.CAST, TOps.BITCAST, TOps.PERMUTE, TOps.FLIP}
 
@@ -145,13 +146,16 @@ class _In:
 
   def _walk(self, root: TUOp) -> None:
     """Post-order over value sources; each node on a target path (every node, without targets) is converted when
-    its sources are done. Weak, device-less and opaque nodes are made when a converted user asks for them."""
-    live, memo, targets, known, one, puts, mdd = self.live, self.memo, self.targets, self.known, self._one, \
-      self.puts, self.md
+    its sources are done. Weak, device-less and opaque nodes are made when a converted user asks for them. The usual
+    node, a typed ALU op, is converted inline (the per-node Python work is most of a conversion's time)."""
+    live, memo, targets, known, one, puts, mdd, rows, tsh = self.live, self.memo, self.targets, self.known, \
+      self._one, self.puts, self.md, self.rows, self.tsh
     mdget = _tg_metadata.data.get if self.mdon else None  # the WeakKeyDictionary's dict: its get is a Python frame
-    plain, weak = _PLAIN, _WEAK
+    md1 = _MD_IN1
+    plain, weak, alu, dti, cmp, get, bcast, smove = _PLAIN, _WEAK, _ALU_I, _DTI, _CMP, self._get, self._bcast, \
+      _SHAPED_MOVE
     stack: list = [(root, None)]
-    pop, push = stack.pop, stack.append
+    pop, push, append = stack.pop, stack.append, rows.append
     while stack:
       u, vs = pop()
       if u in live: continue
@@ -159,7 +163,8 @@ class _In:
         if known is not None and u in known:
           live[u] = True
           continue
-        vs = u.src if u.op in plain else _value_srcs(u)
+        op = u.op
+        vs = u.src if op in plain else u.src[:1] if op in smove else _value_srcs(u)
         push((u, vs))
         for s in reversed(vs):
           if s not in live: push((s, None))
@@ -172,13 +177,37 @@ class _In:
             below = True
             break
       live[u] = below or u in targets
-      if below and u.dtype not in weak and u not in memo:
-        r = memo[u] = one(u, None)
-        puts.append((r, u))
-        if mdget is not None and (md := mdget(_wref(u))):
-          m = _md_in(md)
-          cur = mdd.get(r)
-          mdd[r] = m if cur is None else cur + tuple(x for x in m if x not in cur)
+      if not below or u in memo: continue
+      dt = u.dtype
+      if dt in weak: continue
+      op = u.op
+      a = alu.get(op)
+      if a is not None and (d := dti.get(dt)) is not None:  # the hot path: a typed ALU op (vs is u.src)
+        shape = u.__dict__.get(_SHN, _NOWANT)
+        if shape is _NOWANT: shape = u._shape
+        srcs = []
+        for s in vs:
+          if s.dtype in weak: r = get(s, _operand_want(u, None))
+          else:
+            r = memo.get(s)
+            if r is None: r = get(s)
+          ss = tsh.get(s)
+          if ss is None:
+            ss = s.__dict__.get(_SHN, _NOWANT)
+            tsh[s] = ss = s._shape if ss is _NOWANT else ss
+          srcs.append(bcast(r, ss, shape) if ss and ss is not shape and ss != shape else r)
+        append((a, _BOOL if op in cmp else d, tuple(srcs), None, None))
+        r = memo[u] = len(rows) - 1
+      else: r = memo[u] = one(u, None)
+      puts.append((r, u))
+      if mdget is not None and (md := mdget(_wref(u))):
+        if len(md) == 1:  # the usual: _md_in's lookup inline
+          m = md[0]
+          m = md1.get((m.name, m.backward))
+          if m is None: m = _md_in(md)
+        else: m = _md_in(md)
+        cur = mdd.get(r)
+        mdd[r] = m if cur is None else cur + tuple(x for x in m if x not in cur)
 
   def _put(self, u: TUOp, r: int, want=None) -> None:
     self.memo[(u, want) if u.dtype in _WEAK else u] = r
@@ -190,7 +219,8 @@ class _In:
   def _shape(self, u: TUOp) -> tuple:
     """u's shape, static (checked), one tuple object per distinct shape in this conversion (the builder interns
     each object once)."""
-    sh = u._shape
+    sh = u.__dict__.get(_SHN, _NOWANT)
+    if sh is _NOWANT or sh is None: sh = u.shape  # (tinygrad's error if it has none)
     got = self.shapes.get(sh)
     if got is None: got = self.shapes[sh] = _ints(sh, u)
     return got
@@ -386,7 +416,7 @@ class _In:
     if type(dev) is not str:
       raise ValueError(f"from_tinygrad: {u.op.name} on device {dev!r}: pygrad places a value on one named device")
     name = u.arg.name if u.op is TOps.BUFFER and isinstance(u.arg, ParamArg) else None
-    return self._row(_BUFFER, _pdtype(u).id, (), (u, _ints(u.shape, u), dev, name))
+    return self._row(_BUFFER, _pdtype(u).id, (), (u, self._shape(u), dev, name))
 
 
 def _wrap(v: int, d) -> int:
