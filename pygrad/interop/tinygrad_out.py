@@ -11,7 +11,7 @@ from pygrad.serialize import export, _rows_of
 from .tinygrad_tables import TMetadata, TOps, TUOp, _AFTER, _ASSIGN, _BCAST, _BITCAST, _BUFFER, _CALL, _CAST, _CONST, \
   _CONTIGUOUS, _COPY, _DEFINE_VAR, _EXPAND, _EXPANDOP, _FLIP, _FUNCTION, _GETTUPLE, _IDENT, _INFO, _MD_OUT, _NOOP, \
   _PAD, _PARAM, _PERMUTE, _REDUCE, _REDUCEOP, _RESHAPE, _SHRINK, _SINK, _TALU_I, _TDT_I, _TG, _TOPS, _TUPLE, _WEAK, \
-  _tcallinfo, _tg_metadata, _tmake_for, shape_to_shape_arg
+  _tcallinfo, _tg_metadata, _tmake_checked, _tmake_for, shape_to_shape_arg, UOpMetaClass
 
 _args_objs, _meta_vals, _core_info = ARGS.objs, META.vals, CORE.info
 _wref = weakref.ref
@@ -39,7 +39,6 @@ class _Out:
     known = self.known
     ids, op, dt, arg, tag, pdata, nsrc, src = export(roots)
     n = len(ids)
-    need = set(CORE.toposort([r._id for r in roots], True, list(known))) if known else None
     start = np.zeros(n + 1, np.int64)
     np.cumsum(nsrc, out=start[1:])
     self.ids, self.op, self.dt, self.arg, self.tag = ids.tolist(), op.tolist(), dt.tolist(), arg.tolist(), tag.tolist()
@@ -48,15 +47,21 @@ class _Out:
     idl, opl, dtl, tagl, pdl, objs = self.ids, self.op, self.dt, self.tag, pdata.tolist(), _args_objs
     md = _pg_uop._md_count and pdata.any()
     mdata, mdrm, mds = _tg_metadata.data, _tg_metadata._remove, {}  # the WeakKeyDictionary's own dict (see below)
-    one, lazy, mk, talu, tdt = self._one, self._lazy, self.mk, _TALU_I, _TDT_I
-    for i in range(n):
-      nid = idl[i]
-      t = known.get(nid)
-      if t is not None:
-        out[i] = t
-        continue
-      if need is not None and nid not in need: continue  # only nodes known already use it
+    one, lazy, mk, talu, tdt, weak = self._one, self._lazy, self.mk, _TALU_I, _TDT_I, _WEAK
+    # tinygrad's hash-consed creation inline for the ALU ops (see _tmake_for), unless its checked constructor is in use
+    direct = mk is not _tmake_checked
+    ucache, new, ref = UOpMetaClass.ucache, type.__call__, weakref.ref
+    ucget = ucache.get
+    todo = range(n)
+    if known:  # rows known already map back as they are; rows only they reach are not converted
+      isk = np.isin(ids, np.fromiter(known, np.int64, len(known)))
+      for i in np.flatnonzero(isk).tolist(): out[i] = known[idl[i]]
+      need = CORE.toposort([r._id for r in roots], True, list(known))
+      need = need.numpy() if hasattr(need, "numpy") else np.array(need, np.int64)  # the C core's Ids, or a list
+      todo = np.flatnonzero(np.isin(ids, need) & ~isk).tolist()
+    for i in todo:
       o = opl[i]
+      fresh = False  # t made here, so it has no metadata yet
       if o in talu and not tagl[i]:  # the hot path: an ALU op (sources inline for the usual one or two)
         a, b = stl[i], stl[i + 1]
         j = srcl[a]
@@ -65,15 +70,28 @@ class _Out:
         if b - a == 2:
           j = srcl[a + 1]
           y = out[j]
-          src = (x, y if y is not None else lazy(j))
-        elif b - a == 1: src = (x,)
-        else: src = tuple([out[j] if out[j] is not None else lazy(j) for j in srcl[a:b]])
+          if y is None: y = lazy(j)
+          src, typed = (x, y), x.dtype not in weak or y.dtype not in weak
+        else:
+          src = (x,) if b - a == 1 else tuple([out[j] if out[j] is not None else lazy(j) for j in srcl[a:b]])
+          typed = any(x.dtype not in weak for x in src)
         # the dtype is given unless every operand is weak (then tinygrad's promotion decides, as it did before)
-        for x in src:
-          if x.dtype not in _WEAK:
-            t = out[i] = mk(talu[o], tdt[dtl[i]], src)
-            break
-        else: t = out[i] = TUOp(talu[o], src=src)
+        if not typed: t = TUOp(talu[o], src=src)
+        elif direct:
+          key = (talu[o], tdt[dtl[i]], src, None, None)
+          w = ucget(key)
+          if w is None or (t := w()) is None:
+            t = new(TUOp, *key)
+            ucache[key] = ref(t)
+            fresh = True
+        else: t = mk(talu[o], tdt[dtl[i]], src)
+        out[i] = t
+      elif (o == _BITCAST or o == _CAST) and not tagl[i]:  # frequent in gradients (sign and magnitude tricks)
+        j = srcl[stl[i]]
+        x = out[j]
+        if x is None: x = lazy(j)
+        d = tdt[dtl[i]]
+        t = out[i] = mk(_TCAST if o == _CAST else _TBITCAST, d, (x,), d)
       else:
         tg = objs[tagl[i]] if tagl[i] else None
         # the helper of a pair, or an explicit broadcast: made only if asked for on its own (see _lazy)
@@ -83,7 +101,7 @@ class _Out:
           t = self._reduce(i)
         else: t = out[i] = one(i, o, tg)
       # all_metadata[t] = ... unless t has some, as tinygrad's WeakKeyDictionary would set it, minus its Python frames
-      if md and (p := pdl[i]) and _wref(t) not in mdata:
+      if md and (p := pdl[i]) and (fresh or _wref(t) not in mdata):
         m = mds.get(p)
         if m is None: m = mds[p] = self._md(p)
         mdata[_wref(t, mdrm)] = m
@@ -253,4 +271,5 @@ def _trop(o) -> TOps:
   return t if t is not None else getattr(TOps, o.name)
 
 
+_TCAST, _TBITCAST = TOps.CAST, TOps.BITCAST
 _SLOT0 = -(1 << 48)  # below tinygrad's own slots (counters from 0, and -id(buffer) for adopted storage)
