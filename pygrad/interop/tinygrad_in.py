@@ -151,7 +151,7 @@ class _In:
     live, memo, targets, known, one, puts, mdd, rows, tsh = self.live, self.memo, self.targets, self.known, \
       self._one, self.puts, self.md, self.rows, self.tsh
     mdget = _tg_metadata.data.get if self.mdon else None  # the WeakKeyDictionary's dict: its get is a Python frame
-    md1 = _MD_IN1
+    md1, reshape, permute, shape_of, canon = _MD_IN1, TOps.RESHAPE, TOps.PERMUTE, self._shape, self._canon
     plain, weak, alu, dti, cmp, get, bcast, smove = _PLAIN, _WEAK, _ALU_I, _DTI, _CMP, self._get, self._bcast, \
       _SHAPED_MOVE
     stack: list = [(root, None)]
@@ -197,6 +197,13 @@ class _In:
             tsh[s] = ss = s._shape if ss is _NOWANT else ss
           srcs.append(bcast(r, ss, shape) if ss and ss is not shape and ss != shape else r)
         append((a, _BOOL if op in cmp else d, tuple(srcs), None, None))
+        r = memo[u] = len(rows) - 1
+      elif (op is reshape or op is permute) and dt in dti:  # the next most frequent: as _movement does
+        s = vs[0]
+        x = memo.get(s)
+        if x is None: x = get(s)
+        append((_RESHAPE, rows[x][1], (x,), shape_of(u), None) if op is reshape else
+               (_PERMUTE, rows[x][1], (x,), canon(tuple(u.arg)), None))
         r = memo[u] = len(rows) - 1
       else: r = memo[u] = one(u, None)
       puts.append((r, u))
