@@ -80,12 +80,13 @@ def main() -> None:
     root, rg, targets = build(wl, 2)
     TG_OWN(root, rg, set(targets))
     pt.compute_gradient(root, rg, targets)
-  rows = []
+  rows, a.load = [], [os.getloadavg()[0]]
   for wl, size in (("W1", a.w1), ("W2", a.w2)):
     runs = [one_run(wl, size) for _ in range(a.reps)]
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     rows.append((wl, size, med))
     print(wl, size, {k: round(v, 4) for k, v in med.items()}, flush=True)
+  a.load.append(os.getloadavg()[0])
   write(a, rows)
 
 
@@ -99,7 +100,9 @@ def write(a, rows) -> None:
     f"{'recorded' if TRACEMETA != '0' else 'off'}), pygrad {pygrad.core_name()} core, "
     f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Medians of {a.reps} runs; each run builds the graph "
     "afresh (tinygrad Tensor API, unrealized inputs) and times both engines on it, one after the other. The "
-    "machine was shared with other jobs: absolute times are under load, the ratios are side by side.", "",
+    "machine was shared with other jobs (1-minute load average at the start and the end: "
+    f"{a.load[0]:.1f}, {a.load[-1]:.1f} on {os.cpu_count()} CPUs): absolute times are under load, the ratios are "
+    "side by side.", "",
     "`own`: tinygrad's `compute_gradient(root, root_grad, targets)`. `pygrad`: "
     "`pygrad.interop.tinygrad.compute_gradient` on the same arguments (what `install()` makes `Tensor.backward` "
     "call), split into convert in (the graph above the targets into pygrad; everything else one opaque node "
