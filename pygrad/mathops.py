@@ -363,8 +363,10 @@ class MathMixin:
     clamped to the normal exponents: past them r grows, exp2 of it takes the rest (down to 2**-24 while the result
     is not 0) and the product rounds once into the denormals or to inf. n is rounded by adding 1.5 * 2**52 (float32:
     2**23) plus the exponent bias, whose sum's low bits are then n + bias, 2**n's exponent field: one shift makes
-    2**n. n comes from x detached, so the gradient is exp2's, ctx * 2**n * exp2(r log2(e)), never 2**n past the
-    range. float16/bfloat16 are computed in float32 and rounded once; integers and bools give float32."""
+    2**n. n passes no gradient: it is read from s through a BITCAST pair (as _no_grad; tinygrad's simplifier keeps
+    a DETACH), the first BITCAST shared with 2**n's, so the graph is no larger. The gradient is exp2's,
+    ctx * 2**n * exp2(r log2(e)), never 2**n past the range. float16/bfloat16 are computed in float32 and rounded
+    once; integers and bools give float32."""
     if not dtypes.is_float(self.dtype): return self.cast(dtypes.float32).exp()
     if self.dtype.itemsize == 2: return self.cast(dtypes.float32).exp().cast(self.dtype)
     if self.dtype is dtypes.float64:
@@ -373,11 +375,12 @@ class MathMixin:
     else:
       it, shift, magic, nlo, nhi, c1, c2 = dtypes.int32, 23, 1.5 * 2 ** 23 + 127, -126, 127, 0.693359375, \
         -2.12194440e-4
-    s = (self.detach() * _INV_LN2 + magic).maximum(magic + nlo)  # a NaN x: a NaN or clamped s; r is NaN
+    s = (self * _INV_LN2 + magic).maximum(magic + nlo)  # a NaN x: a NaN or clamped s; r is NaN
     s = (s > magic + nhi).where(magic + nhi, s)
-    n = s + (-magic)  # exact
+    sb = s.bitcast(it)
+    n = sb.bitcast(self.dtype) + (-magic)  # exact, and passing no gradient (the BITCAST pair, as _no_grad)
     r = (self + n * -c1) + n * -c2
-    return (r * _INV_LN2).exp2() * (s.bitcast(it) << shift).bitcast(self.dtype)
+    return (r * _INV_LN2).exp2() * (sb << shift).bitcast(self.dtype)
   def log(self) -> UOp: return self.log2() * _LN2
   def floor(self) -> UOp:
     t = self.trunc()
