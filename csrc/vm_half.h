@@ -59,4 +59,29 @@ VM_INLINE float vm_round_bf16(float x) {
 VM_INLINE uint16_t vm_f32_to_bf16(float x) { return (uint16_t)(vm_f2u(vm_round_bf16(x)) >> 16); }
 VM_INLINE float vm_bf16_to_f32(uint16_t h) { return vm_u2f((uint32_t)h << 16); }
 
+/* the exact value d + e (d: that value rounded to double; only e's sign and being nonzero are used) as float rounded
+   to odd (toward zero, then the last bit set if inexact): rounding that to float16/bfloat16 (nearest even) is the
+   correctly rounded half value, where (float)d rounded twice (1 + 2^-11 + 2^-40 gave 1.0, not 1 + 2^-10; 65519.99999
+   gave inf). Past FLT_MAX it is FLT_MAX (odd), which rounds to inf in both half formats; NaN stays NaN. */
+VM_INLINE float vm_f32_odd(double d, double e) {
+  float f = (float)d;
+  double fd = (double)f;
+  uint32_t above = (uint32_t)(((d > 0) & (fd > d)) | ((d < 0) & (fd < d)) |
+                              ((fd == d) & (((fd > 0) & (e < 0)) | ((fd < 0) & (e > 0)))));
+  uint32_t odd = (uint32_t)((fd != d) | (e != 0));
+  return vm_u2f((vm_f2u(f) - above) | odd);
+}
+
+/* a 64-bit integer as float rounded to odd: two exact double parts, their rounded sum and its error (Fast2Sum) */
+VM_INLINE float vm_i64_f32_odd(int64_t x) {
+  int64_t lo = x & (int64_t)0xffffffff;
+  double h = (double)(x - lo), l = (double)lo, d = h + l;
+  return vm_f32_odd(d, l - (d - h));
+}
+VM_INLINE float vm_u64_f32_odd(uint64_t x) {
+  uint64_t lo = x & 0xffffffffu;
+  double h = (double)(x - lo), l = (double)lo, d = h + l;
+  return vm_f32_odd(d, l - (d - h));
+}
+
 #endif

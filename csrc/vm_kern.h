@@ -325,9 +325,12 @@ VM_TGT static void VM_FN(binary)(const vm_ins *in, char *d, const char *a, const
   case VT_U16: CAST_SAT_U(TS, uint16_t, 16, UINT16_MAX); break; \
   case VT_U32: CAST_SAT_U(TS, uint32_t, 32, UINT32_MAX); break; \
   case VT_U64: CAST_SAT_U(TS, uint64_t, 64, UINT64_MAX); break; \
-  case VT_F16: case VT_BF16: case VT_F32: UN_LOOP(TS, float, (float)X); break; \
+  case VT_F16: case VT_BF16: UN_LOOP(TS, float, vm_f32_odd((double)X, 0.0)); break; \
+  case VT_F32: UN_LOOP(TS, float, (float)X); break; \
   case VT_F64: UN_LOOP(TS, double, (double)X); break; }
-#define CAST_FROM_INT(TS) switch (in->lt) { \
+/* to float16/bfloat16: rounded to odd in float, then to the half format by round_lt: once in all (ODD: the 64-bit
+   signed or unsigned conversion) */
+#define CAST_FROM_INT(TS, ODD) switch (in->lt) { \
   case VT_BOOL: UN_LOOP(TS, uint8_t, X != 0); break; \
   case VT_I8: UN_LOOP(TS, int8_t, (int8_t)(uint8_t)(uint64_t)X); break; \
   case VT_I16: UN_LOOP(TS, int16_t, (int16_t)(uint16_t)(uint64_t)X); break; \
@@ -337,20 +340,21 @@ VM_TGT static void VM_FN(binary)(const vm_ins *in, char *d, const char *a, const
   case VT_U16: UN_LOOP(TS, uint16_t, (uint16_t)(uint64_t)X); break; \
   case VT_U32: UN_LOOP(TS, uint32_t, (uint32_t)(uint64_t)X); break; \
   case VT_U64: UN_LOOP(TS, uint64_t, (uint64_t)X); break; \
-  case VT_F16: case VT_BF16: case VT_F32: UN_LOOP(TS, float, (float)X); break; \
+  case VT_F16: case VT_BF16: UN_LOOP(TS, float, ODD(X)); break; \
+  case VT_F32: UN_LOOP(TS, float, (float)X); break; \
   case VT_F64: UN_LOOP(TS, double, (double)X); break; }
 
 VM_TGT static void VM_FN(cast)(const vm_ins *in, char *d, const char *a, int64_t n) {
   switch (in->sct) {
-  case VT_BOOL: CAST_FROM_INT(uint8_t) break;
-  case VT_I8: CAST_FROM_INT(int8_t) break;
-  case VT_I16: CAST_FROM_INT(int16_t) break;
-  case VT_I32: CAST_FROM_INT(int32_t) break;
-  case VT_I64: CAST_FROM_INT(int64_t) break;
-  case VT_U8: CAST_FROM_INT(uint8_t) break;
-  case VT_U16: CAST_FROM_INT(uint16_t) break;
-  case VT_U32: CAST_FROM_INT(uint32_t) break;
-  case VT_U64: CAST_FROM_INT(uint64_t) break;
+  case VT_BOOL: CAST_FROM_INT(uint8_t, vm_i64_f32_odd) break;
+  case VT_I8: CAST_FROM_INT(int8_t, vm_i64_f32_odd) break;
+  case VT_I16: CAST_FROM_INT(int16_t, vm_i64_f32_odd) break;
+  case VT_I32: CAST_FROM_INT(int32_t, vm_i64_f32_odd) break;
+  case VT_I64: CAST_FROM_INT(int64_t, vm_i64_f32_odd) break;
+  case VT_U8: CAST_FROM_INT(uint8_t, vm_i64_f32_odd) break;
+  case VT_U16: CAST_FROM_INT(uint16_t, vm_i64_f32_odd) break;
+  case VT_U32: CAST_FROM_INT(uint32_t, vm_i64_f32_odd) break;
+  case VT_U64: CAST_FROM_INT(uint64_t, vm_u64_f32_odd) break;
   case VT_F32: CAST_FROM_FLOAT(float) break;
   case VT_F64: CAST_FROM_FLOAT(double) break;
   default: return;

@@ -99,6 +99,58 @@ def test_float_to_int_casts_truncate_saturate_and_send_nan_to_zero(src, engine):
     assert got == want, dt.name
 
 
+HALF_RUNS = [("numpy", None)] + ([("c", 1), ("c", 4)] if pygrad.core_name() == "c" else [])
+
+
+@pytest.mark.parametrize("engine,threads", HALF_RUNS, ids=lambda v: str(v))
+@pytest.mark.parametrize("dst", [dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
+def test_conversions_to_half_formats_round_once(dst, engine, threads):
+  # a CAST, a constant or a bound value went through float32 rounded to nearest and so was rounded twice:
+  # float64 1 + 2**-11 + 2**-40 gave float16 1.0 (numpy 1 + 2**-10), 65519.99999 inf (numpy 65504), 2**-25 + 2**-50
+  # 0 (numpy 2**-24); int32 2**24 + 2**16 + 1 gave bfloat16 2**24 (ml_dtypes 2**24 + 2**17). numpy's float16 and
+  # ml_dtypes' bfloat16 casts round once (torch's float64 -> float16 rounds twice; README "Defined semantics")
+  import ml_dtypes
+  hd = np.float16 if dst is dtypes.float16 else ml_dtypes.bfloat16
+  h = 2.0 ** -11 if dst is dtypes.float16 else 2.0 ** -8  # half an ulp at 1
+  rng = np.random.default_rng(7)
+  f64 = np.concatenate([[1 + h + 2.0 ** -40, 1 + h, 1 + h - 2.0 ** -40, 1 + 3 * h + 2.0 ** -45, -(1 + h + 2.0 ** -40),
+                         65519.99999, 65520.0, 65504.0, 2.0 ** -25 + 2.0 ** -50, 2.0 ** -25, 2.0 ** -134 + 2.0 ** -160,
+                         3.3961e38, 3.3949e38, 1e300, -1e300, 1e-300, 0.0, -0.0, math.inf, -math.inf, math.nan],
+                        # float64 values one float32 rounding makes half-way between two half values
+                        (rng.integers(1 << 20, 1 << 21, 200) * 2.0 + 1) * 2.0 ** rng.integers(-40, 40, 200) *
+                        (1 + rng.choice([-1, 1], 200) * 2.0 ** -30)])
+  ints = {dt: np.array([v for v in (2 ** 24 + 2 ** 16 + 1, -(2 ** 24 + 2 ** 16 + 1), 2 ** 31 - 2 ** 23 + 1, 65519,
+                                    2 ** 62 + 2 ** 54 + 1, -(2 ** 62 + 2 ** 54 + 1), 2 ** 63 + 2 ** 55 + 1, 0, 7)
+                        if np.iinfo(dt.np).min <= v <= np.iinfo(dt.np).max], dt.np)
+          for dt in (dtypes.int32, dtypes.int64, dtypes.uint64)}
+  with np.errstate(all="ignore"):
+    want = {dtypes.float64: f64.astype(hd)}
+    want.update({dt: np.array([_exact_half(int(v), hd) for v in a]) for dt, a in ints.items()})
+  ins = {dtypes.float64: f64, **ints}
+  xs = {dt: UOp.placeholder(a.shape, dt) for dt, a in ins.items()}
+  c = UOp.const(1 + h + 2.0 ** -40, dst)
+  p = UOp.placeholder((3,), dst)
+  outs = [xs[dt].cast(dst) for dt in ins] + [c, c.simplify(), p, (xs[dtypes.float64].cast(dst) * 1.0).simplify()]
+  got = _run(outs, {**{xs[dt]: a for dt, a in ins.items()}, p: [1 + h + 2.0 ** -40, 65519.99999, 2.0 ** -25 + 2.0 ** -50]},
+             engine, threads)
+  exact = [want[dt] for dt in ins] + [hd(1 + 2 * h)] * 2 + [np.array([1 + h + 2.0 ** -40, 65519.99999,
+                                                                        2.0 ** -25 + 2.0 ** -50]).astype(hd),
+                                                              want[dtypes.float64]]
+  for i, (g, w) in enumerate(zip(got, exact)):
+    g, w = np.asarray(g, np.float64), np.asarray(w).astype(np.float64)
+    assert np.array_equal(g, w, equal_nan=True) and np.array_equal(np.signbit(g), np.signbit(w)), \
+      (i, [(a, b) for a, b in zip(g.ravel(), w.ravel()) if not (a == b or a != a and b != b)][:4])
+
+
+def _exact_half(v: int, hd):
+  """The integer v rounded to nearest-even in half format hd (11 or 8 significant bits), exactly."""
+  p = 11 if hd is np.float16 else 8
+  shift = max(abs(v).bit_length() - p, 0)
+  q, r = divmod(abs(v), 1 << shift)
+  if shift and (r > 1 << (shift - 1) or r == 1 << (shift - 1) and q & 1): q += 1
+  return hd(math.copysign(float(q << shift), v))
+
+
 SPECIAL = [0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 1e30, -1e30, math.inf, -math.inf, math.nan, 1e-30]
 
 

@@ -6,8 +6,9 @@ FUNCTION, None for NOOP). Arrays returned are owned by the caller: writable, nev
 
 Values. A node's value is a numpy array of its dtype's storage type (`DType.numpy`); bfloat16 is stored as float32
 holding bfloat16 values exactly. Arithmetic on float16 and bfloat16 is done in float32 and every result is rounded
-back (round to nearest, ties to even; bfloat16 rounds the float32 bits to their top 16), so also any conversion into
-float16/bfloat16 goes through float32 (e.g. float64 -> float32 -> float16). Reductions accumulate in the operand's
+back (round to nearest, ties to even; bfloat16 rounds the float32 bits to their top 16). A conversion into
+float16/bfloat16 (CAST, a constant, a bound value) is rounded once, as numpy's and ml_dtypes' are: through float32
+rounded to odd (values.to_float32_odd), not to nearest (float64 -> float32 -> float16 rounded twice). Reductions accumulate in the operand's
 compute type (float32 for float16/bfloat16) and round once at the end.
 
 Results defined here for what C leaves undefined (the C VM matches them):

@@ -23,6 +23,39 @@ def round_bfloat16(x) -> np.ndarray:
   return np.asarray(r, np.uint32).view(np.float32)
 
 
+def to_float32_odd(x) -> np.ndarray:
+  """Numeric values as float32 rounded to odd (toward zero, then the last bit set if inexact): rounding that once
+  more to float16/bfloat16 (nearest even) is the correctly rounded half value, as numpy's float64 -> float16 and
+  ml_dtypes' casts give (float32 has more than 11 + 2 bits). Rounding to nearest float32 first rounded twice:
+  1 + 2**-11 + 2**-40 became 1.0, not 1 + 2**-10, and 65519.99999 inf, not 65504 (torch's float64 -> float16 cast
+  does that too). Exact values (float16, float32, ints of 24 bits or less) pass unchanged; int64/uint64 are split
+  into two exact float64 parts, whose rounded sum d and error e (only its sign and being nonzero matter) stand for
+  the exact value."""
+  a = np.asarray(x)
+  if a.dtype.kind == "f" and a.dtype.itemsize <= 4 or a.dtype.kind in "b" or \
+     a.dtype.kind in "iu" and a.dtype.itemsize <= 2:
+    return a.astype(np.float32)
+  if a.dtype.kind in "iu" and a.dtype.itemsize == 8:
+    lo = a & a.dtype.type(0xFFFFFFFF)
+    hi = (a - lo).astype(np.float64)
+    lo = lo.astype(np.float64)
+    d = hi + lo
+    e = lo - (d - hi)  # Fast2Sum (|hi| >= |lo| or hi == 0): hi + lo = d + e exactly
+  else:
+    d, e = a.astype(np.float64), np.zeros(a.shape)
+  return _float32_odd(d, e)
+
+
+def _float32_odd(d: np.ndarray, e: np.ndarray) -> np.ndarray:
+  """The exact value d + e (d = that value rounded to float64) as float32 rounded to odd."""
+  with np.errstate(over="ignore", invalid="ignore"):
+    f = np.asarray(d.astype(np.float32))
+  fd = f.astype(np.float64)
+  above = ((d > 0) & (fd > d)) | ((d < 0) & (fd < d)) | ((fd == d) & (((fd > 0) & (e < 0)) | ((fd < 0) & (e > 0))))
+  odd = ((fd != d) | (e != 0)).astype(np.uint32)
+  return np.asarray((f.view(np.uint32) - above.astype(np.uint32)) | odd, np.uint32).view(np.float32)
+
+
 def wide(x: np.ndarray, dt: DType) -> np.ndarray:
   """The compute form of a value: float16 widened to float32 (bfloat16 is float32 already)."""
   return x.astype(np.float32) if dt is _F16 else x
@@ -51,8 +84,10 @@ def lowest(dt: DType):
 
 
 def const_array(value, dt: DType) -> np.ndarray:
-  """A CONST's value as a () array of dt's storage type (float16/bfloat16 rounded through float32)."""
-  return fin(np.asarray(value, np.float32), dt) if dt in (_F16, _BF16) else np.asarray(value, dt.numpy)
+  """A CONST's value as a () array of dt's storage type (float16/bfloat16 rounded once: to_float32_odd)."""
+  if dt not in (_F16, _BF16): return np.asarray(value, dt.numpy)
+  if isinstance(value, int) and not -2 ** 63 <= value < 2 ** 64: value = float(value)  # (a UOp's arg is a float)
+  return fin(to_float32_odd(np.asarray(value, np.uint64 if isinstance(value, int) and value >= 2 ** 63 else None)), dt)
 
 
 # ---- inputs ----
@@ -91,7 +126,7 @@ def as_value(u, v) -> np.ndarray:
     lo, hi = int_range(dt)
     if a.size and (a.min() < lo or a.max() > hi):
       raise ValueError(f"input {input_name(u)}: values out of range for {dt.name}")
-  return fin(a.astype(np.float32) if dt in (_F16, _BF16) else a, dt)
+  return fin(to_float32_odd(a) if dt in (_F16, _BF16) else a, dt)
 
 
 def input_value(u, v) -> np.ndarray:
@@ -209,7 +244,7 @@ def cast_value(x: np.ndarray, src: DType, dst: DType) -> np.ndarray:
     over, under, nan = t >= float(hi) + 1.0, t < float(lo), np.isnan(t)
     mid = np.where(over | under | nan, 0, t).astype(dst.numpy)
     return np.asarray(np.where(over, hi, np.where(under, lo, mid)), dst.numpy)
-  if dtypes.is_float(dst) and dst.itemsize == 2: return fin(x.astype(np.float32), dst)
+  if dtypes.is_float(dst) and dst.itemsize == 2: return fin(to_float32_odd(x), dst)
   return x.astype(dst.numpy)
 
 
