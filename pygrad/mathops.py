@@ -105,6 +105,11 @@ def _no_grad(x):
   return x.bitcast(_SAME_WIDTH_INT[x.dtype.itemsize]).bitcast(x.dtype)
 
 
+def _unit(x, zero):
+  """1 where x > 0, -1 where x < 0, else zero (x's zeros and NaNs)."""
+  return (x > 0).where(x.const_like(1), (x < 0).where(x.const_like(-1), zero))
+
+
 def _signbit(x):
   """Whether x's sign bit is set (-0.0 and NaNs with the sign set included), read from its bits."""
   return x.bitcast(_SAME_WIDTH_INT[x.dtype.itemsize]) < 0
@@ -387,11 +392,13 @@ class MathMixin:
     return (self < t).where(t - 1, t)
   def sign(self) -> UOp:
     if dtypes.is_unsigned(self.dtype): return self.ne(0).cast(self.dtype)  # no -1 to pick: numpy's 0 or 1
-    # x * 0 at zero and NaN: sign(NaN) is NaN (numpy, JAX; it was 1) and sign(-0.0) is -0.0, so that abs(-0.0) =
-    # -0.0 * -0.0 is +0.0 (it was -0.0). Detached: sign passes no gradient (torch's is 0), where x * 0 would pass
-    # upstream * 0, NaN for an infinite upstream gradient at x = 0
-    return (self > 0).where(self.const_like(1), (self < 0).where(self.const_like(-1), self.detach() * 0))
-  def abs(self) -> UOp: return self * self.sign()
+    # x * 0 + 0 at zero and NaN: sign(NaN) is NaN (numpy, JAX; it was 1), sign(-0.0) is +0.0 (numpy, torch; x * 0
+    # alone gave -0.0). Detached: sign passes no gradient (torch's is 0), where x * 0 would pass upstream * 0, NaN
+    # for an infinite upstream gradient at x = 0
+    return _unit(self, self.detach() * 0 + 0)
+  def abs(self) -> UOp:
+    # x times its sign with -0.0 kept (-0.0 * -0.0 is +0.0; sign's +0.0 would give -0.0)
+    return self * (self.ne(0).cast(self.dtype) if dtypes.is_unsigned(self.dtype) else _unit(self, self.detach() * 0))
   def relu(self) -> UOp:
     # relu(NaN) is NaN as torch's and JAX's ((x > 0).where(x, 0) gave 0), with torch's gradient there (JAX's is 0);
     # relu(-0.0) is +0.0 as JAX's (torch's is -0.0: they disagree)
