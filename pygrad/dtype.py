@@ -63,12 +63,23 @@ ALL: tuple[DType, ...] = tuple(v for v in vars(dtypes).values() if isinstance(v,
 BY_ID: tuple[DType, ...] = tuple(sorted(ALL, key=lambda d: d.id))
 VALUE_DTYPES: tuple[DType, ...] = tuple(d for d in BY_ID if d is not dtypes.void)
 
-# promotion order for mixed-dtype method calls (a user of numpy/torch expects the wider/float type to win)
-_RANK = {d: i for i, d in enumerate([dtypes.bool, dtypes.uint8, dtypes.int8, dtypes.uint16, dtypes.int16, dtypes.uint32,
-                                     dtypes.int32, dtypes.uint64, dtypes.int64, dtypes.float16, dtypes.bfloat16,
-                                     dtypes.float32, dtypes.float64])}
-
-
 def promote(a: DType, b: DType) -> DType:
-  """The dtype a binary method computes in when its operands differ."""
-  return a if _RANK[a] >= _RANK[b] else b
+  """The dtype a binary method computes in when its operands differ: numpy's and torch's for two ints (a signed and
+  an unsigned int meet in a signed int that holds both: uint8 and int8 in int16, uint32 and int32 in int64; a rank
+  order made uint8 + int8 int8, so 255 + 0 was -1), torch's where a float meets an int (the float type) and for
+  float16 with bfloat16 (float32); uint64 with a signed int is a TypeError (no int holds both; numpy's float64 would
+  round). bool gives way to anything."""
+  if a is b or b is dtypes.bool: return a
+  if a is dtypes.bool: return b
+  fa, fb = dtypes.is_float(a), dtypes.is_float(b)
+  if fa != fb: return a if fa else b
+  if fa:
+    if a.itemsize == b.itemsize == 2: return dtypes.float32
+    return a if a.itemsize > b.itemsize else b
+  ua, ub = dtypes.is_unsigned(a), dtypes.is_unsigned(b)
+  if ua == ub: return a if a.itemsize > b.itemsize else b
+  s, u = (b, a) if ua else (a, b)
+  if s.itemsize > u.itemsize: return s
+  if u.itemsize == 8:
+    raise TypeError(f"no integer dtype holds both {a.name} and {b.name}: cast one of them first")
+  return {1: dtypes.int16, 2: dtypes.int32, 4: dtypes.int64}[u.itemsize]

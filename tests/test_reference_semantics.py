@@ -50,6 +50,59 @@ def _tdiv(a, b):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_a_bool_node_with_an_int_scalar_computes_in_ints(engine):
+  # the int was made a bool constant: x + 2 was x | True, x < 2 was x < True, x * 2 was x (numpy and torch: ints)
+  x = UOp.placeholder((2,), dtypes.bool)
+  xv = np.array([True, False])
+  ops = [lambda v: v + 2, lambda v: v * 2, lambda v: v < 2, lambda v: v.eq(2) if isinstance(v, UOp) else v == 2,
+         lambda v: v - 1, lambda v: 2 - v, lambda v: v.maximum(2) if isinstance(v, UOp) else np.maximum(v, 2),
+         lambda v: v ^ 2, lambda v: v + np.int64(300), lambda v: v + 1.5]
+  got = pygrad.evaluate([f(x) for f in ops], {x: xv}, engine=engine)
+  for i, (g, f) in enumerate(zip(got, ops)):
+    w = np.asarray(f(xv))
+    assert g.tolist() == w.tolist() and g.dtype.kind == w.dtype.kind, (i, g, w)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_mixed_int_dtypes_meet_in_a_type_holding_both(engine):
+  # promotion was a rank order: uint8 + int8 was int8, so 255 + 0 was -1 (numpy and torch: int16, 255)
+  pairs = [(dtypes.uint8, dtypes.int8, dtypes.int16), (dtypes.uint16, dtypes.int16, dtypes.int32),
+           (dtypes.uint32, dtypes.int32, dtypes.int64), (dtypes.uint8, dtypes.int16, dtypes.int16),
+           (dtypes.int8, dtypes.uint16, dtypes.int32), (dtypes.uint16, dtypes.uint8, dtypes.uint16),
+           (dtypes.bool, dtypes.uint8, dtypes.uint8), (dtypes.int8, dtypes.int64, dtypes.int64)]
+  for da, db, want in pairs:
+    a = np.array(_extremes(da)[:8] if da is not dtypes.bool else [True, False], da.np)
+    b = np.array(_extremes(db)[:len(a)] if db is not dtypes.bool else [True, False], db.np)[:len(a)]
+    a = a[:len(b)]
+    x, y = UOp.placeholder(a.shape, da), UOp.placeholder(b.shape, db)
+    outs = [x + y, y - x, x * y, x.maximum(y), x < y]
+    assert [o.dtype for o in outs[:4]] == [want] * 4, (da, db, outs[0].dtype)
+    got = pygrad.evaluate(outs, {x: a, y: b}, engine=engine)
+    wa, wb = a.astype(want.np), b.astype(want.np)
+    for g, w in zip(got, [wa + wb, wb - wa, wa * wb, np.maximum(wa, wb), wa < wb]):
+      assert g.tolist() == w.tolist(), (da, db)
+  h, bf = UOp.placeholder((), dtypes.float16), UOp.placeholder((), dtypes.bfloat16)
+  r = h + bf  # torch and JAX: float32 (neither half format holds the other)
+  assert r.dtype is dtypes.float32
+  assert float(pygrad.evaluate(r, {h: np.float16(1000.5), bf: np.float32(0.00390625)}, engine=engine)) == 1000.50390625
+  with pytest.raises(TypeError, match="uint64"):
+    UOp.placeholder((), dtypes.uint64) + UOp.placeholder((), dtypes.int64)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_sums_keep_the_dtype_as_readme_states(engine):
+  # README "Defined semantics": sum and prod keep the operand's dtype (SPEC's REDUCE_AXIS): ints wrap (numpy's
+  # sum(dtype=...)), a bool sum is any, a bool prod all (numpy and torch sum bools and narrow ints in 64 bits)
+  x, b = UOp.placeholder((300,), dtypes.int8), UOp.placeholder((2, 3), dtypes.bool)
+  bv = np.array([[True, False, True], [False, False, False]])
+  got = pygrad.evaluate([x.sum(), x.prod(), b.sum(axis=1), b.prod(axis=1), b.sum()],
+                        {x: np.full(300, 100, np.int8), b: bv}, engine=engine)
+  want = [np.full(300, 100, np.int8).sum(dtype=np.int8), np.int8(0), bv.any(axis=1), bv.all(axis=1), bv.any()]
+  for g, w in zip(got, want):
+    assert g.dtype == np.asarray(w).dtype and g.tolist() == np.asarray(w).tolist(), (g, w)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("dt", INTS, ids=lambda d: d.name)
 def test_int_arithmetic_is_the_defined_semantics(dt, engine):
   # README "Defined semantics": IDIV truncates, MOD has the dividend's sign, by zero gives 0, overflow wraps; integer
