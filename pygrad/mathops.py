@@ -244,7 +244,8 @@ class MathMixin:
   def _pair(self, other, reverse: bool = False):
     a = self
     if type(other) is not UOp:
-      k = "f" if isinstance(other, float) else "b" if isinstance(other, bool) else "i" if isinstance(other, int) else         getattr(getattr(other, "dtype", None), "kind", None)  # numpy scalars too
+      k = "f" if isinstance(other, float) else "b" if isinstance(other, bool) else "i" if isinstance(other, int) else \
+        getattr(getattr(other, "dtype", None), "kind", None)  # numpy scalars too
       if k == "f" and not dtypes.is_float(a.dtype): a = a.cast(dtypes.float32)
       # an int with a bool node: the int's arithmetic, as numpy's and torch's (it was the bool of the int: x + 2 was
       # x | True, x < 2 was x < True); int32, as a float makes float32

@@ -8,8 +8,8 @@ Values. A node's value is a numpy array of its dtype's storage type (`DType.nump
 holding bfloat16 values exactly. Arithmetic on float16 and bfloat16 is done in float32 and every result is rounded
 back (round to nearest, ties to even; bfloat16 rounds the float32 bits to their top 16). A conversion into
 float16/bfloat16 (CAST, a constant, a bound value) is rounded once, as numpy's and ml_dtypes' are: through float32
-rounded to odd (values.to_float32_odd), not to nearest (float64 -> float32 -> float16 rounded twice). Reductions accumulate in the operand's
-compute type (float32 for float16/bfloat16) and round once at the end.
+rounded to odd (values.to_float32_odd), not to nearest (float64 -> float32 -> float16 rounded twice). Reductions
+accumulate in the operand's compute type (float32 for float16/bfloat16) and round once at the end.
 
 Results defined here for what C leaves undefined (the C VM matches them):
 * IDIV on ints truncates toward zero; MOD has the sign of the dividend (C's `/` and `%`). A divisor of 0 gives 0
