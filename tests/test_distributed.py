@@ -394,6 +394,13 @@ def _shared_runs(client):
   return sum(v["shared_runs"] for v in client.run(pd.worker_stats).values())
 
 
+def _calls_match(dp, prog, seeds, dims):
+  """dp's call on a batch of 256 made from each seed equals the sequential chunks' results bit for bit."""
+  for seed in seeds:
+    arrays = _data(256, seed=seed, **dims)
+    for g, w in zip(dp(*arrays), _sequential(prog, arrays, 64, RED)): assert np.array_equal(g, w)
+
+
 def test_workers_on_this_machine_read_the_arrays_from_shared_memory(client):
   # loopback workers map the client's shared memory: a call's arrays of 4 KiB or more are not sent over the
   # socket (smaller ones still are); results are the sequential chunks' bit for bit, call after call (each call
@@ -403,15 +410,10 @@ def test_workers_on_this_machine_read_the_arrays_from_shared_memory(client):
   prog = pygrad.compile(outs, ins)
   dp = pd.DataParallel(outs, ins, client, batch=ins[:2], reduce=dict(enumerate(RED)))
   before = _shared_runs(client)
-  for seed in (8, 9):
-    arrays = _data(256, seed=seed, **dims)
-    got = dp(*arrays)
-    for g, w in zip(got, _sequential(prog, arrays, 64, RED)): assert np.array_equal(g, w)
+  _calls_match(dp, prog, (8, 9), dims)
   assert _shared_runs(client) == before + 8
   dp.shared_memory = False
-  arrays = _data(256, seed=10, **dims)
-  got = dp(*arrays)
-  for g, w in zip(got, _sequential(prog, arrays, 64, RED)): assert np.array_equal(g, w)
+  _calls_match(dp, prog, (10,), dims)
   assert _shared_runs(client) == before + 8
 
 
@@ -437,10 +439,7 @@ def test_workers_that_cannot_map_shared_memory_get_the_arrays_by_socket(client):
   try:
     dp = pd.DataParallel(outs, ins, client, batch=ins[:2], reduce=dict(enumerate(RED)))
     before = _shared_runs(client)
-    for seed in (11, 12):
-      arrays = _data(256, seed=seed, **dims)
-      got = dp(*arrays)
-      for g, w in zip(got, _sequential(prog, arrays, 64, RED)): assert np.array_equal(g, w)
+    _calls_match(dp, prog, (11, 12), dims)
     assert _shared_runs(client) == before and not dp._shm_workers
   finally:
     client.run(_refuse_shared_memory, False)
