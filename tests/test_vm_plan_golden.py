@@ -1,0 +1,99 @@
+"""The compile path's output pinned: the VM words (and stats) that `pygrad.compile` produces for a fixed set of graphs
+-- chains, gradients, a layered net, peepholes, reductions, contractions and deterministic random graphs -- hashed
+and compared with the digests recorded before the planner's passes were made faster. A speed-up of flatten, the
+planner or lowering must give the very same program; when a change means to alter the programs, record the new
+digests with `python tests/test_vm_plan_golden.py` and say why in the commit."""
+from __future__ import annotations
+import hashlib
+import random
+import sys
+import pytest
+from pygrad import UOp, dtypes
+
+program = pytest.importorskip("pygrad.engine.program", reason="the compiled interpreter is not built",
+                              exc_type=ImportError)
+from pygrad.bench import w1_model, MethodOps  # noqa: E402
+from fuzzgraphs import KINDS, DTYPES, build  # noqa: E402
+
+
+def _chain(kind: str, n: int):
+  x = UOp.placeholder(() if kind == "scalar" else (16,), dtypes.float32, "x")
+  y = x
+  if kind == "forward":
+    for i in range(n): y = y * 0.99999 + 0.00001 if i % 2 else (y + 0.5) * 0.5
+    return [y], [x]
+  for _ in range(n): y = y.sin()
+  return ([y.gradient(x)[0]] if kind == "scalar" else [y.sum().gradient(x)[0]]), [x]
+
+
+def _w1(layers: int):
+  x = UOp.placeholder((16, 16), dtypes.float32, "x")
+  ws = [UOp.placeholder((16, 16), dtypes.float32, f"w{i}") for i in range(layers)]
+  loss = w1_model(MethodOps, x, ws)
+  return [loss, *loss.gradient(x, *ws)], [x, *ws]
+
+
+def _mixed():
+  a, b = UOp.placeholder((6, 8), dtypes.float32, "a"), UOp.placeholder((8, 5), dtypes.float32, "b")
+  h = UOp.placeholder((6, 8), dtypes.float16, "h")
+  outs = [(a * a).sum(1), a @ b, a.abs() * 2.0, (a.pad(((1, 1), (0, 2))).flip(0) * 2.0).max(1), h.sin() + 1.0,
+          a.permute((1, 0)).reshape((4, 12)).exp2(), (a / (a + 3.0)).softmax(1), a.cast(dtypes.int8) >> 2,
+          (a.abs() + h.cast(dtypes.float32)).sum()]
+  return outs, [a, b, h]
+
+
+def _recipe(seed: int):
+  r = random.Random(seed)
+  names = sorted(DTYPES)
+  inputs = [([r.randint(1, 4) for _ in range(r.randint(0, 3))], r.choice(names)) for _ in range(r.randint(1, 3))]
+  steps = [(r.choice(KINDS), [r.randint(0, 1 << 16) for _ in range(8)]) for _ in range(r.randint(8, 24))]
+  b = build({"inputs": inputs, "steps": steps, "seed": seed, "plain": False})
+  return b.outputs, b.bufs
+
+
+GRAPHS = {"forward-300": lambda: _chain("forward", 300), "grad-scalar-60": lambda: _chain("scalar", 60),
+          "grad-vector-20": lambda: _chain("vector", 20), "w1-grad-4": lambda: _w1(4), "mixed": _mixed,
+          **{f"random-{s}": (lambda s=s: _recipe(s)) for s in range(12)}}
+
+
+def digest(name: str) -> str:
+  """sha256 of the program's last C segment (every word) and its stats; "error: <type>" if compile refuses it."""
+  outs, ins = GRAPHS[name]()
+  try:
+    p = program.Program(outs, ins, keep_words=True)
+  except (ValueError, TypeError) as e:
+    return f"error: {type(e).__name__}"
+  words = getattr(p, "_words", [])
+  text = repr((words, sorted(p.stats.items()), p._slot_sizes))
+  return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+GOLDEN = {
+  'forward-300': 'f9eff2e07cf9a35d30673902',
+  'grad-scalar-60': '872dafcf64961f666abade27',
+  'grad-vector-20': 'b5f7bba9e0ba93668e3ef127',
+  'mixed': 'e4276121c719e8c112eb6967',
+  'random-0': '4aeeb0a01423ab7c97126880',
+  'random-1': '0fcb8f6285194bdcfe462b9a',
+  'random-10': '6c4fbfd1a02c15e595696777',
+  'random-11': '530066dde20b4b438d5585de',
+  'random-2': 'e10c0edef29723d3137f650b',
+  'random-3': 'a482b2f03f0a783a30abddb9',
+  'random-4': '1d6856432f57dce02efc1ad0',
+  'random-5': 'd21d7734c830d2c244b7922b',
+  'random-6': '016c1ea388456b6d3fc77789',
+  'random-7': '897f2013e80b1f683f7b8b8b',
+  'random-8': 'ec0000791d79f9de9632dce1',
+  'random-9': 'e98a9c09300c1013c51704a6',
+  'w1-grad-4': 'c25784211100eeb160ca79eb',
+}
+
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_compiled_program_is_the_recorded_one(name):
+  assert digest(name) == GOLDEN[name]
+
+
+if __name__ == "__main__":
+  sys.setrecursionlimit(10_000)
+  for n in sorted(GRAPHS): print(f"  {n!r}: {digest(n)!r},")
