@@ -102,6 +102,12 @@ const char *pg_vm_isa_name(int32_t isa);
 int32_t pg_vm_set_threads(int32_t n);
 int32_t pg_vm_get_threads(void);
 
+/* ---- regalloc.c: the registers of one VM loop kernel (pygrad/engine/lower.py, allocate_c); compute types are
+   dtype ids below PG_RA_MAXCT ---- */
+#define PG_RA_MAXCT 64
+int64_t pg_regalloc(int64_t n, const int8_t *nsrc, const int32_t *src, const int32_t *ct, const uint8_t *sc_in,
+                    const uint8_t *pinned, int32_t *reg, uint8_t *sc_out, int32_t *file_ct, uint8_t *file_sc);
+
 /* ---- mem.c: give free heap pages back to the OS (glibc's malloc_trim; 0 elsewhere) ---- */
 int pg_mem_trim(void);
 

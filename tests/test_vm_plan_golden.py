@@ -94,6 +94,15 @@ def test_compiled_program_is_the_recorded_one(name):
   assert digest(name) == GOLDEN[name]
 
 
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_every_kernel_through_the_c_allocator_gives_the_same_program(name, monkeypatch):
+  """lower.allocate_c (csrc/regalloc.c, for large kernels) on every kernel, however small: allocate's registers and
+  emit's words exactly."""
+  from pygrad.engine import lower
+  monkeypatch.setattr(lower, "_C_MIN", 1)
+  assert digest(name) == GOLDEN[name]
+
+
 if __name__ == "__main__":
   sys.setrecursionlimit(10_000)
   for n in sorted(GRAPHS): print(f"  {n!r}: {digest(n)!r},")

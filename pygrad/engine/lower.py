@@ -14,12 +14,15 @@ passes that each do one thing:
    part carried in arena buffers (spills)."""
 from __future__ import annotations
 import math
+from itertools import chain, repeat
+from operator import attrgetter, is_
 from typing import NamedTuple
+import numpy as np
 from ..ops import Ops
 from ..dtype import dtypes
 from ..upat import UPat, PatternMatcher
 from .planner import Loop, KNode, Store, Buf, compute_dtype
-from .vmlib import OPCODES
+from .vmlib import OPCODES, ffi, lib
 from ..ids import value
 
 VK_LOOP, VK_GEMM = value("vm_kinds", "LOOP"), value("vm_kinds", "GEMM")
@@ -246,6 +249,74 @@ def allocate(kn: list[KNode], live: set[KNode], tops: list[KNode], sp: Space) ->
   return Regs(regs, reg_of, scalar)
 
 
+_C_MIN = 256  # live ALU nodes from which allocate_c's arrays cost less than allocate's loop
+_OPC_OF = np.full(max(int(op) for op in Ops) + 1, -1, np.int64)
+for _op, _code in _OPC.items(): _OPC_OF[int(_op)] = _code
+_CMP_IDS = np.array([int(op) for op in _CMP])
+_G_SRC, _G_OP, _G_OPCODE, _G_DTYPE, _G_SDTYPE, _G_ID, _G_POS = (attrgetter(a) for a in (
+  "src", "op", "opcode", "dtype", "sdtype", "id", "pos"))
+
+
+def allocate_c(kn: list[KNode], live: set[KNode], tops: list[KNode], sp: Space) -> tuple[Regs, list[int]]:
+  """allocate's registers (csrc/regalloc.c runs its loop over the kernel as arrays) and emit's instruction words,
+  both computed a whole column at a time: the same registers and words as allocate and emit, node for node. The
+  Regs name the registers of the nodes emit reads them of (loads, the stores' sources and their operands)."""
+  lv = [k for k in sp.loads if k in live]
+  alu = [k for k in kn if k.buf is None and k in live]
+  order = lv + alu
+  n, nl, na = len(order), len(lv), len(alu)
+  for _ in map(setattr, order, repeat("pos"), range(n)): pass  # (a dict of n KNodes costs 5x more)
+  srcs = list(map(_G_SRC, alu))
+  ns = np.fromiter(map(len, srcs), np.int64, na)
+  flat = np.fromiter(map(_G_POS, chain.from_iterable(srcs)), np.int32)
+  nsrc = np.zeros(n, np.int8)
+  nsrc[nl:] = ns
+  ops = np.fromiter(map(_G_OP, alu), np.int64, na)
+  special = [i for i, o in enumerate(map(_G_OPCODE, alu)) if o is not None] \
+      if not all(map(is_, map(_G_OPCODE, alu), repeat(None))) else []
+  dts, sdts = list(map(_G_DTYPE, alu)), list(map(_G_SDTYPE, alu))
+  for d in set(dts): _ct_id(d)
+  is_cmp = np.isin(ops, _CMP_IDS)
+  is_cmp[special] = False  # a peephole's instruction computes in its own dtype
+  ct = np.empty(n, np.int32)
+  ct[:nl] = [_ct_id(v.buf.stype) for v in map(sp.loads.__getitem__, lv)]
+  ct[nl:] = np.where(is_cmp, dtypes.bool.id, np.fromiter(map(_CT_ID.__getitem__, dts), np.int64, na))
+  sc_in = np.zeros(n, np.uint8)
+  shape = sp.shape
+  for i, v in enumerate(map(sp.loads.__getitem__, lv)):
+    sc_in[i] = v.mask is None and all(st == 0 or s == 1 for st, s in zip(v.strides, shape))
+  pinned = np.zeros(n, np.uint8)
+  pinned[[t.pos for t in tops if t in live]] = 1
+  reg, sc = np.empty(n, np.int32), np.empty(n, np.uint8)
+  fct, fsc = np.empty(n, np.int32), np.empty(n, np.uint8)
+  cp = ffi.from_buffer
+  m = lib.pg_regalloc(n, cp("int8_t[]", nsrc), cp("int32_t[]", flat), cp("int32_t[]", ct), cp("uint8_t[]", sc_in),
+                      cp("uint8_t[]", pinned), cp("int32_t[]", reg), cp("uint8_t[]", sc), cp("int32_t[]", fct),
+                      cp("uint8_t[]", fsc))
+  if m < 0: raise RuntimeError(f"pygrad lowering: register allocation failed ({m})")
+  # what emit and _is_dot read of the registers: the loads', the stores' sources' and their operands'
+  reads = lv + [t for t in tops if t in live] + [s for t in tops if t.buf is None and t in live for s in t.src]
+  rg = Regs(list(zip(fct[:m].tolist(), fsc[:m].tolist())), {k: int(reg[k.pos]) for k in reads},
+            {k: bool(sc[k.pos]) for k in reads})
+  # the instructions: (opcode, dtype, dest, a, b, c) per ALU node, as emit writes them
+  ins = np.empty((na, 6), np.int64)
+  opc = _OPC_OF[ops]
+  for i in special: opc[i] = OPCODES[alu[i].opcode]
+  ins[:, 0] = opc
+  dt_ids = np.fromiter(map(_G_ID, dts), np.int64, na)
+  sdt_ids = np.fromiter(map(_G_ID, sdts), np.int64, na)
+  cmp_lt = np.isin(ops, _CMP_IDS)
+  ins[:, 1] = np.where(cmp_lt, sdt_ids, dt_ids)
+  ins[:, 2] = reg[nl:]
+  start = np.cumsum(ns) - ns
+  ins[:, 3] = reg[flat[start]]
+  last = len(flat) - 1
+  ins[:, 4] = np.where(ns >= 2, reg[flat[np.minimum(start + 1, last)]], -1)
+  c = np.where(ops == int(Ops.BITCAST), sdt_ids, -1)
+  ins[:, 5] = np.where((ops == int(Ops.WHERE)) & (ns == 3), reg[flat[np.minimum(start + 2, last)]], c)
+  return rg, ins.ravel().tolist()
+
+
 # ---- 6. words ----
 def _is_dot(loop: Loop, kn: list[KNode], tops: list[KNode], rg: Regs) -> bool:
   """A float sum whose expression ends in a product of two tiles: the VM sums products row by row (VR_DOT)."""
@@ -259,9 +330,10 @@ def _tile(loop: Loop, sp: Space) -> int:
 
 
 def emit(loop: Loop, sp: Space, kn: list[KNode], tops: list[KNode], live: set[KNode], rg: Regs, T: int = 0,
-         dot_ok: bool = True) -> list[int]:
+         dot_ok: bool = True, ins: list[int] | None = None) -> list[int]:
   """The VK_LOOP words: header, register file, loads, instructions, stores. T: the tile size (0: the loop's own);
-  dot_ok False keeps a reduction of a product from being a dot reduction (a split kernel decides as the whole)."""
+  dot_ok False keeps a reduction of a product from being a dot reduction (a split kernel decides as the whole);
+  ins: the instruction words when allocate_c made them."""
   shape, nd, regs, reg_of = sp.shape, len(sp.shape), list(rg.file), rg.of
   T = T or _tile(loop, sp)
   load_words, nload = [], 0
@@ -270,9 +342,9 @@ def emit(loop: Loop, sp: Space, kn: list[KNode], tops: list[KNode], live: set[KN
     nload += 1
     load_words += [reg_of[k], v.buf.id, v.buf.stype.id, v.offset, 0 if v.mask is None else 1, *v.strides]
     if v.mask is not None: load_words += [m[0] for m in v.mask] + [m[1] for m in v.mask]
-  ins_words, nins = [], 0
+  ins_words, nins = ([], 0) if ins is None else (ins, len(ins) // 6)
   WHERE, BITCAST = Ops.WHERE, Ops.BITCAST
-  for k in kn:
+  for k in (kn if ins is None else ()):
     if k.buf is not None or k not in live: continue
     op, src = k.op, k.src
     if op is WHERE: b, c = reg_of[src[1]], reg_of[src[2]]
@@ -506,7 +578,7 @@ def lower_loop(loop: Loop, new_buf=None) -> list[Part] | None:
     if g is not None: return [Part(g, True, _loop_bufs(loop))]
   kn, tops = peephole(loop)
   live = live_nodes(kn, tops)
-  rg = allocate(kn, live, tops, sp)
+  rg, ins = allocate_c(kn, live, tops, sp) if len(kn) >= _C_MIN else (allocate(kn, live, tops, sp), None)
   if new_buf is not None:
     T = _tile(loop, sp)
     cap = min(REGFILE_BUDGET, VM_MAXREGFILE) - 128 - (_vec_cost(T) if loop.redop is not None else 0)  # (a MOV's)
@@ -514,7 +586,7 @@ def lower_loop(loop: Loop, new_buf=None) -> list[Part] | None:
     if nsc * _SCALAR_COST + (len(rg.file) - nsc) * _vec_cost(T) > cap or len(rg.file) >= VM_MAXREGS:
       rs = runs(kn, live, tops, sp, T, cap, VM_MAXREGS - 1)
       if rs is not None and len(rs.runs) > 1: return split(loop, sp, kn, tops, live, T, rs, new_buf)
-  words = emit(loop, sp, kn, tops, live, rg)
+  words = emit(loop, sp, kn, tops, live, rg, ins=ins)
   if not regfile_fits(words): return None
   return [Part(words, any(not k.is_load for k in kn), _loop_bufs(loop))]
 

@@ -61,8 +61,8 @@ class KNode:
   A load has op BUFFER (or CONST, with the constant as arg, when it reads a constant broadcast to every index) and
   reads `buf` through `view`; an ALU node (op in GroupOp.ALU, CAST, BITCAST) computes over `src` (KNodes), `sdtype`
   being its first operand's dtype. `opcode` is the VM instruction's name when it is not the op's (a peephole's pick
-  that no Ops member names, e.g. ABS)."""
-  __slots__ = ("op", "dtype", "src", "arg", "buf", "view", "sdtype", "opcode")
+  that no Ops member names, e.g. ABS). `pos` is scratch for lowering (lower.allocate_c numbers the nodes in it)."""
+  __slots__ = ("op", "dtype", "src", "arg", "buf", "view", "sdtype", "opcode", "pos")
 
   def __init__(self, op: Ops, dtype: DType, src: tuple = (), arg=None, buf=None, view=None, sdtype=None, opcode=None):
     self.op, self.dtype, self.src, self.arg, self.buf, self.view, self.sdtype, self.opcode = op, dtype, src, arg, \
