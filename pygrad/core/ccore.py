@@ -186,9 +186,10 @@ class CCore:
     if n < 0: _raise(n, "src", nid)
     return tuple(ffi.unpack(buf, n))
 
-  def rows(self, ids) -> tuple[list, list[int]]:
+  def rows(self, ids, arrays: bool = False) -> tuple[list, list[int]]:
     """info() of every node of `ids` (a walk's Ids, or ints) as a list of 7-element lists, and their src() all
-    concatenated in order: a whole graph read in one call (the planner's flattening)."""
+    concatenated in order: a whole graph read in one call (the planner's flattening). arrays: as numpy int32 arrays
+    (n x 7, and flat) instead of lists."""
     import numpy as np
     if isinstance(ids, Ids): a = ids.numpy()
     else:
@@ -202,7 +203,7 @@ class CCore:
     for _ in range(2):
       m = lib.pg_store_rows(self._st, pa, n, pi, ffi.from_buffer("int32_t[]", src), len(src))
       if m < 0: _raise(m, "rows", f"{n} ids")
-      if m <= len(src): return info.tolist(), src[:m].tolist()
+      if m <= len(src): return (info, src[:m]) if arrays else (info.tolist(), src[:m].tolist())
       src = np.empty(m, np.int32)
     raise RuntimeError("pygrad C core: rows: the graph changed during the call")
 

@@ -120,16 +120,20 @@ class PyCore:
 
   def src(self, nid: int) -> tuple[int, ...]: return self._src[nid]
 
-  def rows(self, ids) -> tuple[list, list[int]]:
+  def rows(self, ids, arrays: bool = False) -> tuple[list, list[int]]:
     """info() of every node of `ids` as a list of 7-element lists, and their src() all concatenated in order (the
-    planner reads a whole graph at once)."""
+    planner reads a whole graph at once). arrays: as numpy int32 arrays (n x 7, and flat) instead of lists."""
     info, src, pdata, n = self._info, self._src, self._pdata, len(self._info)
     rows = []
     for i in ids:
       r = info[i] if type(i) is int and 0 <= i < n else None
       if r is None: raise ValueError(f"pygrad core: rows: {i!r} is not a live node id")
       rows.append([*r, pdata[i]])
-    return rows, [s for i in ids for s in src[i]]
+    flat = [s for i in ids for s in src[i]]
+    if arrays:
+      import numpy as np
+      return np.array(rows, np.int32).reshape(-1, 7), np.array(flat, np.int32)
+    return rows, flat
 
   def set_pdata(self, nid: int, pid: int) -> None:
     with self._lock:

@@ -3,6 +3,8 @@ FUNCTION inlined (its body's PARAMs bound to the call's arguments, per call), GE
 names, and the value-preserving ops (CONTIGUOUS, CONTIGUOUS_BACKWARD, DETACH, COPY between host devices, replicated
 MULTI) resolved to their source. Iterative: nothing recurses on graph depth."""
 from __future__ import annotations
+from itertools import repeat
+import numpy as np
 from ..ops import Ops, GroupOp
 from ..uop import UOp, handle
 from ..dtype import BY_ID, dtypes
@@ -17,9 +19,9 @@ class PNode:
   __slots__ = ("op", "dtype", "shape", "arg", "src", "idx", "nid", "users", "is_output", "view", "mat", "buf",
                "callbufs", "out_slot", "opcode")
 
-  def __init__(self, op, dtype, shape, arg, src, nid):
+  def __init__(self, op, dtype, shape, arg, src, nid, idx=0):
     self.op, self.dtype, self.shape, self.arg, self.src, self.nid = op, dtype, shape, arg, src, nid
-    self.idx, self.users, self.is_output, self.view, self.mat, self.buf = 0, 0, False, None, False, None
+    self.idx, self.users, self.is_output, self.view, self.mat, self.buf = idx, 0, False, None, False, None
     self.callbufs, self.out_slot = None, None
     self.opcode = None  # "DIV": a MUL computed as the quotient src[0] / src[1] (see _quotient)
 
@@ -134,6 +136,44 @@ class Flattener:
 
 _OPS = tuple(Ops)
 _ALIAS_IDS = frozenset(int(o) for o in _ALIAS)
+# ops the columnar path leaves to the loop: they resolve to another node's value, or name structure, or are CALLs
+_NOT_PLAIN = np.zeros(max(int(o) for o in Ops) + 1, bool)
+_NOT_PLAIN[[*_ALIAS_IDS, *(int(o) for o in (Ops.MULTI, Ops.GETTUPLE, Ops.NOOP, Ops.TUPLE, Ops.SINK, Ops.FUNCTION,
+                                            Ops.CALL, Ops.AFTER))]] = True
+_IS_FLOAT = np.array([d is not None and dtypes.is_float(d) for d in BY_ID], bool)
+
+
+def _flatten_plain(order: np.ndarray, info: np.ndarray, flat: np.ndarray):
+  """_flatten_ids' nodes for a graph of plain values only (no op that resolves to another node's value or names
+  structure: every node is one PNode and its sources' PNodes are its operands), built a column at a time; None
+  when the graph has another op. Returns (nodes, the position of each node id)."""
+  ops = info[:, 0]
+  if len(ops) == 0 or _NOT_PLAIN[ops].any(): return None
+  from ..intern import ARGS, META
+  n = len(order)
+  pos = np.empty(int(order.max()) + 1, np.int64)
+  pos[order] = np.arange(n)
+  sp = pos[flat]  # every source as its node's position
+  metas = META.vals
+  nodes = list(map(PNode, map(_OPS.__getitem__, ops.tolist()), map(BY_ID.__getitem__, info[:, 1].tolist()),
+                   [metas[m][0] for m in info[:, 5].tolist()], map(ARGS.objs.__getitem__, info[:, 3].tolist()),
+                   repeat(()), order.tolist(), range(n)))
+  ns = info[:, 2].astype(np.int64)
+  start = np.cumsum(ns) - ns
+  get = nodes.__getitem__
+  for k in range(1, int(ns.max()) + 1 if n else 1):
+    at = np.flatnonzero(ns == k)
+    if not len(at): continue
+    cols = [map(get, sp[start[at] + j].tolist()) for j in range(k)]
+    for _ in map(setattr, map(get, at.tolist()), repeat("src"), zip(*cols)): pass
+  # values.quotient_operands' rule (see _quotient): a float MUL of a RECIPROCAL is a quotient
+  mul = np.flatnonzero((ops == _MUL) & _IS_FLOAT[info[:, 1]] & (ns == 2))
+  if len(mul):
+    a, b = ops[sp[start[mul]]] == _RECIP, ops[sp[start[mul] + 1]] == _RECIP
+    for i in mul[a | b].tolist():
+      m = nodes[i]
+      _quotient(m, (m.src[0].nid, m.src[1].nid))
+  return nodes, pos
 
 
 def _flatten_ids(outputs: list[UOp]):
@@ -154,7 +194,13 @@ def _flatten_ids(outputs: list[UOp]):
                                                                        Ops.NOOP, Ops.AFTER, Ops.CALL, Ops.SINK))
   MUL = int(Ops.MUL)
   order = CORE.toposort(roots, False)
-  rows, flat = CORE.rows(order)  # the whole graph's fields in one call into the core
+  info, flat = CORE.rows(order, arrays=True)  # the whole graph's fields in one call into the core
+  order = np.asarray(order.numpy() if hasattr(order, "numpy") else order, np.int64).reshape(-1)
+  plain = _flatten_plain(order, info, flat)
+  if plain is not None:
+    nodes, pos = plain
+    return nodes, [_structure(o, 0, None, lambda u, c: nodes[pos[u._id]]) for o in outputs]
+  rows, flat, order = info.tolist(), flat.tolist(), order.tolist()
   tups: dict[int, list[int]] = {}  # the sources of TUPLE nodes, which GETTUPLE looks into
   calls: dict[int, list[int]] = {}  # and of CALL nodes, which AFTER looks into
   p = 0
