@@ -108,6 +108,23 @@ int32_t pg_vm_get_threads(void);
 int64_t pg_regalloc(int64_t n, const int8_t *nsrc, const int32_t *src, const int32_t *ct, const uint8_t *sc_in,
                     const uint8_t *pinned, int32_t *reg, uint8_t *sc_out, int32_t *file_ct, uint8_t *file_sc);
 
+/* ---- kwalk.c: the walk building one fused kernel's expression (pygrad/engine/planner.py, _build_c): node flags,
+   and the result when the kernel reads through a movement op ---- */
+#define PG_KW_LEAF 1
+#define PG_KW_ALU 2
+#define PG_KW_SCALAR 4
+#define PG_KW_MOVES -30
+int64_t pg_kernel_walk(int64_t n, const int32_t *nsrc, const int64_t *off, const int32_t *src, int64_t src_len,
+                       const uint8_t *flags, int64_t top, int32_t top_leaf, int32_t *memo, int32_t *out, int64_t out_cap,
+                       int32_t *out_src, int64_t src_cap);
+
+/* ---- plan_users.c: the planner's users count and fused-value sweeps (pygrad/engine/planner.py, _Graph) ---- */
+#define PG_PU_ALU 2
+#define PG_PU_ALU_MOVE 8
+#define PG_PU_OUTPUT 16
+int pg_plan_users(int64_t n, const int32_t *nsrc, const int64_t *off, const int32_t *src, int64_t src_len,
+                  const uint8_t *flags, const int32_t *shape, int32_t *users, uint8_t *fused);
+
 /* ---- mem.c: give free heap pages back to the OS (glibc's malloc_trim; 0 elsewhere) ---- */
 int pg_mem_trim(void);
 

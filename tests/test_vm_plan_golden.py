@@ -103,6 +103,25 @@ def test_every_kernel_through_the_c_allocator_gives_the_same_program(name, monke
   assert digest(name) == GOLDEN[name]
 
 
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_every_kernel_walked_in_c_gives_the_same_program(name, monkeypatch):
+  """planner._build_c (csrc/kwalk.c, for plans of large kernels) on every plan and kernel: _build_py's KNodes."""
+  from pygrad.engine import planner
+  monkeypatch.setattr(planner, "_WALK_MIN_NODES", 0)
+  monkeypatch.setattr(planner, "_WALK_PER_JOB", 0)
+  assert digest(name) == GOLDEN[name]
+
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_every_plan_counted_in_c_gives_the_same_program(name, monkeypatch):
+  """planner._Graph.users_fused (csrc/plan_users.c, for large graphs) on every plan: the users and fused flags of
+  Planner.__init__'s loop and _fused_shared."""
+  from pygrad.engine import planner
+  monkeypatch.setattr(planner, "_GRAPH_MIN_NODES", 0)
+  assert digest(name) == GOLDEN[name]
+
+
 if __name__ == "__main__":
   sys.setrecursionlimit(10_000)
   for n in sorted(GRAPHS): print(f"  {n!r}: {digest(n)!r},")

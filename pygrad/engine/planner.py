@@ -9,6 +9,8 @@ kernel is built top-down from the value it stores: movement ops on the way down 
 leaves, so the expression is computed once per output element and an EXPAND is a zero stride, never a temporary."""
 from __future__ import annotations
 import math
+from itertools import chain, repeat
+from operator import attrgetter, itemgetter, is_not, not_
 from typing import NamedTuple
 import numpy as np
 from ..ops import Ops, GroupOp
@@ -139,6 +141,79 @@ def _fused_shared(nodes: list[PNode]) -> bytearray:
   return fused
 
 
+_GRAPH_MIN_NODES = 4096  # graphs from which the planner's sweeps run in C over arrays
+_WALK_MIN_NODES, _WALK_PER_JOB = 4096, 64  # plans whose kernels average this many nodes walk them in C
+_KW_LEAF, _KW_ALU, _KW_SCALAR = 1, 2, 4  # csrc/pygrad.h's PG_KW_* flags
+_PU_ALU, _PU_ALU_MOVE, _PU_OUTPUT = 2, 8, 16  # and PG_PU_*
+_G_SRC, _G_OP, _G_DTYPE, _G_OPCODE, _G_IDX, _G_VIEW, _G_SHAPE, _G_OUT = (attrgetter(a) for a in (
+  "src", "op", "dtype", "opcode", "idx", "view", "shape", "is_output"))
+_G_SRC0 = itemgetter(0)
+_OP_FLAGS = np.zeros(max(int(o) for o in Ops) + 1, np.uint8)
+_OP_FLAGS[[int(o) for o in _ALU]] |= _PU_ALU
+_OP_FLAGS[[int(o) for o in _ALU_MOVE]] |= _PU_ALU_MOVE
+
+
+class _Graph:
+  """The flattened graph as arrays (sources as node numbers, op classes, outputs, shape ids) for the C sweeps."""
+
+  def __init__(self, nodes: list[PNode]):
+    n = self.n = len(nodes)
+    srcs = list(map(_G_SRC, nodes))
+    self.nsrc = np.fromiter(map(len, srcs), np.int32, n)
+    self.off = np.cumsum(self.nsrc, dtype=np.int64) - self.nsrc
+    self.src = np.fromiter(map(_G_IDX, chain.from_iterable(srcs)), np.int32)
+    self.ops = _OP_FLAGS[np.fromiter(map(_G_OP, nodes), np.int64, n)]
+    from .vmlib import ffi, lib  # (the planner itself needs no compiled module)
+    self.ffi, self.lib = ffi, lib
+
+  def users_fused(self, nodes: list[PNode]) -> bytearray:
+    """Sets every node's users (Planner.__init__'s count) and returns _fused_shared's flags."""
+    n = self.n
+    flags = self.ops | np.fromiter(map(_G_OUT, nodes), bool, n).astype(np.uint8) * _PU_OUTPUT
+    shapes = list(map(_G_SHAPE, nodes))  # equal shapes, one id: canonical among the distinct tuple objects
+    first, inv = np.unique(np.fromiter(map(id, shapes), np.int64, n), return_index=True, return_inverse=True)[1:]
+    canon: dict = {}
+    sid = np.array([canon.setdefault(shapes[i], len(canon)) for i in first.tolist()], np.int32)[inv]
+    users, fused = np.empty(n, np.int32), np.empty(n, np.uint8)
+    cp = self.ffi.from_buffer
+    rc = self.lib.pg_plan_users(n, cp("int32_t[]", self.nsrc), cp("int64_t[]", self.off), cp("int32_t[]", self.src),
+                                len(self.src), cp("uint8_t[]", flags), cp("int32_t[]", sid), cp("int32_t[]", users),
+                                cp("uint8_t[]", fused))
+    if rc < 0: raise RuntimeError(f"pygrad planner: the users sweep failed ({rc})")
+    for _ in map(setattr, nodes, repeat("users"), users.tolist()): pass
+    return bytearray(fused.tobytes())
+
+
+class _Walk:
+  """The graph's arrays with each node's class for csrc/kwalk.c (made once per plan, once every node has its
+  view), and the walk's scratch memory: a memo, all -1 between calls, and output buffers for the largest kernel."""
+
+  def __init__(self, g: _Graph, nodes: list[PNode]):
+    n = self.n = g.n
+    self.nsrc = g.nsrc
+    flags = g.ops & _KW_ALU
+    flags |= np.fromiter(map(is_not, map(_G_VIEW, nodes), repeat(None)), bool, n).astype(np.uint8) * _KW_LEAF
+    flags |= np.fromiter(map(not_, map(_G_SHAPE, nodes)), bool, n).astype(np.uint8) * _KW_SCALAR
+    self.flags = flags
+    self.memo = np.full(2 * n, -1, np.int32)
+    self.out, self.out_src = np.empty(6 * n, np.int32), np.empty(6 * n, np.int32)
+    self._lib, cp = g.lib, g.ffi.from_buffer
+    self._args = (cp("int32_t[]", g.nsrc), cp("int64_t[]", g.off), cp("int32_t[]", g.src), len(g.src),
+                  cp("uint8_t[]", self.flags))
+    self._mem = (cp("int32_t[]", self.memo), cp("int32_t[]", self.out), len(self.out) // 3,
+                 cp("int32_t[]", self.out_src), len(self.out_src))
+
+  def run(self, top: int, top_leaf: bool):
+    """(entries as a flat int array: node, bc, leaf per entry; the ALU entries' operands as entry numbers), or
+    (None, None) when the kernel has a movement op."""
+    m = self._lib.pg_kernel_walk(self.n, *self._args, top, int(top_leaf), *self._mem)
+    if m == self._lib.PG_KW_MOVES: return None, None
+    if m < 0: raise RuntimeError(f"pygrad planner: the kernel walk failed ({m})")
+    ent = self.out[:3 * m].copy()
+    nsrc = int(self.nsrc[ent[0::3]][ent[2::3] == 0].sum())
+    return ent, self.out_src[:nsrc].copy()
+
+
 class Planner:
   """Plan a flattened graph: `kernels` (Loop and CallStep, in order), `bufs`, `outputs` (per output a Buf or None
   or a tuple), `inputs` (per input slot the UOp)."""
@@ -155,12 +230,19 @@ class Planner:
       x = stack.pop()
       if type(x) is tuple: stack.extend(x)
       elif x is not None: x.is_output = True
-    for n in reversed(nodes):  # users that are computed: a MUL made a quotient (flatten's _quotient) leaves its
-      if n.users or n.is_output or n.op not in _ALU_MOVE:  # RECIPROCAL unused, whose divisor was then "shared"
-        for s in n.src: s.users += 1
-    self.fused = _fused_shared(nodes)
+    graph = _Graph(nodes) if len(nodes) >= _GRAPH_MIN_NODES else None
+    if graph is not None: self.fused = graph.users_fused(nodes)  # csrc/plan_users.c: the two sweeps below
+    else:
+      for n in reversed(nodes):  # users that are computed: a MUL made a quotient (flatten's _quotient) leaves its
+        if n.users or n.is_output or n.op not in _ALU_MOVE:  # RECIPROCAL unused, whose divisor was then "shared"
+          for s in n.src: s.users += 1
+      self.fused = _fused_shared(nodes)
     for n in nodes: self._visit(n)
     self.outputs = [map_nested(o, self._output) for o in shaped_outputs]
+    # large kernels (few jobs for many nodes) are walked in C (csrc/kwalk.c) over the graph as arrays
+    self.walk = None
+    if len(nodes) >= _WALK_MIN_NODES and len(nodes) >= _WALK_PER_JOB * len(self.jobs):
+      self.walk = _Walk(graph or _Graph(nodes), nodes)
     self.jobs.sort(key=lambda j: j[0])
     for j in self.jobs: j[2]()
     self.jobs = []  # its closures hold the planner: dropped, the plan is freed by reference counting
@@ -318,6 +400,51 @@ class Planner:
     return b, v
 
   def _build(self, top: PNode, kshape, expand_top: bool):
+    """(knodes in dependency order, top's KNode) computing `top` over index space kshape: _build_c's when the plan
+    walks in C and the kernel has no movement op, else _build_py's (the same KNodes, in the same order)."""
+    if self.walk is not None:
+      r = self._build_c(top, kshape, expand_top)
+      if r is not None: return r
+    return self._build_py(top, kshape, expand_top)
+
+  def _build_c(self, top: PNode, kshape, expand_top: bool):
+    """_build_py's result from csrc/kwalk.c's walk: the entries in order, a load per leaf (loads with the same
+    buffer, view and dtype are one KNode), the ALU KNodes made and given their operands a column at a time. None
+    when the kernel reads through a movement op (the pending views are _build_py's)."""
+    w = self.walk
+    top_leaf = (top.op not in _ALU_MOVE) if expand_top else (top.view is not None)
+    ent, srcs = w.run(top.idx, top_leaf)
+    if ent is None: return None
+    nodes = self.nodes
+    m = len(ent) // 3
+    kn_of = np.empty(m, object)
+    keep = np.ones(m, bool)
+    leaf_e = ent[2::3].nonzero()[0]
+    cells = [(("BCAST", top.shape), None)]
+    loads: dict = {}
+    for e in leaf_e.tolist():
+      n = nodes[ent[3 * e]]
+      b, v = self._leaf_view(n.view, 0 if ent[3 * e + 1] else None, cells, kshape, n.dtype)
+      lk = (b.id, v.key(), n.dtype)
+      kn = loads.get(lk)
+      if kn is None: kn = loads[lk] = KNode.load(b, v, n.dtype)
+      else: keep[e] = False
+      kn_of[e] = kn
+    alu_e = (ent[2::3] == 0).nonzero()[0]
+    if len(alu_e):
+      alu = list(map(nodes.__getitem__, ent[3 * alu_e].tolist()))
+      kn_of[alu_e] = list(map(KNode, map(_G_OP, alu), map(_G_DTYPE, alu), repeat(()), repeat(None), repeat(None),
+                              repeat(None), map(_G_DTYPE, map(_G_SRC0, map(_G_SRC, alu))), map(_G_OPCODE, alu)))
+      ns = w.nsrc[ent[3 * alu_e]].astype(np.int64)
+      start = np.cumsum(ns) - ns
+      for k in range(1, int(ns.max()) + 1):
+        at = np.flatnonzero(ns == k)
+        if not len(at): continue
+        cols = [kn_of[srcs[start[at] + j]].tolist() for j in range(k)]
+        for _ in map(setattr, kn_of[alu_e[at]].tolist(), repeat("src"), zip(*cols)): pass
+    return kn_of[keep].tolist(), kn_of[m - 1]
+
+  def _build_py(self, top: PNode, kshape, expand_top: bool):
     """(knodes in dependency order, top's KNode) computing `top` over index space kshape. A (node, pending
     movements) pair is keyed by one int, idx + (cell + 1) * N (cell -1: none), so the walk builds no tuples."""
     knodes: list = []
