@@ -41,6 +41,8 @@ TILE, TILE_REDUCE = 4096, 8192  # elements per tile: registers of a fused group 
 REGFILE_BUDGET = 128 << 20
 _CMP = (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ)
 _OPC = {op: OPCODES[op.name] for op in Ops if op.name in OPCODES}
+_G_SRC, _G_OP, _G_OPCODE, _G_DTYPE, _G_SDTYPE, _G_ID, _G_POS = (attrgetter(a) for a in (
+  "src", "op", "opcode", "dtype", "sdtype", "id", "pos"))
 
 
 class KView:
@@ -158,11 +160,19 @@ _PEEP_NEEDS = Ops.WHERE  # every rule's pattern has one: kernels without it skip
 _PEEP_ROOTS, _PEEP_SRC = frozenset({Ops.MUL}), Ops.WHERE
 
 
+def _sign_shaped(w: KNode) -> bool:
+  """A WHERE that may be _SIGN: the rules' roots need one (a cheap test of the pattern's first levels)."""
+  src = w.src
+  return len(src) == 3 and src[0].op is Ops.CMPNE and src[1].op is Ops.WHERE and src[2].op is Ops.CONST
+
+
 def peephole(loop: Loop) -> tuple[list[KNode], list[KNode]]:
   """(knodes, the stores' sources) with pm_peephole's rewrites applied in one forward pass (later nodes read the
   rewritten ones)."""
   kn, tops = loop.knodes, [s.src for s in loop.stores]
-  if not any(k.op is _PEEP_NEEDS for k in kn): return kn, tops
+  if _PEEP_NEEDS not in map(_G_OP, kn): return kn, tops
+  if len(kn) >= _C_MIN and not any(map(_sign_shaped, (k for k in kn if k.op is _PEEP_NEEDS))):
+    return kn, tops  # no operand the rules need (rewrites make no WHERE): nothing to rewrite
   new: dict[KNode, KNode] = {}
   out = []
   for k0 in kn:
@@ -253,8 +263,6 @@ _C_MIN = 256  # live ALU nodes from which allocate_c's arrays cost less than all
 _OPC_OF = np.full(max(int(op) for op in Ops) + 1, -1, np.int64)
 for _op, _code in _OPC.items(): _OPC_OF[int(_op)] = _code
 _CMP_IDS = np.array([int(op) for op in _CMP])
-_G_SRC, _G_OP, _G_OPCODE, _G_DTYPE, _G_SDTYPE, _G_ID, _G_POS = (attrgetter(a) for a in (
-  "src", "op", "opcode", "dtype", "sdtype", "id", "pos"))
 
 
 def allocate_c(kn: list[KNode], live: set[KNode], tops: list[KNode], sp: Space) -> tuple[Regs, list[int]]:
