@@ -565,10 +565,11 @@ def split(loop: Loop, sp: Space, kn: list[KNode], tops: list[KNode], live: set[K
   return parts
 
 
-def _loop_bufs(loop: Loop) -> list[Buf]:
-  """The distinct buffers a loop reads and writes, in order of first use."""
+def _loop_bufs(loop: Loop, sp: Space | None = None) -> list[Buf]:
+  """The distinct buffers a loop reads and writes, in order of first use (sp: its space, whose loads are the loop's
+  in order)."""
   seen: dict[int, Buf] = {}
-  for k in loop.knodes:
+  for k in (loop.knodes if sp is None else sp.loads):
     if k.buf is not None and k.buf.id not in seen: seen[k.buf.id] = k.buf
   for st in loop.stores: seen.setdefault(st.buf.id, st.buf)
   return list(seen.values())
@@ -594,9 +595,10 @@ def lower_loop(loop: Loop, new_buf=None) -> list[Part] | None:
     if nsc * _SCALAR_COST + (len(rg.file) - nsc) * _vec_cost(T) > cap or len(rg.file) >= VM_MAXREGS:
       rs = runs(kn, live, tops, sp, T, cap, VM_MAXREGS - 1)
       if rs is not None and len(rs.runs) > 1: return split(loop, sp, kn, tops, live, T, rs, new_buf)
-  words = emit(loop, sp, kn, tops, live, rg, ins=ins)
+  fused = bool(ins) or any(k.buf is None for k in kn)  # (ins: allocate_c's words, one per live ALU node)
+  words = emit(loop, sp, kn, tops, live, rg, ins=ins)  # (which appends to ins)
   if not regfile_fits(words): return None
-  return [Part(words, any(not k.is_load for k in kn), _loop_bufs(loop))]
+  return [Part(words, fused, _loop_bufs(loop, sp))]
 
 
 # ---- the same kernel again ----
