@@ -122,6 +122,21 @@ def test_every_plan_counted_in_c_gives_the_same_program(name, monkeypatch):
   assert digest(name) == GOLDEN[name]
 
 
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_planned_loops_marked_reachable_have_every_node_live(name):
+  """lower_loop skips dead-code elimination on a Loop the planner marks reachable: every knode is live there."""
+  from pygrad.engine.flatten import flatten
+  from pygrad.engine.planner import Planner, Loop
+  from pygrad.engine.lower import live_nodes
+  outs, ins = GRAPHS[name]()
+  try:
+    pl = Planner(*flatten(outs), ins)
+  except (ValueError, TypeError):
+    return
+  loops = [k for k in pl.kernels if isinstance(k, Loop) and k.reachable]
+  for k in loops: assert live_nodes(k.knodes, [s.src for s in k.stores]) == set(k.knodes)
+
 if __name__ == "__main__":
   sys.setrecursionlimit(10_000)
   for n in sorted(GRAPHS): print(f"  {n!r}: {digest(n)!r},")

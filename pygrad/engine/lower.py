@@ -586,7 +586,7 @@ def lower_loop(loop: Loop, new_buf=None) -> list[Part] | None:
     g = contraction(loop, sp)
     if g is not None: return [Part(g, True, _loop_bufs(loop))]
   kn, tops = peephole(loop)
-  live = live_nodes(kn, tops)
+  live = set(kn) if kn is loop.knodes and loop.reachable else live_nodes(kn, tops)
   rg, ins = allocate_c(kn, live, tops, sp) if len(kn) >= _C_MIN else (allocate(kn, live, tops, sp), None)
   if new_buf is not None:
     T = _tile(loop, sp)

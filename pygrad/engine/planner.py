@@ -91,12 +91,15 @@ class Store(NamedTuple):
 
 class Loop:
   """One VM loop kernel before lowering over index space `shape`: `knodes` (loads and ALU nodes in dependency
-  order), `stores`, and for a reduction the reduce op, the reduced axes and the result's dtype."""
-  __slots__ = ("shape", "knodes", "stores", "redop", "redaxes", "rdtype")
+  order), `stores`, and for a reduction the reduce op, the reduced axes and the result's dtype. `reachable`: every
+  knode is read by the stores, directly or not (the planner's walk made them from the stores' values)."""
+  __slots__ = ("shape", "knodes", "stores", "redop", "redaxes", "rdtype", "reachable")
 
-  def __init__(self, shape, knodes: list[KNode], stores: list[Store], redop=None, redaxes=(), rdtype=None):
+  def __init__(self, shape, knodes: list[KNode], stores: list[Store], redop=None, redaxes=(), rdtype=None,
+               reachable: bool = False):
     self.shape, self.knodes, self.stores, self.redop, self.redaxes, self.rdtype = tuple(shape), knodes, stores, redop, \
       tuple(redaxes), rdtype
+    self.reachable = reachable
 
 
 class OutRef:
@@ -357,7 +360,7 @@ class Planner:
       knodes, top = self._build(src, src.shape, expand_top=False)
       st = View.contiguous(n.shape).strides  # the reduced dims have size 1, so stride 0
       self.kernels.append(Loop(src.shape, knodes, [Store(top, b, View(src.shape, st))], redop=n.arg[0],
-                               redaxes=n.arg[1], rdtype=n.dtype))
+                               redaxes=n.arg[1], rdtype=n.dtype, reachable=True))
     elif n.op is Ops.MULTI:
       axis, start = n.arg, 0
       for s in n.src:
@@ -369,7 +372,7 @@ class Planner:
 
   def _emit_store(self, n: PNode, b: Buf, view: View, dtype, expand_top=False) -> None:
     knodes, top = self._build(n, n.shape, expand_top=expand_top)
-    self.kernels.append(Loop(n.shape, knodes, [Store(top, b, view)]))
+    self.kernels.append(Loop(n.shape, knodes, [Store(top, b, view)], reachable=True))
 
   def _emit_copy(self, view, dtype, b: Buf) -> None:
     src, v = view
