@@ -146,7 +146,8 @@ _IS_FLOAT = np.array([d is not None and dtypes.is_float(d) for d in BY_ID], bool
 def _flatten_plain(order: np.ndarray, info: np.ndarray, flat: np.ndarray):
   """_flatten_ids' nodes for a graph of plain values only (no op that resolves to another node's value or names
   structure: every node is one PNode and its sources' PNodes are its operands), built a column at a time; None
-  when the graph has another op. Returns (nodes, the position of each node id)."""
+  when the graph has another op. Returns (nodes, the position of each node id, the columns the planner's sweeps
+  read: nsrc, src as node positions, op ids and meta ids per node)."""
   ops = info[:, 0]
   if len(ops) == 0 or _NOT_PLAIN[ops].any(): return None
   from ..intern import ARGS, META
@@ -173,7 +174,9 @@ def _flatten_plain(order: np.ndarray, info: np.ndarray, flat: np.ndarray):
     for i in mul[a | b].tolist():
       m = nodes[i]
       _quotient(m, (m.src[0].nid, m.src[1].nid))
-  return nodes, pos
+      sp[start[i]:start[i] + 2] = [m.src[0].idx, m.src[1].idx]
+  cols = {"nsrc": ns.astype(np.int32), "src": sp.astype(np.int32), "op": ops.astype(np.int64), "meta": info[:, 5]}
+  return nodes, pos, cols
 
 
 def _flatten_ids(outputs: list[UOp]):
@@ -198,8 +201,8 @@ def _flatten_ids(outputs: list[UOp]):
   order = np.asarray(order.numpy() if hasattr(order, "numpy") else order, np.int64).reshape(-1)
   plain = _flatten_plain(order, info, flat)
   if plain is not None:
-    nodes, pos = plain
-    return nodes, [_structure(o, 0, None, lambda u, c: nodes[pos[u._id]]) for o in outputs]
+    nodes, pos, cols = plain
+    return nodes, [_structure(o, 0, None, lambda u, c: nodes[pos[u._id]]) for o in outputs], cols
   rows, flat, order = info.tolist(), flat.tolist(), order.tolist()
   tups: dict[int, list[int]] = {}  # the sources of TUPLE nodes, which GETTUPLE looks into
   calls: dict[int, list[int]] = {}  # and of CALL nodes, which AFTER looks into
@@ -233,18 +236,20 @@ def _flatten_ids(outputs: list[UOp]):
     n.idx = len(nodes)
     nodes.append(n)
     pn[nid] = n
-  return nodes, [_structure(o, 0, None, lambda u, c: pn[u._id]) for o in outputs]
+  return nodes, [_structure(o, 0, None, lambda u, c: pn[u._id]) for o in outputs], None
 
 
-def flatten(outputs: list[UOp]):
-  """(nodes in topological order, per output: a PNode, None for NOOP, or a tuple of those for TUPLE/SINK/FUNCTION)."""
+def flatten(outputs: list[UOp], columns: bool = False):
+  """(nodes in topological order, per output: a PNode, None for NOOP, or a tuple of those for TUPLE/SINK/FUNCTION);
+  columns: and a third item, the node table's columns when the columnar path made them (else None)."""
   fast = _flatten_ids(outputs)
-  if fast is not None: return fast
+  if fast is not None: return fast if columns else fast[:2]
   fl = Flattener()
   pairs: list = []
   for o in outputs: _structure(o, 0, fl.fctx, lambda u, c: pairs.append((u, c)))
   fl.resolve(pairs)
-  return fl.nodes, [_structure(o, 0, fl.fctx, lambda u, c: fl.memo[(u._id, c)]) for o in outputs]
+  out = fl.nodes, [_structure(o, 0, fl.fctx, lambda u, c: fl.memo[(u._id, c)]) for o in outputs]
+  return (*out, None) if columns else out
 
 
 __all__ = ["PNode", "flatten"]

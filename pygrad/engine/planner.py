@@ -159,13 +159,18 @@ _OP_FLAGS[[int(o) for o in _ALU_MOVE]] |= _PU_ALU_MOVE
 class _Graph:
   """The flattened graph as arrays (sources as node numbers, op classes, outputs, shape ids) for the C sweeps."""
 
-  def __init__(self, nodes: list[PNode]):
+  def __init__(self, nodes: list[PNode], cols: dict | None = None):
     n = self.n = len(nodes)
-    srcs = list(map(_G_SRC, nodes))
-    self.nsrc = np.fromiter(map(len, srcs), np.int32, n)
+    self.meta = None  # (per node a meta id: equal ids, equal shapes)
+    if cols is not None:  # flatten's columns (flatten.py, _flatten_plain)
+      self.nsrc, self.src, self.meta = cols["nsrc"], cols["src"], cols["meta"]
+      self.ops = _OP_FLAGS[cols["op"]]
+    else:
+      srcs = list(map(_G_SRC, nodes))
+      self.nsrc = np.fromiter(map(len, srcs), np.int32, n)
+      self.src = np.fromiter(map(_G_IDX, chain.from_iterable(srcs)), np.int32)
+      self.ops = _OP_FLAGS[np.fromiter(map(_G_OP, nodes), np.int64, n)]
     self.off = np.cumsum(self.nsrc, dtype=np.int64) - self.nsrc
-    self.src = np.fromiter(map(_G_IDX, chain.from_iterable(srcs)), np.int32)
-    self.ops = _OP_FLAGS[np.fromiter(map(_G_OP, nodes), np.int64, n)]
     from .vmlib import ffi, lib  # (the planner itself needs no compiled module)
     self.ffi, self.lib = ffi, lib
 
@@ -173,10 +178,11 @@ class _Graph:
     """Sets every node's users (Planner.__init__'s count) and returns _fused_shared's flags."""
     n = self.n
     flags = self.ops | np.fromiter(map(_G_OUT, nodes), bool, n).astype(np.uint8) * _PU_OUTPUT
-    shapes = list(map(_G_SHAPE, nodes))  # equal shapes, one id: canonical among the distinct tuple objects
-    first, inv = np.unique(np.fromiter(map(id, shapes), np.int64, n), return_index=True, return_inverse=True)[1:]
+    # equal shapes, one id: canonical among the distinct meta ids, or else the distinct tuple objects
+    keys = self.meta if self.meta is not None else np.fromiter(map(id, map(_G_SHAPE, nodes)), np.int64, n)
+    first, inv = np.unique(keys, return_index=True, return_inverse=True)[1:]
     canon: dict = {}
-    sid = np.array([canon.setdefault(shapes[i], len(canon)) for i in first.tolist()], np.int32)[inv]
+    sid = np.array([canon.setdefault(nodes[i].shape, len(canon)) for i in first.tolist()], np.int32)[inv]
     users, fused = np.empty(n, np.int32), np.empty(n, np.uint8)
     cp = self.ffi.from_buffer
     rc = self.lib.pg_plan_users(n, cp("int32_t[]", self.nsrc), cp("int64_t[]", self.off), cp("int32_t[]", self.src),
@@ -221,7 +227,7 @@ class Planner:
   """Plan a flattened graph: `kernels` (Loop and CallStep, in order), `bufs`, `outputs` (per output a Buf or None
   or a tuple), `inputs` (per input slot the UOp)."""
 
-  def __init__(self, nodes: list[PNode], shaped_outputs: list, inputs: list):
+  def __init__(self, nodes: list[PNode], shaped_outputs: list, inputs: list, cols: dict | None = None):
     self.nodes, self.bufs, self.kernels, self.jobs, self.consts = nodes, [], [], [], {}
     self.input_bufs: dict[int, Buf] = {}
     for i, u in enumerate(inputs):
@@ -233,7 +239,7 @@ class Planner:
       x = stack.pop()
       if type(x) is tuple: stack.extend(x)
       elif x is not None: x.is_output = True
-    graph = _Graph(nodes) if len(nodes) >= _GRAPH_MIN_NODES else None
+    graph = _Graph(nodes, cols) if len(nodes) >= _GRAPH_MIN_NODES else None
     if graph is not None: self.fused = graph.users_fused(nodes)  # csrc/plan_users.c: the two sweeps below
     else:
       for n in reversed(nodes):  # users that are computed: a MUL made a quotient (flatten's _quotient) leaves its

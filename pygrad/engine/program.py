@@ -168,8 +168,8 @@ class Program:
 
   def _plan(self, outputs: list[UOp], keep_words: bool) -> int:
     """Plans the graph; returns its node count."""
-    nodes, shaped = flatten(outputs)
-    pl = Planner(nodes, shaped, self.inputs)
+    nodes, shaped, cols = flatten(outputs, columns=True)
+    pl = Planner(nodes, shaped, self.inputs, cols)
     self._shaped = pl.outputs
     self._out_bufs = sorted((b for b in pl.bufs if b.kind == "output"), key=lambda b: b.index)
     # lowering first: a loop whose register file would be too large is split, with arena buffers of its own
