@@ -154,6 +154,8 @@ _G_SRC0 = itemgetter(0)
 _OP_FLAGS = np.zeros(max(int(o) for o in Ops) + 1, np.uint8)
 _OP_FLAGS[[int(o) for o in _ALU]] |= _PU_ALU
 _OP_FLAGS[[int(o) for o in _ALU_MOVE]] |= _PU_ALU_MOVE
+_PURE = 64  # (Python only: a pure ALU op, _visit's first case)
+_OP_FLAGS[[int(o) for o in _PURE_ALU]] |= _PURE
 
 
 class _Graph:
@@ -177,7 +179,8 @@ class _Graph:
   def users_fused(self, nodes: list[PNode]) -> bytearray:
     """Sets every node's users (Planner.__init__'s count) and returns _fused_shared's flags."""
     n = self.n
-    flags = self.ops | np.fromiter(map(_G_OUT, nodes), bool, n).astype(np.uint8) * _PU_OUTPUT
+    flags = (self.ops & (_PU_ALU | _PU_ALU_MOVE)) | np.fromiter(map(_G_OUT, nodes), bool, n).astype(np.uint8) * \
+        _PU_OUTPUT
     # equal shapes, one id: canonical among the distinct meta ids, or else the distinct tuple objects
     keys = self.meta if self.meta is not None else np.fromiter(map(id, map(_G_SHAPE, nodes)), np.int64, n)
     first, inv = np.unique(keys, return_index=True, return_inverse=True)[1:]
@@ -190,6 +193,8 @@ class _Graph:
                                 cp("uint8_t[]", fused))
     if rc < 0: raise RuntimeError(f"pygrad planner: the users sweep failed ({rc})")
     for _ in map(setattr, nodes, repeat("users"), users.tolist()): pass
+    # the nodes _visit has anything to do for: a pure ALU node neither an output nor read twice stays an expression
+    self.visit = np.flatnonzero(~((self.ops & _PURE) != 0) | ((flags & _PU_OUTPUT) != 0) | (users >= 2)).tolist()
     return bytearray(fused.tobytes())
 
 
@@ -246,7 +251,7 @@ class Planner:
         if n.users or n.is_output or n.op not in _ALU_MOVE:  # RECIPROCAL unused, whose divisor was then "shared"
           for s in n.src: s.users += 1
       self.fused = _fused_shared(nodes)
-    for n in nodes: self._visit(n)
+    for n in (nodes if graph is None else map(nodes.__getitem__, graph.visit)): self._visit(n)
     self.outputs = [map_nested(o, self._output) for o in shaped_outputs]
     # large kernels (few jobs for many nodes) are walked in C (csrc/kwalk.c) over the graph as arrays
     self.walk = None
