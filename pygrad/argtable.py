@@ -141,7 +141,7 @@ def _columns(xs: list, key) -> tuple[tuple, list] | None:
     elif t in _FLAT: toks.append(_FLAT[t])
     else: return None
     if t is int or t is tuple:  # fromiter: np.array's nested-list discovery costs ~10x more
-      try: col = np.fromiter(chain.from_iterable(col) if k > 1 or t is tuple else col, "<i8", len(col) * k)
+      try: col = np.fromiter(chain.from_iterable(col) if t is tuple else col, "<i8", len(col) * k)
       except OverflowError: return None  # an int beyond int64: a T_BIGINT, so a skeleton per arg
     elif t is str:
       s = "".join(col)
@@ -359,12 +359,12 @@ _PLAIN = frozenset({T_NONE, T_FALSE, T_TRUE, T_INT, T_BIGINT, T_FLOAT, T_STR, T_
                     T_INTS})  # tokens of values that are data (no callable: those resolve by name on each load)
 
 
-def decode_args(b: bytes, nargs: int, externals, allow_import: bool) -> tuple[list, list, list | None]:
-  """The nargs values of the arg table b (all of it), their interning keys, and their interned ids where this call
-  interned them (else None). A table of plain data (no callables)
-  decoded lately is not decoded again: the same bytes give the same values, and handing out the same objects lets
-  interning find them by identity (Interner.get_many), so loading a graph again costs nothing per arg. The per-table
-  work is a fixed cost of ~15 numpy calls per skeleton: ~60% of loading a 2,800-node model."""
+def decode_args(b: bytes, nargs: int, externals, allow_import: bool) -> tuple[list, list, tuple | None]:
+  """The nargs values of the arg table b (all of it), their interning keys, and the key to `keep` them under if the
+  table may be cached (plain data, no callables, not too large; else None). A table kept lately is not decoded
+  again: the same bytes give the same values, and handing out the objects interned for them lets interning find
+  them by identity (Interner.get_many), so loading a graph again costs nothing per arg. The per-table work is a
+  fixed cost of ~15 numpy calls per skeleton: ~60% of loading a 2,800-node model."""
   key = (nargs, b)
   hit = _CACHE.get(key)
   if hit is not None:
@@ -372,16 +372,16 @@ def decode_args(b: bytes, nargs: int, externals, allow_import: bool) -> tuple[li
       if _CACHE.pop(key, None) is not None: _CACHE[key] = hit  # the newest again
     return list(hit[0]), list(hit[1]), None
   objs, keys, plain = _decode_args(b, nargs, externals, allow_import)
-  if plain and externals is None and len(b) <= _CACHE_BYTES // _CACHE_TABLES:
-    # Kept are the interned objects, not the decoded ones: an arg still interned from before (the graph that was
-    # saved, alive or lately dropped) keeps its first object, and only that one is found by identity.
-    aids = ARGS.get_many(objs, keys)
-    objs = list(map(ARGS.objs.get, aids, objs))
-    with _CACHE_LOCK:
-      _CACHE[key] = (tuple(objs), tuple(keys))
-      while len(_CACHE) > _CACHE_TABLES: del _CACHE[next(iter(_CACHE))]
-    return objs, keys, aids
-  return objs, keys, None
+  return objs, keys, key if plain and externals is None and len(b) <= _CACHE_BYTES // _CACHE_TABLES else None
+
+
+def keep(key: tuple, objs: list, keys: list) -> None:
+  """Cache the args of the table decode_args named key: the interned objects, not the decoded ones (an arg still
+  interned from before -- the graph that was saved, alive or lately dropped -- keeps its first object, and only
+  that one is found by identity)."""
+  with _CACHE_LOCK:
+    _CACHE[key] = (tuple(objs), tuple(keys))
+    while len(_CACHE) > _CACHE_TABLES: del _CACHE[next(iter(_CACHE))]
 
 
 def _decode_args(b: bytes, nargs: int, externals, allow_import: bool) -> tuple[list, list, bool]:

@@ -25,7 +25,7 @@ from .ops import Ops, GroupOp
 from .dtype import BY_ID
 from .core import CORE, ArgGone
 from .intern import ARGS, META
-from .argtable import encode_args, decode_args
+from .argtable import encode_args, decode_args, keep
 from .shapes import INFER
 from .uop import UOp, Walk, Metadata, handle, adopt
 from . import uop as _uop
@@ -144,24 +144,23 @@ def _starts(nsrc: np.ndarray) -> np.ndarray:
   return st
 
 
-def _intern_all(objs: list, keys: list | None, aids: list | None = None) -> np.ndarray:
-  """Interned ids of objs (whose interning keys are keys, where known; aids: their ids, if just interned), with 0
-  (None) in front: row k + 1 is objs[k]."""
+def _intern_all(objs: list, keys: list | None) -> np.ndarray:
+  """Interned ids of objs (whose interning keys are keys, where known), with 0 (None) in front: row k + 1 is
+  objs[k]."""
   out = np.empty(len(objs) + 1, np.int32)
   out[0] = 0
-  out[1:] = ARGS.get_many(objs, keys) if aids is None else aids
+  out[1:] = ARGS.get_many(objs, keys)
   return out
 
 
-def _build(op, dt, start, src, argref, tagref, pdref, objs: list, roots, given=None, keys=None, aids=None):
+def _build(op, dt, start, src, argref, tagref, pdref, objs: list, roots, given=None, keys=None, ids=None):
   """The nodes of a checked table whose arg columns are 1-based references into objs (0: none): the roots, as UOps.
   given: the ids of live nodes that are the table's first rows (their columns are zeros); then also the ids of the
-  other rows, as an int32 array."""
+  other rows, as an int32 array. ids: _intern_all(objs, keys), if the caller has just made it."""
   n = len(op)
   if pdref is not None and pdref.any(): _uop._md_count += 1  # the gradient copies metadata only once some exists
   for _ in range(64):  # an interned id may be drained between interning and the builder's hold: intern again
-    ids = _intern_all(objs, keys, aids)
-    aids = None  # a retry interns again
+    if ids is None: ids = _intern_all(objs, keys)
     try:
       if CORE.name == "c":
         ng = 0 if given is None else len(given)
@@ -171,6 +170,7 @@ def _build(op, dt, start, src, argref, tagref, pdref, objs: list, roots, given=N
                         given, n - ng > _SMALL)
       return _build_py(op, dt, start, src, argref, tagref, pdref, objs, ids, roots, given)
     except ArgGone:
+      ids = None  # intern again
       with ARGS.lock: pass  # a concurrent drain finishes forgetting what it marked gone
   raise RuntimeError(f"pygrad.build: args kept being released while building {n} nodes")
 
@@ -534,20 +534,25 @@ def _decode(data, allow_import: bool, externals, given):
     raise ValueError(f"pygrad.loads: counts larger than the data (args {nargs}, nodes {n}, sources {m}, roots "
                      f"{nroots})")
   if (flags & _F_SINGLE) and nroots != 1: raise ValueError("pygrad.loads: a single-root graph with {nroots} roots")
-  objs, keys, aids = decode_args(bytes(mv[_HEAD.size:_HEAD.size + argbytes]), nargs, externals, allow_import)
-  out = _nodes(_Reader(mv, _HEAD.size + argbytes, end), n, m, nroots, srcw, argw, objs, keys, given, aids)
+  objs, keys, cache_as = decode_args(bytes(mv[_HEAD.size:_HEAD.size + argbytes]), nargs, externals, allow_import)
+  ids = None
+  if cache_as is not None:  # the table may be cached: intern now, and cache the interned objects
+    ids = _intern_all(objs, keys)
+    objs = list(map(ARGS.objs.get, ids[1:].tolist(), objs))
+    keep(cache_as, objs, keys)
+  out = _nodes(_Reader(mv, _HEAD.size + argbytes, end), n, m, nroots, srcw, argw, objs, keys, given, ids)
   if given is not None: return out
   return out[0] if flags & _F_SINGLE else out
 
 
-def _nodes(r: _Reader, n: int, m: int, nroots: int, srcw: int, argw: int, objs: list, keys, given, aids=None):
+def _nodes(r: _Reader, n: int, m: int, nroots: int, srcw: int, argw: int, objs: list, keys, given, ids=None):
   """The nodes of a table's node sections (read by r, to its end; the counts checked against the data size), their
   args objs (with their interning keys, if known), built after the rows given: see _decode."""
   ng = 0 if given is None else len(given)
   read = _nodes_c if CORE.name == "c" else _nodes_py
   op, dt, start, src, argref, tagref, pdref, rts, nside = read(r, n, m, nroots, srcw, argw, len(objs), ng)
   if nside: _check_pdata(pdref, objs)
-  return _build(op, dt, start, src, argref, tagref, pdref, objs, rts, given, keys, aids)
+  return _build(op, dt, start, src, argref, tagref, pdref, objs, rts, given, keys, ids)
 
 
 def _nodes_py(r: _Reader, n: int, m: int, nroots: int, srcw: int, argw: int, nargs: int, ng: int):
