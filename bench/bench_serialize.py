@@ -2,6 +2,12 @@
 pickling the same W1 graph in tinygrad 0.14.0, side by side in one run; writes bench/results/serialize.md.
 
   python bench/bench_serialize.py [--nodes 1000000] [--tg-depth 500] [--reps 5] [--before TREE]
+  python bench/bench_serialize.py --cpu [--tg-depth 200] [--reps 7]
+
+--cpu measures only the ratio to tinygrad, reproducibly on a shared machine: pygrad and tinygrad in one process, CPU
+time (time.process_time, which other processes' load does not add to), interleaved, medians of --reps rounds of 20
+calls each; dumps with both graphs alive, loads after both were dropped (so a load creates its nodes), each load's
+setup freeing the one before. It prints a markdown section and writes no file.
 
 --before TREE also measures the pygrad of another checkout (e.g. a worktree of main before a change, built in
 place), with this file's code, in alternating processes: the results then end with a before/after table.
@@ -151,6 +157,74 @@ def tinygrad_small(depth: int, reps: int) -> dict:
   return r
 
 
+def cpu_ratio(depth: int, reps: int, k: int = 20) -> dict:
+  """--cpu: us/node of pygrad.dumps/loads and tinygrad's pickle.dumps/loads of the W1 forward graph at depth, CPU
+  time, both frameworks in this process, interleaved; medians over reps rounds of the median of k calls."""
+  import pygrad
+  from pygrad import argtable
+  from tinygrad import Tensor
+  from pygrad.bench import w1_model, MethodOps
+  g = _w1(depth, False)
+  pn, pdata = len(g[0].toposort()), pygrad.dumps(g)
+  x = Tensor.empty(16, 16)
+  ws = [Tensor.empty(16, 16) for _ in range(depth)]
+  tu = w1_model(MethodOps, x, ws).uop
+  tn, tdata = len(tu.toposort()), pickle.dumps(tu)
+  held: list = []
+
+  def cpu(fn, per: int, setup=None) -> float:
+    ts = []
+    for _ in range(k):
+      if setup: setup()
+      t = time.process_time()
+      fn()
+      ts.append(time.process_time() - t)
+    return statistics.median(ts) / per * 1e6
+
+  def drop():
+    held.clear()
+    gc.collect()
+    pygrad.live_nodes()  # releases dropped handles' references now (they go in batches)
+
+  def drop_cache():
+    drop()
+    argtable._CACHE.clear()
+  res: dict = {k: [] for k in ("pd", "td", "pl", "tl", "plu")}
+  for _ in range(reps):  # dumps: both graphs alive
+    res["pd"].append(cpu(lambda: pygrad.dumps(g), pn))
+    res["td"].append(cpu(lambda: pickle.dumps(tu), tn))
+  del g, tu, x, ws
+  drop()
+  for _ in range(reps):  # loads: neither graph alive
+    res["pl"].append(cpu(lambda: held.append(pygrad.loads(pdata)), pn, drop))
+    res["tl"].append(cpu(lambda: held.append(pickle.loads(tdata)), tn, drop))
+    res["plu"].append(cpu(lambda: held.append(pygrad.loads(pdata)), pn, drop_cache))
+  drop()
+  out = {k: statistics.median(v) for k, v in res.items()}
+  out.update(pn=pn, tn=tn, pbytes=len(pdata), tbytes=len(tdata))
+  return out
+
+
+def cpu_main(depth: int, reps: int) -> str:
+  r = _sub("cpu_ratio", depth, reps)
+  with open("/proc/loadavg") as f: load = f.read().split()[0]
+  stamp = time.strftime("%b %d %H:%M UTC", time.gmtime())
+  lines = [f"## {stamp}: CPU-time ratio to tinygrad 0.14.0's pickle, W1 forward at depth {depth}", "",
+           f"Command: `python bench/bench_serialize.py --cpu --tg-depth {depth} --reps {reps}` (load average {load} "
+           f"at the end); pygrad C core and tinygrad in one process, `time.process_time`, interleaved, medians of "
+           f"{reps} rounds of the median of 20 calls. Dumps with both graphs alive; loads after both were dropped "
+           f"(each load's setup frees the one before). pygrad {r['pn']:,} nodes, {r['pbytes'] / r['pn']:.1f} B/node; "
+           f"tinygrad {r['tn']:,} nodes, {r['tbytes'] / r['tn']:.1f} B/node.", "",
+           "| us/node (CPU) | pygrad | tinygrad | tinygrad / pygrad | target |", "|---|---|---|---|---|",
+           f"| dumps | {r['pd']:.3f} | {r['td']:.3f} | {r['td'] / r['pd']:.1f}x | >= 20x: "
+           f"{'PASS' if r['td'] / r['pd'] >= 20 else 'FAIL'} |",
+           f"| loads, graph not alive | {r['pl']:.3f} | {r['tl']:.3f} | {r['tl'] / r['pl']:.1f}x | >= 20x: "
+           f"{'PASS' if r['tl'] / r['pl'] >= 20 else 'FAIL'} |",
+           f"| loads, arg-table cache cleared each time | {r['plu']:.3f} | {r['tl']:.3f} | "
+           f"{r['tl'] / r['plu']:.1f}x | |", ""]
+  return "\n".join(lines)
+
+
 def _sub(fn: str, *args, tree: str | None = None) -> dict:
   """fn(*args) of this file in a fresh process (tinygrad and pygrad keep caches; each gets a clean process), with
   the pygrad of tree (default: this checkout's)."""
@@ -173,7 +247,11 @@ def main(argv=None) -> int:
   ap.add_argument("--reps", type=int, default=5)
   ap.add_argument("--out", default=os.path.join(HERE, "results", "serialize.md"))
   ap.add_argument("--before", default=None, help="another checkout of pygrad to measure too (before a change)")
+  ap.add_argument("--cpu", action="store_true", help="only the CPU-time ratio to tinygrad, one process (no file)")
   a = ap.parse_args(argv)
+  if a.cpu:
+    print(cpu_main(a.tg_depth, a.reps))
+    return 0
   old = {}
   if a.before:  # alternating: before, after, before, after (the load of a shared machine drifts)
     old = _sub("pygrad_figures", a.nodes, a.reps, tree=a.before)
