@@ -397,6 +397,12 @@ void pg_serial_cache_free(pg_sigcache *c) {
 #define BUILD_PEND 4096  /* nodes made before their table entries are written together (build_link) */
 #define BUILD_USERS 2    /* users of a row the builder lists (to prove a node new: pg_serial_build_run) */
 #define BUILD_AHEAD 16   /* rows ahead of the one being made whose table slot is prefetched, if they are leaves */
+/* a made row: what its users' keys and signatures read, together (one cache line per source, not four) */
+typedef struct brow {
+  int32_t id;    /* its store id (one reference held by the builder) */
+  int32_t meta, sdt;
+  int32_t nuse;  /* users it has among the nodes the builder made new (-1: not made new, users unknown) */
+} brow;
 struct pg_build {
   pg_store *st;
   int64_t n, next;              /* nodes in the table; the first not made yet */
@@ -405,67 +411,78 @@ struct pg_build {
   const uint8_t *flags;         /* per op: FLAG_CACHE, FLAG_ASK, or 0 (not an op) */
   const int32_t *known;         /* per row the meta Python already inferred (and validated), or -1; or NULL */
   int32_t nops, ndtypes;
-  int32_t *ids, *meta, *sdt;    /* per made node: its store id (one reference held), meta and dtype */
+  brow *row;                    /* per made row */
   pg_sigcache *sc;              /* the store's signature cache (st->sigcache) */
   int32_t *tmp;                 /* a node's source ids */
+  int32_t *sw;                  /* a node's sources' signature words: dtype, meta, dtype, meta, ... */
   int64_t tmpcap;
   int held;                     /* whether the arg/tag/pdata holds were taken */
   int32_t *holds;               /* the distinct arg/tag/pdata ids held (a copy), or NULL: each row's are held */
   int64_t nholds;
-  int32_t *nuse;                /* per made row: users it has among the nodes the builder made new (-1: not made new) */
-  int32_t *users;               /* per made row: the first BUILD_USERS of those users (rows) */
+  int32_t *users;               /* per made row: the first BUILD_USERS of its users that the builder made new */
   int64_t npend;                /* nodes made but not entered in the store's table yet (build_link) */
   pg_slot pend[BUILD_PEND];
 };
 
-/* key words of node i: op, dtype, arg, nsrc, then each source's dtype and meta; returns the hash */
-static uint64_t sig_hash(const pg_build *b, int64_t i) {
+/* the signature hash: op, dtype, arg, then per source its word pair (dtype, meta) sw[2j], sw[2j + 1] */
+static PG_INLINE uint64_t sig_start(int32_t op, int32_t dtype, int32_t arg) {
   uint64_t h = 0x9e3779b97f4a7c15ull;
-  int64_t j;
-  h = (h ^ (uint32_t)b->op[i]) * 0xff51afd7ed558ccdull;
-  h = (h ^ (uint32_t)b->dtype[i]) * 0xff51afd7ed558ccdull;
-  h = (h ^ (uint32_t)b->arg[i]) * 0xff51afd7ed558ccdull;
-  for (j = b->start[i]; j < b->start[i + 1]; j++) {
-    int32_t s = b->src[j];
-    h = (h ^ ((uint64_t)(uint32_t)b->sdt[s] << 32 | (uint32_t)b->meta[s])) * 0xc4ceb9fe1a85ec53ull;
-    h ^= h >> 29;
-  }
-  h ^= (uint64_t)(b->start[i + 1] - b->start[i]);
-  h ^= h >> 32;
-  return h;
+  h = (h ^ (uint32_t)op) * 0xff51afd7ed558ccdull;
+  h = (h ^ (uint32_t)dtype) * 0xff51afd7ed558ccdull;
+  return (h ^ (uint32_t)arg) * 0xff51afd7ed558ccdull;
+}
+static PG_INLINE uint64_t sig_step(uint64_t h, int32_t sdt, int32_t meta) {
+  h = (h ^ ((uint64_t)(uint32_t)sdt << 32 | (uint32_t)meta)) * 0xc4ceb9fe1a85ec53ull;
+  return h ^ (h >> 29);
+}
+static PG_INLINE uint64_t sig_end(uint64_t h, int64_t ns) {
+  h ^= (uint64_t)ns;
+  return h ^ (h >> 32);
 }
 
-/* whether the pooled key at k is node i's signature */
-static int sig_equal(const pg_build *b, int64_t k, int64_t i) {
-  const int32_t *key = b->sc->pool + k;
-  int64_t ns = b->start[i + 1] - b->start[i], j;
-  if (key[0] != b->op[i] || key[1] != b->dtype[i] || key[2] != b->arg[i] || key[3] != ns) return 0;
+/* row i's sources' signature words into b->sw (and their ids into b->tmp); returns the signature hash */
+static uint64_t sig_gather(pg_build *b, int64_t i) {
+  int64_t j, s0 = b->start[i], ns = b->start[i + 1] - s0;
+  uint64_t h = sig_start(b->op[i], b->dtype[i], b->arg[i]);
   for (j = 0; j < ns; j++) {
-    int32_t s = b->src[b->start[i] + j];
-    if (key[4 + 2 * j] != b->sdt[s] || key[5 + 2 * j] != b->meta[s]) return 0;
+    const brow *r = &b->row[b->src[s0 + j]];
+    b->tmp[j] = r->id;
+    b->sw[2 * j] = r->sdt;
+    b->sw[2 * j + 1] = r->meta;
+    h = sig_step(h, r->sdt, r->meta);
   }
-  return 1;
+  return sig_end(h, ns);
 }
 
-/* the cached meta of node i's signature, or -1 */
-static int32_t sig_find(const pg_build *b, int64_t i, uint64_t h) {
+/* the cached meta of the signature (op, dtype, arg, ns sources with words sw) of hash h, or -1 */
+static PG_INLINE int32_t sig_find(const pg_sigcache *c, uint64_t h, int32_t op, int32_t dtype, int32_t arg,
+                                  const int32_t *sw, int64_t ns) {
   uint64_t k;
-  for (k = h & b->sc->mask; b->sc->slots[k].key >= 0; k = (k + 1) & b->sc->mask)
-    if (b->sc->slots[k].hash == h && sig_equal(b, b->sc->slots[k].key, i)) {
-      int64_t ns = b->start[i + 1] - b->start[i];
-      return b->sc->pool[b->sc->slots[k].key + 4 + 2 * ns];
+  for (k = h & c->mask; c->slots[k].key >= 0; k = (k + 1) & c->mask)
+    if (c->slots[k].hash == h) {
+      const int32_t *key = c->pool + c->slots[k].key;
+      int64_t j;
+      if (key[0] != op || key[1] != dtype || key[2] != arg || key[3] != ns) continue;
+      for (j = 0; j < 2 * ns && key[4 + j] == sw[j]; j++) {}
+      if (j == 2 * ns) return key[4 + 2 * ns];
     }
   return -1;
+}
+
+/* the cached meta of row i's signature, or -1 (b->sw and b->tmp get its sources') */
+static int32_t sig_find_row(pg_build *b, int64_t i) {
+  uint64_t h = sig_gather(b, i);
+  return sig_find(b->sc, h, b->op[i], b->dtype[i], b->arg[i], b->sw, b->start[i + 1] - b->start[i]);
 }
 
 /* remember node i's signature with its meta (the table doubles at half load); a full cache is cleared first, or
    with soft set, the signature is not added (a leaf Python inferred up front must not evict what the builder
    learnt) */
 static int sig_add(pg_build *b, int64_t i, int32_t meta, int soft) {
-  int64_t ns = b->start[i + 1] - b->start[i], need = 5 + 2 * ns, j, at;
-  uint64_t h = sig_hash(b, i), k;
+  int64_t ns = b->start[i + 1] - b->start[i], need = 5 + 2 * ns, at;
+  uint64_t h = sig_gather(b, i), k;
   int full;
-  if (sig_find(b, i, h) >= 0 || need > SIG_POOL_MAX) return 0;
+  if (sig_find(b->sc, h, b->op[i], b->dtype[i], b->arg[i], b->sw, ns) >= 0 || need > SIG_POOL_MAX) return 0;
   full = b->sc->nsig >= SIG_MAX || b->sc->npool + need > SIG_POOL_MAX;
   if (full && soft) return 0;
   if (full) pg_serial_cache_clear(b->sc);
@@ -496,11 +513,7 @@ static int sig_add(pg_build *b, int64_t i, int32_t meta, int soft) {
   b->sc->pool[at + 1] = b->dtype[i];
   b->sc->pool[at + 2] = b->arg[i];
   b->sc->pool[at + 3] = (int32_t)ns;
-  for (j = 0; j < ns; j++) {
-    int32_t s = b->src[b->start[i] + j];
-    b->sc->pool[at + 4 + 2 * j] = b->sdt[s];
-    b->sc->pool[at + 5 + 2 * j] = b->meta[s];
-  }
+  if (ns) memcpy(b->sc->pool + at + 4, b->sw, (size_t)(2 * ns) * sizeof *b->sw);
   b->sc->pool[at + 4 + 2 * ns] = meta;
   b->sc->npool += need;
   for (k = h & b->sc->mask; b->sc->slots[k].key >= 0; k = (k + 1) & b->sc->mask) {}
@@ -599,18 +612,16 @@ pg_build *pg_serial_build_new(pg_store *st, int64_t n, const int32_t *op, const 
   b->n = n;
   b->op = op, b->dtype = dtype, b->arg = arg, b->tag = tag, b->pdata = pdata, b->src = src, b->start = start;
   b->flags = flags, b->nops = nops, b->ndtypes = ndtypes, b->known = known;
-  b->ids = (int32_t *)malloc((size_t)(n ? n : 1) * sizeof *b->ids);
-  b->meta = (int32_t *)malloc((size_t)(n ? n : 1) * sizeof *b->meta);
-  b->sdt = (int32_t *)malloc((size_t)(n ? n : 1) * sizeof *b->sdt);
-  b->nuse = (int32_t *)malloc((size_t)(n ? n : 1) * sizeof *b->nuse);
+  b->row = (brow *)malloc((size_t)(n ? n : 1) * sizeof *b->row);
   b->users = (int32_t *)malloc((size_t)(n ? n : 1) * BUILD_USERS * sizeof *b->users);
   b->tmpcap = maxs ? maxs : 1;
   b->tmp = (int32_t *)malloc((size_t)b->tmpcap * sizeof *b->tmp);
+  b->sw = (int32_t *)malloc((size_t)b->tmpcap * 2 * sizeof *b->sw);
   if (holds && (b->holds = (int32_t *)malloc((size_t)(nholds ? nholds : 1) * sizeof *b->holds)) != NULL) {
     if (nholds) memcpy(b->holds, holds, (size_t)nholds * sizeof *b->holds);
     b->nholds = nholds;
   }
-  if (!b->ids || !b->meta || !b->sdt || !b->nuse || !b->users || !b->tmp || (holds && !b->holds)) {
+  if (!b->row || !b->users || !b->tmp || !b->sw || (holds && !b->holds)) {
     pg_serial_build_delete(b);
     return NULL;
   }
@@ -630,10 +641,10 @@ pg_build *pg_serial_build_new(pg_store *st, int64_t n, const int32_t *op, const 
         break;
       }
       nd->rc++;
-      b->ids[i] = given[i];
-      b->nuse[i] = -1;  /* not made by the builder: users unknown */
-      b->meta[i] = nd->meta;
-      b->sdt[i] = nd->dtype;
+      b->row[i].id = given[i];
+      b->row[i].nuse = -1;  /* not made by the builder: users unknown */
+      b->row[i].meta = nd->meta;
+      b->row[i].sdt = nd->dtype;
       b->next = i + 1;
     }
   }
@@ -663,12 +674,12 @@ static void build_link_locked(pg_build *b) {
 /* the node of row i (sources b->tmp, hash h) if a node the builder made new among the users of row s has that key;
    -1 if none has; -2 if row s may have users the builder does not know. Every user of a node holds a reference to
    it, so when row s's node has no references but the builder's own one and its known users', those are all of them */
-static int32_t build_known_user(const pg_build *b, int64_t s, int64_t i, uint32_t h) {
-  int32_t k = b->nuse[s] > 0 ? b->nuse[s] : 0, q;
-  const pg_node *nd = pg_node_at(b->st, (uint32_t)b->ids[s]);  /* live: the builder holds it */
+static PG_INLINE int32_t build_known_user(const pg_build *b, int64_t s, int64_t i, uint32_t h) {
+  int32_t k = b->row[s].nuse > 0 ? b->row[s].nuse : 0, q;
+  const pg_node *nd = pg_node_at(b->st, (uint32_t)b->row[s].id);  /* live: the builder holds it */
   if (k > BUILD_USERS || nd->rc != 1u + (uint32_t)k) return -2;
   for (q = 0; q < k; q++) {
-    int32_t id = b->ids[b->users[BUILD_USERS * s + q]];
+    int32_t id = b->row[b->users[BUILD_USERS * s + q]].id;
     if (pg_key_equal(pg_node_at(b->st, (uint32_t)id), h, b->op[i], b->dtype[i], b->tmp,
                      (int32_t)(b->start[i + 1] - b->start[i]), b->arg[i], b->tag[i]))
       return id;
@@ -677,16 +688,16 @@ static int32_t build_known_user(const pg_build *b, int64_t s, int64_t i, uint32_
 }
 
 /* row i was made as a new node: it is a user its sources' rows know, and it has none yet */
-static void build_count_users(pg_build *b, int64_t i) {
+static PG_INLINE void build_count_users(pg_build *b, int64_t i) {
   int64_t j;
-  b->nuse[i] = 0;
+  b->row[i].nuse = 0;
   for (j = b->start[i]; j < b->start[i + 1]; j++) {
-    int32_t s = b->src[j];
-    if (b->nuse[s] < 0) continue;
-    if (b->nuse[s] == INT32_MAX) b->nuse[s] = -1;  /* too many to count: unknown from now on */
+    int32_t s = b->src[j], k = b->row[s].nuse;
+    if (k < 0) continue;
+    if (k == INT32_MAX) b->row[s].nuse = -1;  /* too many to count: unknown from now on */
     else {
-      if (b->nuse[s] < BUILD_USERS) b->users[BUILD_USERS * (int64_t)s + b->nuse[s]] = (int32_t)i;
-      b->nuse[s]++;
+      if (k < BUILD_USERS) b->users[BUILD_USERS * (int64_t)s + k] = (int32_t)i;
+      b->row[s].nuse = k + 1;
     }
   }
 }
@@ -716,7 +727,7 @@ static int32_t build_guess(pg_build *b, int64_t i, uint32_t h, int64_t ns) {
   pg_node *nd;
   uint32_t g;
   if (i == 0) return -1;
-  g = (uint32_t)b->ids[i - 1] + 1;
+  g = (uint32_t)b->row[i - 1].id + 1;
   if (g >= st->nalloc) return -1;
   nd = pg_node_at(st, g);
   if (!nd->rc || nd->rc == UINT32_MAX || !pg_key_equal(nd, h, b->op[i], b->dtype[i], b->tmp, (int32_t)ns, b->arg[i],
@@ -728,54 +739,67 @@ static int32_t build_guess(pg_build *b, int64_t i, uint32_t h, int64_t ns) {
 
 int pg_serial_build_run(pg_build *b, int64_t *pos) {
   pg_store *st = b->st;
+  const int32_t *op = b->op, *dtype = b->dtype, *arg = b->arg, *tag = b->tag, *src = b->src, *known = b->known;
+  const int64_t *start = b->start;
+  const uint8_t *flags = b->flags;
+  brow *row = b->row;
+  int32_t *tmp = b->tmp, *sw = b->sw;
+  int64_t i, n = b->n;
   int r = PG_BUILD_DONE;
   pg_lock_take(&st->lock);
-  while (b->next < b->n) {
-    int64_t i = b->next, j, ns = b->start[i + 1] - b->start[i];
-    int32_t meta, id = -2;
+  for (i = b->next; i < n; i++) {
+    int64_t j, s0 = start[i], ns = start[i + 1] - s0;
+    int32_t o = op[i], d = dtype[i], a = arg[i], t = tag[i], meta, id = -2;
+    uint64_t sh = sig_start(o, d, a), kh = pg_key_hash_start(o, d, (int32_t)ns);
     uint32_t h;
-    if (b->known && b->known[i] >= 0) {
-      meta = b->known[i];
+    for (j = 0; j < ns; j++) {  /* one pass over the sources: their ids, signature words and both hashes */
+      const brow *sr = &row[src[s0 + j]];
+      tmp[j] = sr->id;
+      sw[2 * j] = sr->sdt;
+      sw[2 * j + 1] = sr->meta;
+      sh = sig_step(sh, sr->sdt, sr->meta);
+      kh = pg_hash_mix(kh, (uint32_t)sr->id);
+    }
+    if (known && known[i] >= 0) {
+      meta = known[i];
       /* a leaf Python inferred up front (pg_serial_build_misses): the next load finds it cached */
-      if (!ns && (b->flags[b->op[i]] & (FLAG_CACHE | FLAG_ASK)) == FLAG_CACHE && (r = sig_add(b, i, meta, 1)) != 0)
-        break;
+      if (!ns && (flags[o] & (FLAG_CACHE | FLAG_ASK)) == FLAG_CACHE && (r = sig_add(b, i, meta, 1)) != 0) break;
     } else {
-      if (b->flags[b->op[i]] & FLAG_ASK) { r = PG_BUILD_ASK; break; }
-      meta = sig_find(b, i, sig_hash(b, i));
+      if (flags[o] & FLAG_ASK) { r = PG_BUILD_ASK; break; }
+      meta = sig_find(b->sc, sig_end(sh, ns), o, d, a, sw, ns);
       if (meta < 0) { r = PG_BUILD_ASK; break; }
     }
     build_prefetch_leaf(b, i + BUILD_AHEAD);
-    for (j = 0; j < ns; j++) b->tmp[j] = b->ids[b->src[b->start[i] + j]];
-    h = pg_key_hash(b->op[i], b->dtype[i], b->tmp, (int32_t)ns, b->arg[i], b->tag[i]);
-    for (j = 0; j < ns && id == -2; j++) id = build_known_user(b, b->src[b->start[i] + j], i, h);
+    h = pg_key_hash_end(kh, a, t);
+    for (j = 0; j < ns && id == -2; j++) id = build_known_user(b, src[s0 + j], i, h);
     if (id >= 0) {  /* an earlier row's node */
       pg_node *nd = pg_node_at(st, (uint32_t)id);
       if (nd->rc == UINT32_MAX) id = PG_ERR_NOMEM;
       else nd->rc++;
-      if (id >= 0) b->nuse[i] = -1;
-    } else if (id == -1) {  /* new */
+      if (id >= 0) row[i].nuse = -1;
+    } else if (id == -1) {  /* new; its sources are rows the builder holds */
       if (b->npend == BUILD_PEND) build_link_locked(b);
-      id = pg_store_make_new_locked(st, h, b->op[i], b->dtype[i], b->tmp, (int32_t)ns, b->arg[i], b->tag[i], meta);
+      id = pg_store_make_held_locked(st, h, o, d, tmp, (int32_t)ns, a, t, meta);
       if (id >= 0) {
         b->pend[b->npend].hash = h;
         b->pend[b->npend++].id = (uint32_t)id;
         build_count_users(b, i);
       }
     } else if ((id = build_guess(b, i, h, ns)) >= 0) {
-      b->nuse[i] = -1;  /* found: users unknown */
+      row[i].nuse = -1;  /* found: users unknown */
     } else {
       if (b->npend && ns) build_link_locked(b);  /* the lookup must see every node made (a leaf is none of them) */
-      id = pg_store_make_locked(st, b->op[i], b->dtype[i], b->tmp, (int32_t)ns, b->arg[i], b->tag[i], meta);
+      id = pg_store_make_locked(st, o, d, tmp, (int32_t)ns, a, t, meta);
       if (id >= 0 && pg_node_at(st, (uint32_t)id)->rc == 1) build_count_users(b, i);  /* made, not found */
-      else b->nuse[i] = -1;
+      else row[i].nuse = -1;
     }
     if (id < 0) { r = id; break; }
-    build_pdata_locked(b, pg_node_at(st, (uint32_t)id), i);
-    b->ids[i] = id;
-    b->meta[i] = meta;
-    b->sdt[i] = b->dtype[i];
-    b->next = i + 1;
+    if (b->pdata) build_pdata_locked(b, pg_node_at(st, (uint32_t)id), i);
+    row[i].id = id;
+    row[i].meta = meta;
+    row[i].sdt = d;
   }
+  b->next = i;
   build_link_locked(b);
   pg_lock_drop(&st->lock);
   *pos = b->next;
@@ -793,7 +817,7 @@ int64_t pg_serial_build_misses(pg_build *b, int64_t *rows, int64_t cap) {
   for (i = b->next; i < b->n && k < cap; i++) {
     if (b->start[i + 1] != b->start[i] || (b->flags[b->op[i]] & (FLAG_CACHE | FLAG_ASK)) != FLAG_CACHE) continue;
     if (b->known && b->known[i] >= 0) continue;
-    if (sig_find(b, i, sig_hash(b, i)) < 0) rows[k++] = i;
+    if (sig_find_row(b, i) < 0) rows[k++] = i;
   }
   pg_lock_drop(&b->st->lock);
   return k;
@@ -814,10 +838,10 @@ int pg_serial_build_set(pg_build *b, int32_t id) {
   else {
     nd->rc++;
     build_pdata_locked(b, nd, i);
-    b->ids[i] = id;
-    b->meta[i] = nd->meta;
-    b->sdt[i] = nd->dtype;
-    b->nuse[i] = -1;  /* made or found by Python: users unknown */
+    b->row[i].id = id;
+    b->row[i].meta = nd->meta;
+    b->row[i].sdt = nd->dtype;
+    b->row[i].nuse = -1;  /* made or found by Python: users unknown */
     b->next = i + 1;
     if (b->flags[b->op[i]] & FLAG_CACHE) r = sig_add(b, i, nd->meta, 0);
   }
@@ -828,13 +852,14 @@ int pg_serial_build_set(pg_build *b, int32_t id) {
 /* the store id of made node i, or a negative error */
 int32_t pg_serial_build_id(const pg_build *b, int64_t i) {
   if (i < 0 || i >= b->next) return PG_ERR_ARG;
-  return b->ids[i];
+  return b->row[i].id;
 }
 
 /* copy the store ids of made nodes [0, n) to out (n at most the number made); returns 0 or PG_ERR_ARG */
 int pg_serial_build_ids(const pg_build *b, int32_t *out, int64_t n) {
+  int64_t i;
   if (n < 0 || n > b->next || (n > 0 && !out)) return PG_ERR_ARG;
-  if (n) memcpy(out, b->ids, (size_t)n * sizeof *out);
+  for (i = 0; i < n; i++) out[i] = b->row[i].id;
   return 0;
 }
 
@@ -849,12 +874,12 @@ int pg_serial_build_rows(pg_build *b, const int64_t *rows, int64_t nrows, int32_
     if (rows[i] < 0 || rows[i] >= b->next) return PG_ERR_ARG;
   pg_lock_take(&b->st->lock);
   for (i = 0; i < nrows && !r; i++) {
-    pg_node *nd = pg_node_at(b->st, (uint32_t)b->ids[rows[i]]);  /* live: the builder holds it */
+    pg_node *nd = pg_node_at(b->st, (uint32_t)b->row[rows[i]].id);  /* live: the builder holds it */
     if (nd->rc == UINT32_MAX) r = PG_ERR_NOMEM;
     else {
       nd->rc++;
-      ids[i] = b->ids[rows[i]];
-      metas[i] = b->meta[rows[i]];
+      ids[i] = b->row[rows[i]].id;
+      metas[i] = b->row[rows[i]].meta;
     }
   }
   if (r)
@@ -870,20 +895,18 @@ void pg_serial_build_delete(pg_build *b) {
   if (b->held) {
     pg_lock_take(&b->st->lock);
     for (i = 0; i < b->next; i++) {  /* most rows have users besides the builder: just drop its count */
-      pg_node *nd = pg_node_at(b->st, (uint32_t)b->ids[i]);
+      pg_node *nd = pg_node_at(b->st, (uint32_t)b->row[i].id);
       if (nd->rc > 1) nd->rc--;
-      else pg_store_decref_locked(b->st, b->ids[i]);
+      else pg_store_decref_locked(b->st, b->row[i].id);
     }
     build_hold_locked(b, 0, &where);
     pg_lock_drop(&b->st->lock);
     pg_store_release(b->st);
   }
-  free(b->ids);
-  free(b->meta);
-  free(b->sdt);
-  free(b->nuse);
+  free(b->row);
   free(b->users);
   free(b->tmp);
+  free(b->sw);
   free(b->holds);
   free(b);
 }

@@ -169,15 +169,16 @@ static PG_INLINE void table_put(pg_store *st, uint32_t h, uint32_t id) {
 #define PG_FREE_AHEAD 8  /* recycled ids ahead of the one being taken whose node is prefetched */
 
 /* validate, allocate and fill a new node with key hash h (no live node has its key), not entered in the table;
-   returns its id or an error (then nothing changed) */
-static int32_t node_add(pg_store *st, uint32_t h, int32_t op, int32_t dtype, const int32_t *src, int32_t nsrc,
-                        int32_t arg, int32_t tag, int32_t meta) {
+   returns its id or an error (then nothing changed). held: the caller holds a reference on every source, so each
+   is a live id (only its count is checked) */
+static PG_INLINE int32_t node_add(pg_store *st, uint32_t h, int32_t op, int32_t dtype, const int32_t *src,
+                                  int32_t nsrc, int32_t arg, int32_t tag, int32_t meta, int held) {
   uint32_t id;
   int32_t i, *ext = NULL;
   pg_node *n;
   int err;
   for (i = 0; i < nsrc; i++) {
-    pg_node *s = pg_node_live(st, src[i]);
+    pg_node *s = held ? pg_node_at(st, (uint32_t)src[i]) : pg_node_live(st, src[i]);
     if (!s) return PG_ERR_BADID;
     if (s->rc >= UINT32_MAX - (uint32_t)nsrc) return PG_ERR_NOMEM;
   }
@@ -253,7 +254,7 @@ int32_t pg_store_make_locked(pg_store *st, int32_t op, int32_t dtype, const int3
       return (int32_t)e.id;
     }
   }
-  id = node_add(st, h, op, dtype, src, nsrc, arg, tag, meta);
+  id = node_add(st, h, op, dtype, src, nsrc, arg, tag, meta, 0);
   if (id >= 0) table_put(st, h, (uint32_t)id);  /* the probe run just read is in cache (unless the table grew) */
   return id;
 }
@@ -262,7 +263,14 @@ int32_t pg_store_make_locked(pg_store *st, int32_t op, int32_t dtype, const int3
 int32_t pg_store_make_new_locked(pg_store *st, uint32_t h, int32_t op, int32_t dtype, const int32_t *src,
                                  int32_t nsrc, int32_t arg, int32_t tag, int32_t meta) {
   if (nsrc < 0 || (nsrc > 0 && !src)) return PG_ERR_BADID;
-  return node_add(st, h, op, dtype, src, nsrc, arg, tag, meta);
+  return node_add(st, h, op, dtype, src, nsrc, arg, tag, meta, 0);
+}
+
+/* see store_impl.h */
+int32_t pg_store_make_held_locked(pg_store *st, uint32_t h, int32_t op, int32_t dtype, const int32_t *src,
+                                  int32_t nsrc, int32_t arg, int32_t tag, int32_t meta) {
+  if (nsrc < 0 || (nsrc > 0 && !src)) return PG_ERR_BADID;
+  return node_add(st, h, op, dtype, src, nsrc, arg, tag, meta, 1);
 }
 
 /* see store_impl.h. Each entry's probe run starts at a random slot of a table much larger than the caches: the

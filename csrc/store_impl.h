@@ -94,19 +94,25 @@ static PG_INLINE uint64_t pg_hash_mix(uint64_t h, uint32_t w) {
 }
 
 /* the hash of a key; meta is not part of the key (it is derived from it). Finished with murmur3's fmix64 so the
-   low bits, which pick the slot, depend on every word */
-static PG_INLINE uint32_t pg_key_hash(int32_t op, int32_t dtype, const int32_t *src, int32_t nsrc, int32_t arg,
-                                      int32_t tag) {
-  uint64_t h = 0x243f6a8885a308d3ull;
-  int32_t i;
-  h = pg_hash_mix(h, (uint32_t)op ^ ((uint32_t)dtype << 16) ^ ((uint32_t)nsrc << 24));
-  for (i = 0; i < nsrc; i++) h = pg_hash_mix(h, (uint32_t)src[i]);
+   low bits, which pick the slot, depend on every word. In three steps for a caller that hashes sources as it reads
+   them: pg_key_hash_start, pg_hash_mix per source id, pg_key_hash_end */
+static PG_INLINE uint64_t pg_key_hash_start(int32_t op, int32_t dtype, int32_t nsrc) {
+  return pg_hash_mix(0x243f6a8885a308d3ull, (uint32_t)op ^ ((uint32_t)dtype << 16) ^ ((uint32_t)nsrc << 24));
+}
+static PG_INLINE uint32_t pg_key_hash_end(uint64_t h, int32_t arg, int32_t tag) {
   h = pg_hash_mix(h, (uint32_t)arg);
   h = pg_hash_mix(h, (uint32_t)tag);
   h ^= h >> 33;
   h *= 0xc4ceb9fe1a85ec53ull;
   h ^= h >> 33;
   return (uint32_t)h;
+}
+static PG_INLINE uint32_t pg_key_hash(int32_t op, int32_t dtype, const int32_t *src, int32_t nsrc, int32_t arg,
+                                      int32_t tag) {
+  uint64_t h = pg_key_hash_start(op, dtype, nsrc);
+  int32_t i;
+  for (i = 0; i < nsrc; i++) h = pg_hash_mix(h, (uint32_t)src[i]);
+  return pg_key_hash_end(h, arg, tag);
 }
 
 /* whether node n has exactly this key */
@@ -132,6 +138,9 @@ int32_t pg_store_make_locked(pg_store *st, int32_t op, int32_t dtype, const int3
    drops the lock. Linking many at once lets the table's cache misses overlap. */
 int32_t pg_store_make_new_locked(pg_store *st, uint32_t h, int32_t op, int32_t dtype, const int32_t *src,
                                  int32_t nsrc, int32_t arg, int32_t tag, int32_t meta);
+/* make_new for a caller that holds a reference on every source (so they are live ids: not checked again) */
+int32_t pg_store_make_held_locked(pg_store *st, uint32_t h, int32_t op, int32_t dtype, const int32_t *src,
+                                  int32_t nsrc, int32_t arg, int32_t tag, int32_t meta);
 void pg_store_link_locked(pg_store *st, const pg_slot *pend, int64_t n);
 int pg_store_decref_locked(pg_store *st, int32_t id);
 int pg_store_set_pdata_locked(pg_store *st, int32_t id, int32_t pdata);
