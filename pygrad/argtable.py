@@ -359,28 +359,29 @@ _PLAIN = frozenset({T_NONE, T_FALSE, T_TRUE, T_INT, T_BIGINT, T_FLOAT, T_STR, T_
                     T_INTS})  # tokens of values that are data (no callable: those resolve by name on each load)
 
 
-def decode_args(b: bytes, nargs: int, externals, allow_import: bool) -> tuple[list, list, tuple | None]:
-  """The nargs values of the arg table b (all of it), their interning keys, and the key to `keep` them under if the
-  table may be cached (plain data, no callables, not too large; else None). A table kept lately is not decoded
-  again: the same bytes give the same values, and handing out the objects interned for them lets interning find
-  them by identity (Interner.get_many), so loading a graph again costs nothing per arg. The per-table work is a
-  fixed cost of ~15 numpy calls per skeleton: ~60% of loading a 2,800-node model."""
+def decode_args(b: bytes, nargs: int, externals, allow_import: bool) -> tuple[list, list, tuple | None, object]:
+  """The nargs values of the arg table b (all of it), their interning keys, the key to `keep` them under if the
+  table may be cached (plain data, no callables, not too large; else None), and what the caller kept with them
+  (None unless they came from the cache). A table kept lately is not decoded again: the same bytes give the same
+  values, and handing out the objects interned for them lets interning find them by identity, so loading a graph
+  again costs nothing per arg. The per-table work is a fixed cost of ~15 numpy calls per skeleton: ~60% of loading
+  a 2,800-node model."""
   key = (nargs, b)
   hit = _CACHE.get(key)
   if hit is not None:
     with _CACHE_LOCK:
       if _CACHE.pop(key, None) is not None: _CACHE[key] = hit  # the newest again
-    return list(hit[0]), list(hit[1]), None
+    return list(hit[0]), list(hit[1]), None, hit[2]
   objs, keys, plain = _decode_args(b, nargs, externals, allow_import)
-  return objs, keys, key if plain and externals is None and len(b) <= _CACHE_BYTES // _CACHE_TABLES else None
+  return objs, keys, key if plain and externals is None and len(b) <= _CACHE_BYTES // _CACHE_TABLES else None, None
 
 
-def keep(key: tuple, objs: list, keys: list) -> None:
+def keep(key: tuple, objs: list, keys: list, extra=None) -> None:
   """Cache the args of the table decode_args named key: the interned objects, not the decoded ones (an arg still
   interned from before -- the graph that was saved, alive or lately dropped -- keeps its first object, and only
-  that one is found by identity)."""
+  that one is found by identity); extra (the caller's: their interned ids) is handed back with them."""
   with _CACHE_LOCK:
-    _CACHE[key] = (tuple(objs), tuple(keys))
+    _CACHE[key] = (tuple(objs), tuple(keys), extra)
     while len(_CACHE) > _CACHE_TABLES: del _CACHE[next(iter(_CACHE))]
 
 

@@ -19,6 +19,7 @@ Pickle writes one node table per pickling call, however many UOps (and Walks, an
 structure holds: see the pickle section below."""
 from __future__ import annotations
 import os, struct, threading, weakref, zlib
+from operator import is_
 from typing import Sequence
 import numpy as np
 from .ops import Ops, GroupOp
@@ -533,13 +534,17 @@ def _decode(data, allow_import: bool, externals, given):
   if argbytes > room or nargs > argbytes or n > room // 3 or m > room or nroots > room // 4 or ng + n >= 1 << 31:
     raise ValueError(f"pygrad.loads: counts larger than the data (args {nargs}, nodes {n}, sources {m}, roots "
                      f"{nroots})")
-  if (flags & _F_SINGLE) and nroots != 1: raise ValueError("pygrad.loads: a single-root graph with {nroots} roots")
-  objs, keys, cache_as = decode_args(bytes(mv[_HEAD.size:_HEAD.size + argbytes]), nargs, externals, allow_import)
+  if (flags & _F_SINGLE) and nroots != 1: raise ValueError(f"pygrad.loads: a single-root graph with {nroots} roots")
+  objs, keys, cache_as, kept = decode_args(bytes(mv[_HEAD.size:_HEAD.size + argbytes]), nargs, externals,
+                                           allow_import)
   ids = None
-  if cache_as is not None:  # the table may be cached: intern now, and cache the interned objects
+  if kept is not None and all(map(is_, map(ARGS.objs.get, kept[1]), objs)):
+    ids = kept[0]  # every arg is still interned under the id it had (an id forgotten names no object)
+  if cache_as is not None:  # the table may be cached: intern now, and cache the interned objects with their ids
     ids = _intern_all(objs, keys)
-    objs = list(map(ARGS.objs.get, ids[1:].tolist(), objs))
-    keep(cache_as, objs, keys)
+    aids = ids[1:].tolist()
+    objs = list(map(ARGS.objs.get, aids, objs))
+    keep(cache_as, objs, keys, (ids, aids))
   out = _nodes(_Reader(mv, _HEAD.size + argbytes, end), n, m, nroots, srcw, argw, objs, keys, given, ids)
   if given is not None: return out
   return out[0] if flags & _F_SINGLE else out
