@@ -588,19 +588,22 @@ pg_build *pg_serial_build_new(pg_store *st, int64_t n, const int32_t *op, const 
   if (n > 0 && (!op || !dtype || !arg || !tag)) return NULL;
   if (ngiven < 0 || ngiven > n || (ngiven > 0 && !given) || nholds < 0 || (nholds > 0 && !holds)) return NULL;
   if (start[0] != 0 || (start[n] > 0 && !src)) return NULL;
-  for (i = 0; i < n; i++) {
-    *where = i;
-    if (i < ngiven) {
-      if (start[i + 1] != start[i] || arg[i] || tag[i] || (pdata && pdata[i])) return NULL;
-      continue;
+  for (i = 0; i < ngiven; i++)
+    if (start[i + 1] != start[i] || arg[i] || tag[i] || (pdata && pdata[i])) break;
+  if (i == ngiven)  /* the rows to make: checked with locals (a store to *where per row cost a third of this) */
+    for (; i < n; i++) {
+      int64_t s0 = start[i], s1 = start[i + 1];
+      uint32_t o = (uint32_t)op[i];
+      if (o >= (uint32_t)nops || !flags[o] || (uint32_t)dtype[i] >= (uint32_t)ndtypes) break;
+      if (s1 < s0 || s1 - s0 > INT32_MAX) break;
+      if (s1 - s0 > maxs) maxs = s1 - s0;
+      for (j = s0; j < s1 && (uint32_t)src[j] < (uint64_t)i; j++) {}
+      if (j < s1) break;  /* a source not made before its user */
+      if ((arg[i] | tag[i] | (pdata ? pdata[i] : 0)) < 0) break;
     }
-    if (op[i] < 0 || op[i] >= nops || !flags[op[i]]) return NULL;
-    if (dtype[i] < 0 || dtype[i] >= ndtypes) return NULL;
-    if (start[i + 1] < start[i] || start[i + 1] - start[i] > INT32_MAX) return NULL;
-    if (start[i + 1] - start[i] > maxs) maxs = start[i + 1] - start[i];
-    for (j = start[i]; j < start[i + 1]; j++)
-      if (src[j] < 0 || src[j] >= i) return NULL;  /* a source not made before its user */
-    if (arg[i] < 0 || tag[i] < 0 || (pdata && pdata[i] < 0)) return NULL;
+  if (i < n) {
+    *where = i;
+    return NULL;
   }
   *where = -1;
   *err = PG_ERR_NOMEM;

@@ -34,7 +34,7 @@ int pg_serial_decode(const uint8_t *data, int64_t size, int64_t n, int64_t m, in
                      int64_t *roots, int64_t *nside, int64_t *what) {
   const uint8_t *ops, *dts, *cnt, *bigs, *args, *deltas, *rts, *side;
   int64_t p = 0, i, j, k, nbig = 0, sum = 0, total;
-  int before = 0, cycle = 0;
+  int before = 0, cycle = 0, bad;
   *what = 0;
   *nside = 0;
   if (!data || size < 0 || n < 0 || m < 0 || nroots < 0 || ngiven < 0 || nargs < 0 || n > INT32_MAX - ngiven ||
@@ -48,10 +48,13 @@ int pg_serial_decode(const uint8_t *data, int64_t size, int64_t n, int64_t m, in
   TAKE(ops, n, 1, 0);
   TAKE(dts, n, 1, 1);
   TAKE(cnt, n, 1, 2);
-  for (i = 0; i < n; i++) nbig += cnt[i] == 255;
+  for (i = 0; i < n; i++) {  /* one pass: how many counts are in the u32 section, and the sum of the others */
+    nbig += cnt[i] == 255;
+    sum += cnt[i] == 255 ? 0 : cnt[i];
+  }
   TAKE(bigs, nbig, 4, 2);
   TAKE(args, n, argw, 3);
-  for (i = 0, k = 0; i < n; i++) sum += cnt[i] == 255 ? (int64_t)get_le(bigs + 4 * k++, 4) : cnt[i];
+  for (k = 0; k < nbig; k++) sum += get_le(bigs + 4 * k, 4);
   if (sum != m) { *what = sum; return PG_DEC_SUM; }
   TAKE(deltas, m, srcw, 4);
   TAKE(rts, nroots, 4, 5);
@@ -61,10 +64,22 @@ int pg_serial_decode(const uint8_t *data, int64_t size, int64_t n, int64_t m, in
   TAKE(side, *nside, 12, 7);
 #undef TAKE
   if (p != size) { *what = size - p; return PG_DEC_TRAIL; }
-  for (i = 0; i < n; i++) if (ops[i] >= nops) { *what = ops[i]; return PG_DEC_OP; }
-  for (i = 0; i < n; i++) if (dts[i] >= ndtypes) { *what = dts[i]; return PG_DEC_DTYPE; }
+  /* ops and dtypes copied and checked in one pass each (the first bad one is looked for only if there is one) */
+  for (i = 0, bad = 0; i < n; i++) {
+    op[ngiven + i] = ops[i];
+    bad |= ops[i] >= nops;
+  }
+  if (bad)
+    for (i = 0; i < n; i++) if (ops[i] >= nops) { *what = ops[i]; return PG_DEC_OP; }
+  for (i = 0, bad = 0; i < n; i++) {
+    dtype[ngiven + i] = dts[i];
+    bad |= dts[i] >= ndtypes;
+  }
+  if (bad)
+    for (i = 0; i < n; i++) if (dts[i] >= ndtypes) { *what = dts[i]; return PG_DEC_DTYPE; }
   get_col(args, argw, n, arg + ngiven);
-  for (i = 0; i < n; i++) if ((uint32_t)arg[ngiven + i] > (uint64_t)nargs) return PG_DEC_ARG;
+  for (i = 0, bad = 0; i < n; i++) bad |= (uint32_t)arg[ngiven + i] > (uint64_t)nargs;
+  if (bad) return PG_DEC_ARG;
   /* the columns: the given rows first, with no sources and no args */
   memset(op, 0, (size_t)ngiven * sizeof *op);
   memset(dtype, 0, (size_t)ngiven * sizeof *dtype);
@@ -72,8 +87,6 @@ int pg_serial_decode(const uint8_t *data, int64_t size, int64_t n, int64_t m, in
   memset(tag, 0, (size_t)total * sizeof *tag);
   memset(pdata, 0, (size_t)total * sizeof *pdata);
   for (i = 0; i <= ngiven; i++) start[i] = 0;
-  for (i = 0; i < n; i++) op[ngiven + i] = ops[i];
-  for (i = 0; i < n; i++) dtype[ngiven + i] = dts[i];
   if (m) get_col(deltas, srcw, m, src);  /* distances now, rows below */
   for (i = 0, k = 0, j = 0; i < n; i++) {
     int64_t row = ngiven + i, c = cnt[i] == 255 ? (int64_t)get_le(bigs + 4 * k++, 4) : cnt[i], e;
