@@ -782,7 +782,7 @@ int pg_serial_build_run(pg_build *b, int64_t *pos) {
       if (id >= 0) row[i].nuse = -1;
     } else if (id == -1) {  /* new; its sources are rows the builder holds */
       if (b->npend == BUILD_PEND) build_link_locked(b);
-      id = pg_store_make_held_locked(st, h, o, d, tmp, (int32_t)ns, a, t, meta);
+      id = pg_store_make_held_fast(st, h, o, d, tmp, (int32_t)ns, a, t, meta);
       if (id >= 0) {
         b->pend[b->npend].hash = h;
         b->pend[b->npend++].id = (uint32_t)id;
