@@ -399,6 +399,7 @@ void pg_serial_cache_free(pg_sigcache *c) {
 #define BUILD_AHEAD 16   /* rows ahead of the one being made whose table slot is prefetched, if they are leaves */
 /* a made row: what its users' keys and signatures read, together (one cache line per source, not four) */
 typedef struct brow {
+  pg_node *nd;   /* its node (nodes never move; the builder's reference keeps it), so no page lookup per use */
   int32_t id;    /* its store id (one reference held by the builder) */
   int32_t meta, sdt;
   int32_t nuse;  /* users it has among the nodes the builder made new (-1: not made new, users unknown) */
@@ -414,6 +415,7 @@ struct pg_build {
   brow *row;                    /* per made row */
   pg_sigcache *sc;              /* the store's signature cache (st->sigcache) */
   int32_t *tmp;                 /* a node's source ids */
+  pg_node **tmpn;               /* and their nodes */
   int32_t *sw;                  /* a node's sources' signature words: dtype, meta, dtype, meta, ... */
   int64_t tmpcap;
   int held;                     /* whether the arg/tag/pdata holds were taken */
@@ -620,11 +622,12 @@ pg_build *pg_serial_build_new(pg_store *st, int64_t n, const int32_t *op, const 
   b->tmpcap = maxs ? maxs : 1;
   b->tmp = (int32_t *)malloc((size_t)b->tmpcap * sizeof *b->tmp);
   b->sw = (int32_t *)malloc((size_t)b->tmpcap * 2 * sizeof *b->sw);
+  b->tmpn = (pg_node **)malloc((size_t)b->tmpcap * sizeof *b->tmpn);
   if (holds && (b->holds = (int32_t *)malloc((size_t)(nholds ? nholds : 1) * sizeof *b->holds)) != NULL) {
     if (nholds) memcpy(b->holds, holds, (size_t)nholds * sizeof *b->holds);
     b->nholds = nholds;
   }
-  if (!b->row || !b->users || !b->tmp || !b->sw || (holds && !b->holds)) {
+  if (!b->row || !b->users || !b->tmp || !b->sw || !b->tmpn || (holds && !b->holds)) {
     pg_serial_build_delete(b);
     return NULL;
   }
@@ -644,6 +647,7 @@ pg_build *pg_serial_build_new(pg_store *st, int64_t n, const int32_t *op, const 
         break;
       }
       nd->rc++;
+      b->row[i].nd = nd;
       b->row[i].id = given[i];
       b->row[i].nuse = -1;  /* not made by the builder: users unknown */
       b->row[i].meta = nd->meta;
@@ -679,11 +683,12 @@ static void build_link_locked(pg_build *b) {
    it, so when row s's node has no references but the builder's own one and its known users', those are all of them */
 static PG_INLINE int32_t build_known_user(const pg_build *b, int64_t s, int64_t i, uint32_t h) {
   int32_t k = b->row[s].nuse > 0 ? b->row[s].nuse : 0, q;
-  const pg_node *nd = pg_node_at(b->st, (uint32_t)b->row[s].id);  /* live: the builder holds it */
+  const pg_node *nd = b->row[s].nd;
   if (k > BUILD_USERS || nd->rc != 1u + (uint32_t)k) return -2;
   for (q = 0; q < k; q++) {
-    int32_t id = b->row[b->users[BUILD_USERS * s + q]].id;
-    if (pg_key_equal(pg_node_at(b->st, (uint32_t)id), h, b->op[i], b->dtype[i], b->tmp,
+    const brow *u = &b->row[b->users[BUILD_USERS * s + q]];
+    int32_t id = u->id;
+    if (pg_key_equal(u->nd, h, b->op[i], b->dtype[i], b->tmp,
                      (int32_t)(b->start[i + 1] - b->start[i]), b->arg[i], b->tag[i]))
       return id;
   }
@@ -747,17 +752,20 @@ int pg_serial_build_run(pg_build *b, int64_t *pos) {
   const uint8_t *flags = b->flags;
   brow *row = b->row;
   int32_t *tmp = b->tmp, *sw = b->sw;
+  pg_node **tmpn = b->tmpn;
   int64_t i, n = b->n;
   int r = PG_BUILD_DONE;
   pg_lock_take(&st->lock);
   for (i = b->next; i < n; i++) {
     int64_t j, s0 = start[i], ns = start[i + 1] - s0;
     int32_t o = op[i], d = dtype[i], a = arg[i], t = tag[i], meta, id = -2;
+    pg_node *nd = NULL;
     uint64_t sh = sig_start(o, d, a), kh = pg_key_hash_start(o, d, (int32_t)ns);
     uint32_t h;
     for (j = 0; j < ns; j++) {  /* one pass over the sources: their ids, signature words and both hashes */
       const brow *sr = &row[src[s0 + j]];
       tmp[j] = sr->id;
+      tmpn[j] = sr->nd;
       sw[2 * j] = sr->sdt;
       sw[2 * j + 1] = sr->meta;
       sh = sig_step(sh, sr->sdt, sr->meta);
@@ -776,13 +784,13 @@ int pg_serial_build_run(pg_build *b, int64_t *pos) {
     h = pg_key_hash_end(kh, a, t);
     for (j = 0; j < ns && id == -2; j++) id = build_known_user(b, src[s0 + j], i, h);
     if (id >= 0) {  /* an earlier row's node */
-      pg_node *nd = pg_node_at(st, (uint32_t)id);
+      nd = pg_node_at(st, (uint32_t)id);
       if (nd->rc == UINT32_MAX) id = PG_ERR_NOMEM;
       else nd->rc++;
       if (id >= 0) row[i].nuse = -1;
     } else if (id == -1) {  /* new; its sources are rows the builder holds */
       if (b->npend == BUILD_PEND) build_link_locked(b);
-      id = pg_store_make_held_fast(st, h, o, d, tmp, (int32_t)ns, a, t, meta);
+      id = pg_store_make_held_fast(st, h, o, d, tmp, tmpn, (int32_t)ns, a, t, meta);
       if (id >= 0) {
         b->pend[b->npend].hash = h;
         b->pend[b->npend++].id = (uint32_t)id;
@@ -797,7 +805,9 @@ int pg_serial_build_run(pg_build *b, int64_t *pos) {
       else row[i].nuse = -1;
     }
     if (id < 0) { r = id; break; }
-    if (b->pdata) build_pdata_locked(b, pg_node_at(st, (uint32_t)id), i);
+    if (!nd) nd = pg_node_at(st, (uint32_t)id);
+    if (b->pdata) build_pdata_locked(b, nd, i);
+    row[i].nd = nd;
     row[i].id = id;
     row[i].meta = meta;
     row[i].sdt = d;
@@ -841,6 +851,7 @@ int pg_serial_build_set(pg_build *b, int32_t id) {
   else {
     nd->rc++;
     build_pdata_locked(b, nd, i);
+    b->row[i].nd = nd;
     b->row[i].id = id;
     b->row[i].meta = nd->meta;
     b->row[i].sdt = nd->dtype;
@@ -877,7 +888,7 @@ int pg_serial_build_rows(pg_build *b, const int64_t *rows, int64_t nrows, int32_
     if (rows[i] < 0 || rows[i] >= b->next) return PG_ERR_ARG;
   pg_lock_take(&b->st->lock);
   for (i = 0; i < nrows && !r; i++) {
-    pg_node *nd = pg_node_at(b->st, (uint32_t)b->row[rows[i]].id);  /* live: the builder holds it */
+    pg_node *nd = b->row[rows[i]].nd;  /* live: the builder holds it */
     if (nd->rc == UINT32_MAX) r = PG_ERR_NOMEM;
     else {
       nd->rc++;
@@ -898,7 +909,7 @@ void pg_serial_build_delete(pg_build *b) {
   if (b->held) {
     pg_lock_take(&b->st->lock);
     for (i = 0; i < b->next; i++) {  /* most rows have users besides the builder: just drop its count */
-      pg_node *nd = pg_node_at(b->st, (uint32_t)b->row[i].id);
+      pg_node *nd = b->row[i].nd;
       if (nd->rc > 1) nd->rc--;
       else pg_store_decref_locked(b->st, b->row[i].id);
     }
@@ -910,6 +921,7 @@ void pg_serial_build_delete(pg_build *b) {
   free(b->users);
   free(b->tmp);
   free(b->sw);
+  free(b->tmpn);
   free(b->holds);
   free(b);
 }

@@ -152,9 +152,9 @@ static PG_INLINE int pg_arg_ok(const pg_store *st, int32_t aid) {  /* 0, or a li
                       st->argrc[k] < INT32_MAX - 1);
 }
 static PG_INLINE int32_t pg_store_make_held_fast(pg_store *st, uint32_t h, int32_t op, int32_t dtype,
-                                                 const int32_t *src, int32_t nsrc, int32_t arg, int32_t tag,
-                                                 int32_t meta) {
-  pg_node *n, *s[PG_INLINE_SRC];
+                                                 const int32_t *src, pg_node *const *s, int32_t nsrc, int32_t arg,
+                                                 int32_t tag, int32_t meta) {  /* s: the sources' nodes */
+  pg_node *n;
   uint32_t id;
   int32_t i;
   if (nsrc < 0 || nsrc > PG_INLINE_SRC || (nsrc > 0 && !src) || !pg_arg_ok(st, arg) || !pg_arg_ok(st, tag) ||
@@ -162,7 +162,6 @@ static PG_INLINE int32_t pg_store_make_held_fast(pg_store *st, uint32_t h, int32
       (!st->nfree && (st->nalloc >= PG_MAX_NODES || (st->nalloc >> PG_PAGE_BITS) >= st->npages)))
     return pg_store_make_held_locked(st, h, op, dtype, src, nsrc, arg, tag, meta);
   for (i = 0; i < nsrc; i++) {
-    s[i] = pg_node_at(st, (uint32_t)src[i]);
     if (s[i]->rc >= UINT32_MAX - (uint32_t)nsrc) return pg_store_make_held_locked(st, h, op, dtype, src, nsrc, arg,
                                                                                   tag, meta);
   }
