@@ -397,6 +397,7 @@ void pg_serial_cache_free(pg_sigcache *c) {
 #define BUILD_PEND 4096  /* nodes made before their table entries are written together (build_link) */
 #define BUILD_USERS 2    /* users of a row the builder lists (to prove a node new: pg_serial_build_run) */
 #define BUILD_AHEAD 16   /* rows ahead of the one being made whose table slot is prefetched, if they are leaves */
+#define BUILD_FAR (1u << 16)  /* a table of fewer slots (512 KB) stays in cache: no prefetching then */
 /* a made row: what its users' keys and signatures read, together (one cache line per source, not four) */
 typedef struct brow {
   pg_node *nd;   /* its node (nodes never move; the builder's reference keeps it), so no page lookup per use */
@@ -465,8 +466,8 @@ static PG_INLINE int32_t sig_find(const pg_sigcache *c, uint64_t h, int32_t op, 
       const int32_t *key = c->pool + c->slots[k].key;
       int64_t j;
       if (key[0] != op || key[1] != dtype || key[2] != arg || key[3] != ns) continue;
-      for (j = 0; j < 2 * ns && key[4 + j] == sw[j]; j++) {}
-      if (j == 2 * ns) return key[4 + 2 * ns];
+      for (j = 0; j < ns && key[4 + 2 * j] == sw[2 * j] && key[5 + 2 * j] == sw[2 * j + 1]; j++) {}
+      if (j == ns) return key[4 + 2 * ns];
     }
   return -1;
 }
@@ -754,8 +755,9 @@ int pg_serial_build_run(pg_build *b, int64_t *pos) {
   int32_t *tmp = b->tmp, *sw = b->sw;
   pg_node **tmpn = b->tmpn;
   int64_t i, n = b->n;
-  int r = PG_BUILD_DONE;
+  int r = PG_BUILD_DONE, far;
   pg_lock_take(&st->lock);
+  far = st->mask >= BUILD_FAR;
   for (i = b->next; i < n; i++) {
     int64_t j, s0 = start[i], ns = start[i + 1] - s0;
     int32_t o = op[i], d = dtype[i], a = arg[i], t = tag[i], meta, id = -2;
@@ -780,7 +782,7 @@ int pg_serial_build_run(pg_build *b, int64_t *pos) {
       meta = sig_find(b->sc, sig_end(sh, ns), o, d, a, sw, ns);
       if (meta < 0) { r = PG_BUILD_ASK; break; }
     }
-    build_prefetch_leaf(b, i + BUILD_AHEAD);
+    if (far) build_prefetch_leaf(b, i + BUILD_AHEAD);
     h = pg_key_hash_end(kh, a, t);
     for (j = 0; j < ns && id == -2; j++) id = build_known_user(b, src[s0 + j], i, h);
     if (id >= 0) {  /* an earlier row's node */
