@@ -557,6 +557,7 @@ def _nodes(r: _Reader, n: int, m: int, nroots: int, srcw: int, argw: int, objs: 
   read = _nodes_c if CORE.name == "c" else _nodes_py
   op, dt, start, src, argref, tagref, pdref, rts, nside = read(r, n, m, nroots, srcw, argw, len(objs), ng)
   if nside: _check_pdata(pdref, objs)
+  else: pdref = None  # no side entries: no row has metadata (and the builder need not look)
   return _build(op, dt, start, src, argref, tagref, pdref, objs, rts, given, keys, ids)
 
 
