@@ -105,11 +105,14 @@ def test_every_kernel_through_the_c_allocator_gives_the_same_program(name, monke
 
 
 @pytest.mark.parametrize("name", sorted(GRAPHS))
-def test_every_kernel_walked_in_c_gives_the_same_program(name, monkeypatch):
-  """planner._build_c (csrc/kwalk.c, for plans of large kernels) on every plan and kernel: _build_py's KNodes."""
-  from pygrad.engine import planner
+@pytest.mark.parametrize("cols", [False, True])
+def test_every_kernel_walked_in_c_gives_the_same_program(name, cols, monkeypatch):
+  """planner._build_c (csrc/kwalk.c, for plans of large kernels) on every plan and kernel: _build_py's KNodes; with
+  cols, every kernel's registers from its walk's columns too (lower.allocate_cols)."""
+  from pygrad.engine import planner, lower
   monkeypatch.setattr(planner, "_WALK_MIN_NODES", 0)
   monkeypatch.setattr(planner, "_WALK_PER_JOB", 0)
+  if cols: monkeypatch.setattr(lower, "_C_MIN", 1)
   assert digest(name) == GOLDEN[name]
 
 

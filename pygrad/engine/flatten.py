@@ -147,7 +147,7 @@ def _flatten_plain(order: np.ndarray, info: np.ndarray, flat: np.ndarray):
   """_flatten_ids' nodes for a graph of plain values only (no op that resolves to another node's value or names
   structure: every node is one PNode and its sources' PNodes are its operands), built a column at a time; None
   when the graph has another op. Returns (nodes, the position of each node id, the columns the planner's sweeps
-  read: nsrc, src as node positions, op ids and meta ids per node)."""
+  read: nsrc, src as node positions, op ids, meta ids and dtype ids per node)."""
   ops = info[:, 0]
   if len(ops) == 0 or _NOT_PLAIN[ops].any(): return None
   from ..intern import ARGS, META
@@ -175,7 +175,9 @@ def _flatten_plain(order: np.ndarray, info: np.ndarray, flat: np.ndarray):
       m = nodes[i]
       _quotient(m, (m.src[0].nid, m.src[1].nid))
       sp[start[i]:start[i] + 2] = [m.src[0].idx, m.src[1].idx]
-  cols = {"nsrc": ns.astype(np.int32), "src": sp.astype(np.int32), "op": ops.astype(np.int64), "meta": info[:, 5]}
+  special = [i for i in mul[a | b].tolist() if nodes[i].opcode is not None] if len(mul) else []
+  cols = {"nsrc": ns.astype(np.int32), "src": sp.astype(np.int32), "op": ops.astype(np.int64), "meta": info[:, 5],
+          "dtype": info[:, 1].astype(np.int64), "special": special}
   return nodes, pos, cols
 
 

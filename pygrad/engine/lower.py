@@ -19,7 +19,7 @@ from operator import attrgetter, is_
 from typing import NamedTuple
 import numpy as np
 from ..ops import Ops
-from ..dtype import dtypes
+from ..dtype import BY_ID, dtypes
 from ..upat import UPat, PatternMatcher
 from .planner import Loop, KNode, Store, Buf, compute_dtype
 from .vmlib import OPCODES, ffi, lib
@@ -265,6 +265,26 @@ for _op, _code in _OPC.items(): _OPC_OF[int(_op)] = _code
 _CMP_IDS = np.array([int(op) for op in _CMP])
 
 
+_CT_OF_ID = np.array([compute_dtype(d).id if d is not None else -1 for d in BY_ID], np.int64)
+
+
+def allocate_cols(loop: Loop, sp: Space, tops: list[KNode]) -> tuple[Regs, list[int]]:
+  """allocate_c's result for a kernel the planner walked in C, from its columns (Loop.kcols): every node is live
+  and in the planner's order, so nothing is gathered from the KNodes again."""
+  kc = loop.kcols
+  lv = list(sp.loads)
+  nl, na = kc.nl, len(kc.ns)
+  is_cmp = np.isin(kc.ops, _CMP_IDS)
+  is_cmp[[r for r, _ in kc.special]] = False
+  ct_alu = np.where(is_cmp, dtypes.bool.id, _CT_OF_ID[kc.dt])
+  top = tops[0]
+  reads = [(k, i) for i, k in enumerate(lv)] + [(top, kc.top)]
+  if top.buf is None:
+    e = int(kc.ns.sum())
+    reads += list(zip(top.src, kc.flat[e - len(top.src):e].tolist()))
+  return _regs_words(lv, nl, na, kc.ns, kc.flat, kc.ops, kc.dt, kc.sdt, kc.special, ct_alu, [kc.top], reads, sp)
+
+
 def allocate_c(kn: list[KNode], live: set[KNode], tops: list[KNode], sp: Space) -> tuple[Regs, list[int]]:
   """allocate's registers (csrc/regalloc.c runs its loop over the kernel as arrays) and emit's instruction words,
   both computed a whole column at a time: the same registers and words as allocate and emit, node for node. The
@@ -277,24 +297,36 @@ def allocate_c(kn: list[KNode], live: set[KNode], tops: list[KNode], sp: Space) 
   srcs = list(map(_G_SRC, alu))
   ns = np.fromiter(map(len, srcs), np.int64, na)
   flat = np.fromiter(map(_G_POS, chain.from_iterable(srcs)), np.int32)
-  nsrc = np.zeros(n, np.int8)
-  nsrc[nl:] = ns
   ops = np.fromiter(map(_G_OP, alu), np.int64, na)
-  special = [i for i, o in enumerate(map(_G_OPCODE, alu)) if o is not None] \
+  special = [(i, alu[i].opcode) for i, o in enumerate(map(_G_OPCODE, alu)) if o is not None] \
       if not all(map(is_, map(_G_OPCODE, alu), repeat(None))) else []
   dts, sdts = list(map(_G_DTYPE, alu)), list(map(_G_SDTYPE, alu))
   for d in set(dts): _ct_id(d)
   is_cmp = np.isin(ops, _CMP_IDS)
-  is_cmp[special] = False  # a peephole's instruction computes in its own dtype
+  is_cmp[[i for i, _ in special]] = False  # a peephole's instruction computes in its own dtype
+  ct_alu = np.where(is_cmp, dtypes.bool.id, np.fromiter(map(_CT_ID.__getitem__, dts), np.int64, na))
+  # what emit and _is_dot read of the registers: the loads', the stores' sources' and their operands'
+  reads = lv + [t for t in tops if t in live] + [s for t in tops if t.buf is None and t in live for s in t.src]
+  return _regs_words(lv, nl, na, ns, flat, ops, np.fromiter(map(_G_ID, dts), np.int64, na),
+                     np.fromiter(map(_G_ID, sdts), np.int64, na), special, ct_alu,
+                     [t.pos for t in tops if t in live], [(k, k.pos) for k in reads], sp)
+
+
+def _regs_words(lv, nl, na, ns, flat, ops, dt_ids, sdt_ids, special, ct_alu, pinned_at, reads, sp):
+  """allocate_c's second half, over columns: csrc/regalloc.c's registers, the Regs of the (KNode, position) pairs
+  in reads, and the instruction words."""
+  n = nl + na
+  nsrc = np.zeros(n, np.int8)
+  nsrc[nl:] = ns
   ct = np.empty(n, np.int32)
   ct[:nl] = [_ct_id(v.buf.stype) for v in map(sp.loads.__getitem__, lv)]
-  ct[nl:] = np.where(is_cmp, dtypes.bool.id, np.fromiter(map(_CT_ID.__getitem__, dts), np.int64, na))
+  ct[nl:] = ct_alu
   sc_in = np.zeros(n, np.uint8)
   shape = sp.shape
   for i, v in enumerate(map(sp.loads.__getitem__, lv)):
     sc_in[i] = v.mask is None and all(st == 0 or s == 1 for st, s in zip(v.strides, shape))
   pinned = np.zeros(n, np.uint8)
-  pinned[[t.pos for t in tops if t in live]] = 1
+  pinned[pinned_at] = 1
   reg, sc = np.empty(n, np.int32), np.empty(n, np.uint8)
   fct, fsc = np.empty(n, np.int32), np.empty(n, np.uint8)
   cp = ffi.from_buffer
@@ -302,17 +334,13 @@ def allocate_c(kn: list[KNode], live: set[KNode], tops: list[KNode], sp: Space) 
                       cp("uint8_t[]", pinned), cp("int32_t[]", reg), cp("uint8_t[]", sc), cp("int32_t[]", fct),
                       cp("uint8_t[]", fsc))
   if m < 0: raise RuntimeError(f"pygrad lowering: register allocation failed ({m})")
-  # what emit and _is_dot read of the registers: the loads', the stores' sources' and their operands'
-  reads = lv + [t for t in tops if t in live] + [s for t in tops if t.buf is None and t in live for s in t.src]
-  rg = Regs(list(zip(fct[:m].tolist(), fsc[:m].tolist())), {k: int(reg[k.pos]) for k in reads},
-            {k: bool(sc[k.pos]) for k in reads})
+  rg = Regs(list(zip(fct[:m].tolist(), fsc[:m].tolist())), {k: int(reg[i]) for k, i in reads},
+            {k: bool(sc[i]) for k, i in reads})
   # the instructions: (opcode, dtype, dest, a, b, c) per ALU node, as emit writes them
   ins = np.empty((na, 6), np.int64)
   opc = _OPC_OF[ops]
-  for i in special: opc[i] = OPCODES[alu[i].opcode]
+  for i, name in special: opc[i] = OPCODES[name]
   ins[:, 0] = opc
-  dt_ids = np.fromiter(map(_G_ID, dts), np.int64, na)
-  sdt_ids = np.fromiter(map(_G_ID, sdts), np.int64, na)
   cmp_lt = np.isin(ops, _CMP_IDS)
   ins[:, 1] = np.where(cmp_lt, sdt_ids, dt_ids)
   ins[:, 2] = reg[nl:]
@@ -587,7 +615,10 @@ def lower_loop(loop: Loop, new_buf=None) -> list[Part] | None:
     if g is not None: return [Part(g, True, _loop_bufs(loop))]
   kn, tops = peephole(loop)
   live = set(kn) if kn is loop.knodes and loop.reachable else live_nodes(kn, tops)
-  rg, ins = allocate_c(kn, live, tops, sp) if len(kn) >= _C_MIN else (allocate(kn, live, tops, sp), None)
+  if len(kn) < _C_MIN: rg, ins = allocate(kn, live, tops, sp), None
+  elif kn is loop.knodes and loop.kcols is not None and len(sp.loads) == loop.kcols.nl:
+    rg, ins = allocate_cols(loop, sp, tops)
+  else: rg, ins = allocate_c(kn, live, tops, sp)
   if new_buf is not None:
     T = _tile(loop, sp)
     cap = min(REGFILE_BUDGET, VM_MAXREGFILE) - 128 - (_vec_cost(T) if loop.redop is not None else 0)  # (a MOV's)

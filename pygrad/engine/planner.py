@@ -93,13 +93,13 @@ class Loop:
   """One VM loop kernel before lowering over index space `shape`: `knodes` (loads and ALU nodes in dependency
   order), `stores`, and for a reduction the reduce op, the reduced axes and the result's dtype. `reachable`: every
   knode is read by the stores, directly or not (the planner's walk made them from the stores' values)."""
-  __slots__ = ("shape", "knodes", "stores", "redop", "redaxes", "rdtype", "reachable")
+  __slots__ = ("shape", "knodes", "stores", "redop", "redaxes", "rdtype", "reachable", "kcols")
 
   def __init__(self, shape, knodes: list[KNode], stores: list[Store], redop=None, redaxes=(), rdtype=None,
-               reachable: bool = False):
+               reachable: bool = False, kcols=None):
     self.shape, self.knodes, self.stores, self.redop, self.redaxes, self.rdtype = tuple(shape), knodes, stores, redop, \
       tuple(redaxes), rdtype
-    self.reachable = reachable
+    self.reachable, self.kcols = reachable, kcols
 
 
 class OutRef:
@@ -148,14 +148,46 @@ _GRAPH_MIN_NODES = 4096  # graphs from which the planner's sweeps run in C over 
 _WALK_MIN_NODES, _WALK_PER_JOB = 4096, 64  # plans whose kernels average this many nodes walk them in C
 _KW_LEAF, _KW_ALU, _KW_SCALAR = 1, 2, 4  # csrc/pygrad.h's PG_KW_* flags
 _PU_ALU, _PU_ALU_MOVE, _PU_OUTPUT = 2, 8, 16  # and PG_PU_*
-_G_SRC, _G_OP, _G_DTYPE, _G_OPCODE, _G_IDX, _G_VIEW, _G_SHAPE, _G_OUT = (attrgetter(a) for a in (
-  "src", "op", "dtype", "opcode", "idx", "view", "shape", "is_output"))
+_G_SRC, _G_OP, _G_DTYPE, _G_OPCODE, _G_IDX, _G_VIEW, _G_SHAPE, _G_OUT, _G_ID = (attrgetter(a) for a in (
+  "src", "op", "dtype", "opcode", "idx", "view", "shape", "is_output", "id"))
 _G_SRC0 = itemgetter(0)
 _OP_FLAGS = np.zeros(max(int(o) for o in Ops) + 1, np.uint8)
 _OP_FLAGS[[int(o) for o in _ALU]] |= _PU_ALU
 _OP_FLAGS[[int(o) for o in _ALU_MOVE]] |= _PU_ALU_MOVE
 _PURE = 64  # (Python only: a pure ALU op, _visit's first case)
 _OP_FLAGS[[int(o) for o in _PURE_ALU]] |= _PURE
+
+
+class KCols(NamedTuple):
+  """A walked kernel's ALU KNodes as columns (in knodes order), for lowering (lower.allocate_cols): the loads come
+  first as positions 0..nl-1 (in knodes order), then the ALU nodes; `flat` lists every ALU node's operands as such
+  positions (`ns` of them each); ops, dtype ids, first operand's dtype ids; `special`: (rank, opcode name) of the
+  ALU nodes with an opcode of their own; `top`: the root's position."""
+  nl: int
+  ns: np.ndarray
+  flat: np.ndarray
+  ops: np.ndarray
+  dt: np.ndarray
+  sdt: np.ndarray
+  special: list
+  top: int
+
+
+def _kcols(g: _Graph, ent: np.ndarray, srcs: np.ndarray, first: np.ndarray, keep: np.ndarray, alu_e: np.ndarray,
+           ns: np.ndarray) -> KCols:
+  """_build_c's entries as KCols: an entry's position is its KNode's (a load read again is its first entry's)."""
+  leaf = ent[2::3] != 0
+  kept = keep & leaf
+  nl = int(kept.sum())
+  pos = np.where(leaf, (np.cumsum(kept) - 1)[first], nl + np.cumsum(~leaf) - 1)
+  node = ent[3 * alu_e]
+  ops = g.op_ids[node]
+  special = []  # (rank, opcode name) of the ALU nodes with an opcode of their own
+  if g.special:
+    at = np.flatnonzero(np.isin(node, np.fromiter(g.special, np.int64, len(g.special))))
+    special = [(r, g.special[i]) for r, i in zip(at.tolist(), node[at].tolist())]
+  return KCols(nl, ns, pos[srcs[:int(ns.sum())]].astype(np.int32), ops, g.dt_ids[node],
+               g.dt_ids[g.src[g.off[node]]], special, int(pos[len(pos) - 1]))
 
 
 class _Graph:
@@ -166,12 +198,17 @@ class _Graph:
     self.meta = None  # (per node a meta id: equal ids, equal shapes)
     if cols is not None:  # flatten's columns (flatten.py, _flatten_plain)
       self.nsrc, self.src, self.meta = cols["nsrc"], cols["src"], cols["meta"]
-      self.ops = _OP_FLAGS[cols["op"]]
+      self.op_ids, self.dt_ids = cols["op"], cols["dtype"]
     else:
       srcs = list(map(_G_SRC, nodes))
       self.nsrc = np.fromiter(map(len, srcs), np.int32, n)
       self.src = np.fromiter(map(_G_IDX, chain.from_iterable(srcs)), np.int32)
-      self.ops = _OP_FLAGS[np.fromiter(map(_G_OP, nodes), np.int64, n)]
+      self.op_ids = np.fromiter(map(_G_OP, nodes), np.int64, n)
+      self.dt_ids = np.fromiter(map(_G_ID, map(_G_DTYPE, nodes)), np.int64, n)
+    self.ops = _OP_FLAGS[self.op_ids]
+    sp = (cols["special"] if cols is not None else
+          [i for i, o in enumerate(map(_G_OPCODE, nodes)) if o is not None])  # (flatten's quotients: few)
+    self.special = {i: nodes[i].opcode for i in sp}  # node -> its opcode name
     self.off = np.cumsum(self.nsrc, dtype=np.int64) - self.nsrc
     from .vmlib import ffi, lib  # (the planner itself needs no compiled module)
     self.ffi, self.lib = ffi, lib
@@ -204,7 +241,7 @@ class _Walk:
 
   def __init__(self, g: _Graph, nodes: list[PNode]):
     n = self.n = g.n
-    self.nsrc = g.nsrc
+    self.g, self.nsrc = g, g.nsrc
     flags = g.ops & _KW_ALU
     flags |= np.fromiter(map(is_not, map(_G_VIEW, nodes), repeat(None)), bool, n).astype(np.uint8) * _KW_LEAF
     flags |= np.fromiter(map(not_, map(_G_SHAPE, nodes)), bool, n).astype(np.uint8) * _KW_SCALAR
@@ -371,7 +408,7 @@ class Planner:
       knodes, top = self._build(src, src.shape, expand_top=False)
       st = View.contiguous(n.shape).strides  # the reduced dims have size 1, so stride 0
       self.kernels.append(Loop(src.shape, knodes, [Store(top, b, View(src.shape, st))], redop=n.arg[0],
-                               redaxes=n.arg[1], rdtype=n.dtype, reachable=True))
+                               redaxes=n.arg[1], rdtype=n.dtype, reachable=True, kcols=self.kcols))
     elif n.op is Ops.MULTI:
       axis, start = n.arg, 0
       for s in n.src:
@@ -383,7 +420,7 @@ class Planner:
 
   def _emit_store(self, n: PNode, b: Buf, view: View, dtype, expand_top=False) -> None:
     knodes, top = self._build(n, n.shape, expand_top=expand_top)
-    self.kernels.append(Loop(n.shape, knodes, [Store(top, b, view)], reachable=True))
+    self.kernels.append(Loop(n.shape, knodes, [Store(top, b, view)], reachable=True, kcols=self.kcols))
 
   def _emit_copy(self, view, dtype, b: Buf) -> None:
     src, v = view
@@ -416,6 +453,7 @@ class Planner:
   def _build(self, top: PNode, kshape, expand_top: bool):
     """(knodes in dependency order, top's KNode) computing `top` over index space kshape: _build_c's when the plan
     walks in C and the kernel has no movement op, else _build_py's (the same KNodes, in the same order)."""
+    self.kcols = None  # _build_c's columns of the kernel, for lowering (KCols)
     if self.walk is not None:
       r = self._build_c(top, kshape, expand_top)
       if r is not None: return r
@@ -436,13 +474,18 @@ class Planner:
     leaf_e = ent[2::3].nonzero()[0]
     cells = [(("BCAST", top.shape), None)]
     loads: dict = {}
+    first = np.arange(m)  # each entry's first entry of the same KNode (a load read again)
     for e in leaf_e.tolist():
       n = nodes[ent[3 * e]]
       b, v = self._leaf_view(n.view, 0 if ent[3 * e + 1] else None, cells, kshape, n.dtype)
       lk = (b.id, v.key(), n.dtype)
-      kn = loads.get(lk)
-      if kn is None: kn = loads[lk] = KNode.load(b, v, n.dtype)
-      else: keep[e] = False
+      hit = loads.get(lk)
+      if hit is None:
+        kn = KNode.load(b, v, n.dtype)
+        loads[lk] = (kn, e)
+      else:
+        kn, first[e] = hit
+        keep[e] = False
       kn_of[e] = kn
     alu_e = (ent[2::3] == 0).nonzero()[0]
     if len(alu_e):
@@ -456,6 +499,7 @@ class Planner:
         if not len(at): continue
         cols = [kn_of[srcs[start[at] + j]].tolist() for j in range(k)]
         for _ in map(setattr, kn_of[alu_e[at]].tolist(), repeat("src"), zip(*cols)): pass
+      self.kcols = _kcols(w.g, ent, srcs, first, keep, alu_e, ns)
     return kn_of[keep].tolist(), kn_of[m - 1]
 
   def _build_py(self, top: PNode, kshape, expand_top: bool):
