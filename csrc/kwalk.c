@@ -7,14 +7,14 @@
 
 typedef struct { int32_t node, bc, phase; } kw_item;
 
-/* Nodes 0..n-1 with nsrc[i] sources at src[off[i]..] (node numbers; src has src_len), flags[i] a PG_KW_* set.
-   Walks from top depth-first, sources left to right, as _build does: a LEAF (or the top when top_leaf says so) is a load; an ALU
-   node comes after its operands. A () operand of a shaped node is read broadcast (bc 1), and so is everything
-   below it. Each distinct (node, bc) is one entry, in the order _build makes its KNodes: out[3e..3e+2] = node, bc,
-   1 for a leaf (0 for an ALU node); out_src lists each ALU entry's operands as entry numbers, in source order.
-   memo (2n entries, all -1) maps node * 2 + bc to its entry during the call and is all -1 again after it.
-   Returns the entry count, PG_KW_MOVES when a node to walk through is neither a leaf nor ALU (the caller's general
-   walk handles it), PG_ERR_ARG for malformed input or too small outputs, PG_ERR_NOMEM. */
+/* Nodes 0..n-1 with nsrc[i] sources at src[off[i]..] (node numbers; src has src_len), flags[i] a PG_KW_* set. Walks
+   from top depth-first, sources left to right, as _build does: a LEAF (or the top when top_leaf says so) is a load; an
+   ALU node comes after its operands. A () operand of a shaped node is read broadcast (bc 1), and so is everything
+   below it. Each distinct (node, bc) is one entry, in the order _build makes its KNodes: out[3e..3e+2] = node, bc, 1
+   for a leaf (0 for an ALU node); out_src lists each ALU entry's operands as entry numbers, in source order. memo (2n
+   entries, all -1) maps node * 2 + bc to its entry during the call and is all -1 again after it. Returns the entry
+   count, PG_KW_MOVES when a node to walk through is neither a leaf nor ALU (the caller's general walk handles it),
+   PG_ERR_ARG for malformed input or too small outputs, PG_ERR_NOMEM. */
 int64_t pg_kernel_walk(int64_t n, const int32_t *nsrc, const int64_t *off, const int32_t *src, int64_t src_len,
                        const uint8_t *flags, int64_t top, int32_t top_leaf, int32_t *memo, int32_t *out,
                        int64_t out_cap, int32_t *out_src, int64_t src_cap) {
