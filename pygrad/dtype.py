@@ -63,6 +63,15 @@ ALL: tuple[DType, ...] = tuple(v for v in vars(dtypes).values() if isinstance(v,
 BY_ID: tuple[DType, ...] = tuple(sorted(ALL, key=lambda d: d.id))
 VALUE_DTYPES: tuple[DType, ...] = tuple(d for d in BY_ID if d is not dtypes.void)
 
+def sum_acc_dtype(d: DType) -> DType:
+  """The dtype `sum` and `prod` return for an operand of dtype d (tinygrad's `sum_acc_dtype`, and JAX's result
+  dtype): bool and signed ints narrower than 64 bits in int32, unsigned ones in uint32, so 300 `True`s sum to 300
+  and a uint8 sum does not wrap at 256; 64-bit ints and floats keep their dtype (a float16/bfloat16 REDUCE_AXIS
+  already accumulates in float32 and rounds once)."""
+  if dtypes.is_float(d) or d.itemsize == 8: return d
+  return dtypes.uint32 if dtypes.is_unsigned(d) else dtypes.int32
+
+
 def promote(a: DType, b: DType) -> DType:
   """The dtype a binary method computes in when its operands differ: numpy's and torch's for two ints (a signed and
   an unsigned int meet in a signed int that holds both: uint8 and int8 in int16, uint32 and int32 in int64; a rank

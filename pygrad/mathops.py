@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools, math
 from typing import TYPE_CHECKING, Any, Callable, cast
 from .ops import Ops
-from .dtype import DType, dtypes, promote
+from .dtype import DType, dtypes, promote, sum_acc_dtype
 
 if TYPE_CHECKING:  # the methods' annotations name the class they are mixed into
   from .uop import UOp
@@ -505,8 +505,18 @@ class MathMixin:
     axes = _axes(self.ndim, axis)
     ret = self.r(op, axes) if axes else self
     return ret if keepdim else ret.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
-  def sum(self, axis=None, keepdim: bool = False) -> UOp: return self._reduce(Ops.ADD, axis, keepdim)
-  def prod(self, axis=None, keepdim: bool = False) -> UOp: return self._reduce(Ops.MUL, axis, keepdim)
+  def _acc(self, name: str, dtype) -> UOp:
+    if dtype is None: return self.cast(sum_acc_dtype(self.dtype))
+    if not isinstance(dtype, DType) or dtype is dtypes.void:
+      raise TypeError(f"{name}: dtype must be a value DType such as dtypes.int64, got {dtype!r}")
+    return self.cast(dtype)
+  def sum(self, axis=None, keepdim: bool = False, dtype: DType | None = None) -> UOp:
+    """The sum over `axis`, in `dtype`; by default bool and narrow ints in int32, unsigned ones in uint32 (see
+    `pygrad.dtype.sum_acc_dtype`), other dtypes as they are."""
+    return self._acc("sum", dtype)._reduce(Ops.ADD, axis, keepdim)
+  def prod(self, axis=None, keepdim: bool = False, dtype: DType | None = None) -> UOp:
+    """The product over `axis`, in `dtype`; by default in the dtype `sum` gives (JAX's rule)."""
+    return self._acc("prod", dtype)._reduce(Ops.MUL, axis, keepdim)
   def max(self, axis=None, keepdim: bool = False) -> UOp: return self._reduce(Ops.MAX, axis, keepdim)
   def min(self, axis=None, keepdim: bool = False) -> UOp:
     if not dtypes.is_float(self.dtype):
@@ -518,9 +528,12 @@ class MathMixin:
       return (self ^ ones).max(axis, keepdim) ^ ones
     return -((-self).max(axis, keepdim))
   def mean(self, axis=None, keepdim: bool = False) -> UOp:
-    x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.float32)
+    # float16/bfloat16 divide in float32 before rounding (as tinygrad): their sum alone overflows past 65504
+    half = self.dtype in (dtypes.float16, dtypes.bfloat16)
+    x = self if dtypes.is_float(self.dtype) and not half else self.cast(dtypes.float32)
     n = math.prod(self.shape[a] for a in _axes(self.ndim, axis))
-    return x.sum(axis, keepdim) / n  # a quotient, as numpy's and torch's mean (0 / 0 = NaN over no elements)
+    ret = x.sum(axis, keepdim) / n  # a quotient, as numpy's and torch's mean (0 / 0 = NaN over no elements)
+    return ret.cast(self.dtype) if half else ret
   def softmax(self, axis: int = -1) -> UOp:
     m = self - self.max(axis, keepdim=True)
     e = m.exp()
@@ -543,7 +556,7 @@ class MathMixin:
     xe = x.reshape(x.shape[:-1] + (1, k)).broadcast_to(batch + (n, m, k))
     wt = w.transpose(-1, -2)
     we = wt.reshape(wt.shape[:-2] + (1, m, k)).broadcast_to(batch + (n, m, k))
-    out = (xe * we).sum(-1)
+    out = (xe * we)._reduce(Ops.ADD, -1, False)  # in the operands' dtype, as numpy's, torch's and tinygrad's matmul
     if x1: out = out.reshape(out.shape[:-2] + (m,))
     if w1: out = out.reshape(out.shape[:-1])
     return out

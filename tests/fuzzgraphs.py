@@ -127,7 +127,6 @@ def _step(kind, r, pool, plain=False):
       return a.bitcast(same[r[2] % len(same)])
     return a.cast(VALUE_DTYPES[r[2] % len(VALUE_DTYPES)])
   if kind == "reduce":
-    if dtypes.is_bool(a.dtype): a = a.cast(dtypes.int32)
     if a.ndim == 0: return a.sum()
     axes = tuple(i for i in range(a.ndim) if (r[1] >> i) & 1) or None
     name = ("sum", "max", "prod", "min", "mean")[r[2] % (5 if dtypes.is_float(a.dtype) else 4)]

@@ -90,16 +90,28 @@ def test_mixed_int_dtypes_meet_in_a_type_holding_both(engine):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_sums_keep_the_dtype_as_readme_states(engine):
-  # README "Defined semantics": sum and prod keep the operand's dtype (SPEC's REDUCE_AXIS): ints wrap (numpy's
-  # sum(dtype=...)), a bool sum is any, a bool prod all (numpy and torch sum bools and narrow ints in 64 bits)
+def test_sums_of_bools_and_narrow_ints_do_not_wrap(engine):
+  # README "Defined semantics": sum and prod of bool and of ints narrower than 64 bits are in int32 (unsigned:
+  # uint32), tinygrad's sum_acc_dtype and JAX's result dtype; they kept the dtype, so 300 Trues summed to True and
+  # 300 uint8 200s to 96 (numpy and torch give 300 and 60000, in int64)
   x, b = UOp.placeholder((300,), dtypes.int8), UOp.placeholder((2, 3), dtypes.bool)
+  u, t = UOp.placeholder((300,), dtypes.uint8), UOp.placeholder((300,), dtypes.bool)
   bv = np.array([[True, False, True], [False, False, False]])
-  got = pygrad.evaluate([x.sum(), x.prod(), b.sum(axis=1), b.prod(axis=1), b.sum()],
-                        {x: np.full(300, 100, np.int8), b: bv}, engine=engine)
-  want = [np.full(300, 100, np.int8).sum(dtype=np.int8), np.int8(0), bv.any(axis=1), bv.all(axis=1), bv.any()]
-  for g, w in zip(got, want):
-    assert g.dtype == np.asarray(w).dtype and g.tolist() == np.asarray(w).tolist(), (g, w)
+  xv, uv = np.full(300, 100, np.int8), np.full(300, 200, np.uint8)
+  outs = [x.sum(), x.prod(), b.sum(axis=1), b.prod(axis=1), b.sum(), t.sum(), u.sum(), u.prod(),
+          x.shrink(((0, 3),)).prod(), u.sum(dtype=dtypes.uint8), x.sum(dtype=dtypes.int64)]
+  got = pygrad.evaluate(outs, {x: xv, b: bv, t: np.ones(300, bool), u: uv}, engine=engine)
+  want = [np.int32(30000), np.int32(0), np.array([2, 0], np.int32), np.array([0, 0], np.int32), np.int32(2),
+          np.int32(300), np.uint32(60000), np.uint32(0), np.int32(1000000), np.uint8(96), np.int64(30000)]
+  for i, (g, w) in enumerate(zip(got, want)):
+    assert g.dtype == np.asarray(w).dtype and g.tolist() == np.asarray(w).tolist(), (i, g, w)
+  wide = {dtypes.int32: dtypes.int32, dtypes.int64: dtypes.int64, dtypes.uint16: dtypes.uint32,
+          dtypes.uint32: dtypes.uint32, dtypes.uint64: dtypes.uint64, dtypes.int16: dtypes.int32,
+          dtypes.float16: dtypes.float16, dtypes.bfloat16: dtypes.bfloat16, dtypes.float64: dtypes.float64}
+  for d, w in wide.items():
+    p = UOp.placeholder((2,), d)
+    assert p.sum().dtype is w and p.prod(axis=0).dtype is w and p.sum(dtype=dtypes.float32).dtype is dtypes.float32
+  with pytest.raises(TypeError, match="dtype"): x.sum(dtype="int64")
 
 
 @pytest.mark.parametrize("engine", ENGINES)
