@@ -260,6 +260,9 @@ VM_TGT static void VM_FN(round_lt)(int32_t lt, float *d, int64_t n) {
 #define K_CMP_I(ID, T, UT, UW, BITS, MINV) case ID: BIN_LOOP(T, uint8_t, A CMPOP B); break;
 #define K_ABS_S(ID, T, UT, UW, BITS, MINV) case ID: UN_LOOP(T, T, X < 0 ? (T)(UT)(0u - (UW)(UT)X) : X); break;
 
+/* IEEE 754-2019 maximum: NaN if either is NaN, and +0 above -0, so a max of mixed zeros has one sign whatever the
+   order, lane split or thread count (numpy's and torch's pick one operand's zero, by dtype and array length) */
+#define FMAX(A, B) ((A) > (B) || (A) != (A) || ((A) == (B) && !signbit(A)) ? (A) : (B))
 #define K_FLOATS(EXPRF, EXPRD) \
   case VT_F16: case VT_BF16: case VT_F32: BIN_LOOP(float, float, EXPRF); break; \
   case VT_F64: BIN_LOOP(double, double, EXPRD); break;
@@ -273,7 +276,7 @@ VM_TGT static void VM_FN(binary)(const vm_ins *in, char *d, const char *a, const
     case VT_BOOL: BIN_LOOP(uint8_t, uint8_t, A & B); break; } break;
   case VM_DIV: switch (in->lt) { K_FLOATS(A / B, A / B) } break;  /* float16/bfloat16: one rounding of the float32
     quotient, which is the correctly rounded half quotient (24 >= 2 * 11 + 2 bits) */
-  case VM_MAX: switch (in->lt) { VM_INTS(K_MAX_I) K_FLOATS((A > B || A != A) ? A : B, (A > B || A != A) ? A : B)
+  case VM_MAX: switch (in->lt) { VM_INTS(K_MAX_I) K_FLOATS(FMAX(A, B), FMAX(A, B))
     case VT_BOOL: BIN_LOOP(uint8_t, uint8_t, A | B); break; } break;
   /* float32 (and the half formats) through double pow, rounded once: powf's result was off by up to an ulp where
      numpy's float64 pow rounded once is not (the numpy engine computes the same) */
@@ -480,10 +483,19 @@ VM_TGT static void VM_FN(alu)(const vm_ins *in, char *d, const char *a, const ch
     for (i_ = 0; i_ < n; i_++) { T A = r_, B = v_[i_]; r_ = STEP; } \
     *(T *)out = r_; \
   } while (0)
-#define FMAX(A, B) ((A) > (B) || (A) != (A) ? (A) : (B))
 #define R_ADD_I(ID, T, UT, UW, BITS, MINV) case ID: ROW_I(UT, (UT)(A + B)); break;
 #define R_MUL_I(ID, T, UT, UW, BITS, MINV) case ID: ROW_I(UT, (UT)((UW)A * (UW)B)); break;
 #define R_MAX_I(ID, T, UT, UW, BITS, MINV) case ID: ROW_I(T, A > B ? A : B); break;
+
+/* a row's max runs the plain select, which vectorizes but returns whichever zero comes last in its lane order; a
+   zero result is then fixed to +0 if the partial or any value is +0 (one scan, only for a zero result) */
+#define FMAX_ANYZ(A, B) ((A) > (B) || (A) != (A) ? (A) : (B))
+#define ZERO_MAX(T, R0) do { \
+    const T *z_ = (const T *)v; int64_t k_; int pos_ = (R0) == 0 && !signbit(R0); \
+    if (*(T *)out != 0 || !signbit(*(T *)out)) break; \
+    for (k_ = 0; k_ < n && !pos_; k_++) pos_ = z_[k_] == 0 && !signbit(z_[k_]); \
+    *(T *)out = pos_ ? (T)0 : -(T)0; \
+  } while (0)
 
 VM_TGT static void VM_FN(red_row)(int32_t redop, int32_t ct, const char *v, int64_t n, char *out) {
   int64_t i;
@@ -501,8 +513,8 @@ VM_TGT static void VM_FN(red_row)(int32_t redop, int32_t ct, const char *v, int6
   } else switch (ct) {
     VM_INTS(R_MAX_I)
     case VT_BOOL: ROW_I(uint8_t, A | B); break;
-    case VT_F32: ROW_F(float, -HUGE_VALF, FMAX(A, B)); break;
-    case VT_F64: ROW_F(double, -HUGE_VAL, FMAX(A, B)); break;
+    case VT_F32: { float r0 = *(float *)out; ROW_F(float, -HUGE_VALF, FMAX_ANYZ(A, B)); ZERO_MAX(float, r0); } break;
+    case VT_F64: { double r0 = *(double *)out; ROW_F(double, -HUGE_VAL, FMAX_ANYZ(A, B)); ZERO_MAX(double, r0); } break;
   }
 }
 
@@ -562,6 +574,8 @@ VM_TGT static void VM_FN(red_vert)(int32_t redop, int32_t ct, const char *v, int
 #undef ROW_I
 #undef VERT
 #undef FMAX
+#undef FMAX_ANYZ
+#undef ZERO_MAX
 #undef K_FLOATS
 #undef CAST_SAT_S
 #undef CAST_SAT_U

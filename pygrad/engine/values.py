@@ -218,9 +218,16 @@ def _shift(a, b, dt: DType, left: bool):
   return np.where(bad_neg, 0, np.where(big, fill, r)).astype(a.dtype)
 
 
+def _max(a, b, dt: DType):
+  """MAX: IEEE 754-2019 maximum for floats (NaN if either is NaN, +0 above -0, whichever operand it is), as the VM."""
+  r = np.maximum(a, b)
+  if not dtypes.is_float(dt): return r
+  return np.where(a == b, np.where(np.signbit(a), b, a), r)
+
+
 BINARY = {
   Ops.ADD: lambda a, b, dt: np.add(a, b), Ops.MUL: lambda a, b, dt: np.multiply(a, b),
-  Ops.MAX: lambda a, b, dt: np.maximum(a, b), Ops.POW: _pow, Ops.IDIV: _idiv, Ops.MOD: _mod,
+  Ops.MAX: _max, Ops.POW: _pow, Ops.IDIV: _idiv, Ops.MOD: _mod,
   Ops.AND: lambda a, b, dt: np.bitwise_and(a, b), Ops.OR: lambda a, b, dt: np.bitwise_or(a, b),
   Ops.XOR: lambda a, b, dt: np.bitwise_xor(a, b),
   Ops.SHL: lambda a, b, dt: _shift(a, b, dt, True), Ops.SHR: lambda a, b, dt: _shift(a, b, dt, False),
@@ -293,7 +300,11 @@ def reduce_value(op: Ops, dt: DType, x: np.ndarray, axes) -> np.ndarray:
   x = wide(x, dt)
   if op is Ops.ADD: r = np.sum(x, axis=tuple(axes), keepdims=True, dtype=x.dtype)
   elif op is Ops.MUL: r = np.prod(x, axis=tuple(axes), keepdims=True, dtype=x.dtype)
-  else: r = np.maximum.reduce(x, axis=tuple(axes), keepdims=True, initial=lowest(dt))
+  else:
+    r = np.maximum.reduce(x, axis=tuple(axes), keepdims=True, initial=lowest(dt))
+    if dtypes.is_float(dt):  # a zero maximum is +0 if any +0 is among the values (IEEE 754-2019, as the VM)
+      pos = np.logical_or.reduce((x == 0) & ~np.signbit(x), axis=tuple(axes), keepdims=True)
+      r = np.where(r == 0, np.where(pos, 0.0, -0.0).astype(r.dtype), r)
   return fin(r, dt)
 
 
