@@ -65,6 +65,27 @@ def _axes(ndim: int, axis) -> tuple[int, ...]:
   return tuple(sorted(out))
 
 
+# Integer `//` and `%` floor as Python's, numpy's, torch's and tinygrad's Tensor do (-7 // 2 is -4, -7 % 2 is 1): the
+# IR's IDIV and MOD truncate as C does (-3 and -1), so where the remainder is nonzero and its sign differs from the
+# divisor's, the quotient is one less and the divisor is added to the remainder. By zero both stay 0.
+def _floor_fix(a, b):
+  r = UOp(Ops.MOD, None, (a, b))
+  if dtypes.is_unsigned(a.dtype): return r, None
+  zero = r.const_like(0)
+  return r, r.ne(zero) & (r < zero).ne(b < b.const_like(0))
+
+
+def _int_floordiv(a, b):
+  q = UOp(Ops.IDIV, None, (a, b))
+  _, fix = _floor_fix(a, b)
+  return q if fix is None else fix.where(q - q.const_like(1), q)
+
+
+def _int_mod(a, b):
+  r, fix = _floor_fix(a, b)
+  return r if fix is None else fix.where(r + b, r)
+
+
 def _bshape(a: tuple, b: tuple) -> tuple:
   n = max(len(a), len(b))
   a, b = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
@@ -298,16 +319,16 @@ class MathMixin:
     return a * b.reciprocal()
   def __floordiv__(self, x):
     a, b = self._pair(x)
-    return UOp(Ops.IDIV, None, (a, b)) if dtypes.is_int(a.dtype) else _float_floordiv(a, b)
+    return _int_floordiv(a, b) if dtypes.is_int(a.dtype) else _float_floordiv(a, b)
   def __rfloordiv__(self, x):
     a, b = self._pair(x, True)
-    return UOp(Ops.IDIV, None, (a, b)) if dtypes.is_int(a.dtype) else _float_floordiv(a, b)
+    return _int_floordiv(a, b) if dtypes.is_int(a.dtype) else _float_floordiv(a, b)
   def __mod__(self, x):
     a, b = self._pair(x)
-    return UOp(Ops.MOD, None, (a, b)) if dtypes.is_int(a.dtype) else _float_mod(a, b)
+    return _int_mod(a, b) if dtypes.is_int(a.dtype) else _float_mod(a, b)
   def __rmod__(self, x):
     a, b = self._pair(x, True)
-    return UOp(Ops.MOD, None, (a, b)) if dtypes.is_int(a.dtype) else _float_mod(a, b)
+    return _int_mod(a, b) if dtypes.is_int(a.dtype) else _float_mod(a, b)
   __pow__, __rpow__ = _binary(Ops.POW), _binary(Ops.POW, True)
   pow = _binary(Ops.POW)
   __and__, __rand__ = _binary(Ops.AND), _binary(Ops.AND, True)

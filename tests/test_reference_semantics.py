@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import pygrad
-from pygrad import UOp, dtypes
+from pygrad import UOp, Ops, dtypes
 from pygrad.dtype import VALUE_DTYPES
 
 ENGINES = ["numpy"] + (["c"] if pygrad.core_name() == "c" else [])
@@ -130,8 +130,12 @@ def test_int_arithmetic_is_the_defined_semantics(dt, engine):
   want = {"idiv": [0 if b == 0 else _tdiv(a, b) for a, b in zip(A, B)],
           "mod": [0 if b == 0 else a - b * _tdiv(a, b) for a, b in zip(A, B)],
           "add": [a + b for a, b in zip(A, B)], "sub": [a - b for a, b in zip(A, B)],
-          "mul": [a * b for a, b in zip(A, B)], "pow": [ipow(a, b) for a, b in zip(A, B)]}
-  got = pygrad.evaluate([x // y, x % y, x + y, x - y, x * y, x.pow(y)], vals, engine=engine)
+          "mul": [a * b for a, b in zip(A, B)], "pow": [ipow(a, b) for a, b in zip(A, B)],
+          # the methods floor as Python, numpy, torch and tinygrad do: `//` truncated (-7 // 2 was -3, all peers -4)
+          "floordiv": [0 if b == 0 else a // b for a, b in zip(A, B)],
+          "floormod": [0 if b == 0 else a % b for a, b in zip(A, B)]}
+  got = pygrad.evaluate([UOp(Ops.IDIV, None, (x, y)), UOp(Ops.MOD, None, (x, y)), x + y, x - y, x * y, x.pow(y),
+                         x // y, x % y], vals, engine=engine)
   for (k, w), g in zip(want.items(), got):
     assert g.tolist() == [_wrap(r, dt) for r in w], k
   bits = 8 * dt.itemsize
