@@ -1,0 +1,318 @@
+"""A differential fuzzer at the level of the public methods: random valid graphs built by calling pygrad's methods
+(elementwise math, comparisons, casts, where, reductions, movement incl. pad/shrink/flip/expand/permute, matmul;
+shapes with size-0 and size-1 dims) and, where PyTorch is installed, the same method calls on torch tensors. The
+numpy engine, the VM at 1 and at 3 threads, and torch are compared on forward values: the VM's thread counts bit for
+bit always, the engines bit for bit where every op is exact (fuzzgraphs.exact_graph), torch exactly on ints and
+bools and within the dtype's tolerance on floats (its float16 ops, transcendentals and sum order differ).
+
+The engine fuzzer (fuzzgraphs.py) judges engines against each other on the primitive ops; a derived method that
+decomposes into a wrong graph gives the same wrong number on both engines, which only a peer sees (int `//`
+truncated where numpy, torch and tinygrad floor). Calls whose peers disagree by documented choice (README "Defined
+semantics": the sign of a max of zeros, int division by zero, out-of-range float -> int casts, shifts, int POW,
+torch's double rounding into float16/bfloat16) are not made or not compared.
+
+`python tests/fuzzpeers.py [n_seeds] [first_seed]` runs seeds and prints each discrepancy (nice it: it is long)."""
+from __future__ import annotations
+import math, sys
+import numpy as np
+import pygrad
+from pygrad import UOp, dtypes
+
+try:
+  import torch
+except ImportError:  # the peer is optional: the engines are still compared with each other
+  torch = None
+
+DTS = [dtypes.bool, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.float16,
+       dtypes.bfloat16, dtypes.float32, dtypes.float64]
+TOL = {dtypes.float16: 2e-2, dtypes.bfloat16: 5e-2, dtypes.float32: 2e-4, dtypes.float64: 1e-9}
+UN_F = ["neg", "abs", "relu", "sqrt", "sin", "cos", "exp", "log", "exp2", "log2", "reciprocal", "trunc", "sigmoid",
+        "tanh", "sign", "floor", "square"]
+UN_I = ["neg", "abs", "sign", "square"]
+BIN = ["add", "sub", "mul", "maximum", "minimum", "lt", "le", "gt", "ge", "eq", "ne"]
+BIN_F = ["truediv", "pow", "floordiv", "mod"]
+BIN_I = ["floordiv", "mod", "and", "or", "xor"]
+
+
+def _torch_dtype(dt):
+  return getattr(torch, dt.name)
+
+
+def _tensor(v, dt):
+  t = torch.from_numpy(np.array(v, copy=True))  # ascontiguousarray would make a 0-d array 1-d
+  return t.to(_torch_dtype(dt))
+
+
+class Node:
+  """A pygrad node and its torch twin (None when torch is absent or the peer is not comparable here)."""
+  def __init__(self, u, t): self.u, self.t = u, t
+
+
+def _values(rng, shape, dt):
+  if dtypes.is_float(dt):
+    v = rng.standard_normal(shape) * 3
+    special = np.array([0.0, -0.0, 1.0, -1.0, 0.5, np.inf, -np.inf, np.nan, 1e-3, 100.0])
+    v = np.where(rng.random(shape) < 0.2, rng.choice(special, shape), v)
+    v = v.astype(np.float32 if dt is dtypes.bfloat16 else dt.np)
+    if dt is dtypes.bfloat16: v = torch.from_numpy(v).to(torch.bfloat16).float().numpy() if torch else v
+    return v
+  if dt is dtypes.bool: return rng.random(shape) < 0.5
+  info = np.iinfo(dt.np)
+  v = rng.integers(max(info.min, -20), min(info.max, 20), shape, endpoint=True)
+  v = np.where(rng.random(shape) < 0.1, rng.choice([info.min, info.max], shape), v)
+  return v.astype(dt.np)
+
+
+def _shape(rng):
+  nd = int(rng.integers(0, 4))
+  return tuple(int(rng.choice([0, 1, 1, 2, 3, 3, 4, 5])) for _ in range(nd))
+
+
+class Fuzz:
+  """One seed's graph: inputs, then steps that each call one method on pool nodes (and the same on torch)."""
+  def __init__(self, seed: int, steps: int = 12):
+    self.rng = np.random.default_rng(seed)
+    self.inputs, self.pool = {}, []
+    for i in range(int(self.rng.integers(1, 4))):
+      dt = DTS[int(self.rng.integers(len(DTS)))]
+      sh = _shape(self.rng)
+      u = UOp.placeholder(sh, dt, name=f"in{i}")
+      v = _values(self.rng, sh, dt)
+      self.inputs[u] = v
+      self.pool.append(Node(u, _tensor(v, dt) if torch else None))
+    self.calls = []
+    for _ in range(steps):
+      n = self._step()
+      if n is not None: self.pool.append(n)
+
+  def pick(self, pred=lambda n: True):
+    c = [n for n in self.pool if pred(n)]
+    return c[int(self.rng.integers(len(c)))] if c else None
+
+  def _step(self):
+    r = self.rng
+    kind = r.choice(["unary", "binary", "binary", "cast", "where", "reduce", "movement", "movement", "matmul"])
+    a = self.pick()
+    try:
+      return getattr(self, "_" + kind)(a, r)
+    except (ValueError, TypeError) as e:  # an invalid call the fuzzer made: pygrad must say so, not crash
+      if "must" not in str(e) and "expected" not in str(e) and "cannot" not in str(e) and "differ" not in str(e):
+        self.calls.append(f"{kind} raised {type(e).__name__}: {e}")
+      return None
+
+  def _twin(self, u, t, call):
+    self.calls.append(call)
+    return Node(u, t)
+
+  def _unary(self, a, r):
+    f = dtypes.is_float(a.u.dtype)
+    if a.u.dtype is dtypes.bool: return self._twin(a.u.logical_not(), _t(lambda t: ~t, a.t), "logical_not")
+    name = str(r.choice(UN_F if f else UN_I))
+    u = getattr(a.u, name)()
+    tf = {"neg": lambda t: -t, "relu": torch.relu if torch else None, "square": lambda t: t * t,
+          "reciprocal": torch.reciprocal if torch else None}.get(name) or (lambda t: getattr(torch, name)(t))
+    # torch has no int8/int16 neg of MIN issue (it wraps as pygrad does); abs/sign of ints are exact in both
+    return self._twin(u, _t(tf, a.t), name)
+
+  def _binary(self, a, r):
+    f, b_ = dtypes.is_float(a.u.dtype), a.u.dtype is dtypes.bool
+    names = BIN + (BIN_F if f else [] if b_ else BIN_I) + (["and", "or", "xor"] if b_ else [])
+    if b_: names = [n for n in names if n not in ("sub",)]
+    name = str(r.choice(names))
+    b = self.pick(lambda n: n.u.dtype is a.u.dtype and (n.u.shape == a.u.shape or n.u.shape == ()))
+    if b is None or r.random() < 0.25:
+      v = _values(r, (), a.u.dtype).item()
+      b = Node(UOp.const(v, a.u.dtype), _tensor(np.asarray(v, np.float32 if a.u.dtype is dtypes.bfloat16
+                                                            else a.u.dtype.np), a.u.dtype) if torch else None)
+    peer = a.t is not None and b.t is not None
+    if name in ("floordiv", "mod") and not f:
+      # int division by zero is defined here (0) and an error in torch; MIN // -1 overflows in both
+      peer = peer and not bool((b.t == 0).any()) and not bool((b.t == -1).any())
+    if name == "pow" and f: peer = peer and a.u.dtype in (dtypes.float32, dtypes.float64)
+    ops = {"add": ("__add__", torch.add if torch else None), "sub": ("__sub__", torch.sub if torch else None),
+           "mul": ("__mul__", torch.mul if torch else None), "maximum": ("maximum", torch.maximum if torch else None),
+           "minimum": ("minimum", torch.minimum if torch else None), "lt": ("__lt__", torch.lt if torch else None),
+           "le": ("__le__", torch.le if torch else None), "gt": ("__gt__", torch.gt if torch else None),
+           "ge": ("__ge__", torch.ge if torch else None), "eq": ("eq", torch.eq if torch else None),
+           "ne": ("ne", torch.ne if torch else None), "truediv": ("__truediv__", torch.div if torch else None),
+           "pow": ("pow", torch.pow if torch else None),
+           "floordiv": ("__floordiv__", torch.floor_divide if torch else None),
+           "mod": ("__mod__", torch.remainder if torch else None),
+           "and": ("__and__", torch.bitwise_and if torch else None),
+           "or": ("__or__", torch.bitwise_or if torch else None),
+           "xor": ("__xor__", torch.bitwise_xor if torch else None)}
+    m, tf = ops[name]
+    u = getattr(a.u, m)(b.u)
+    t = _t(lambda x, y: tf(x, y), a.t, b.t) if peer else None
+    if t is not None and t.dtype != _torch_dtype(u.dtype): t = t.to(_torch_dtype(u.dtype))
+    return self._twin(u, t, name)
+
+  def _cast(self, a, r):
+    dt = DTS[int(r.integers(len(DTS)))]
+    src = a.u.dtype
+    peer = a.t is not None
+    if dtypes.is_float(src) and dtypes.is_int(dt): peer = False  # out-of-range and NaN -> int: UB in torch
+    if dt in (dtypes.float16, dtypes.bfloat16) and (src is dtypes.float64 or dtypes.is_int(src)):
+      peer = False  # torch rounds twice (README)
+    return self._twin(a.u.cast(dt), a.t.to(_torch_dtype(dt)) if peer else None, f"cast {dt.name}")
+
+  def _where(self, a, r):
+    c = self.pick(lambda n: n.u.dtype is dtypes.bool and n.u.shape == a.u.shape)
+    b = self.pick(lambda n: n.u.dtype is a.u.dtype and n.u.shape == a.u.shape)
+    if c is None or b is None: return None
+    t = torch.where(c.t, a.t, b.t) if None not in (c.t, a.t, b.t) else None
+    return self._twin(c.u.where(a.u, b.u), t, "where")
+
+  def _reduce(self, a, r):
+    nd = a.u.ndim
+    axes = tuple(i for i in range(nd) if r.random() < 0.5) or None
+    keep = bool(r.random() < 0.5)
+    names = ["sum", "prod", "max", "min"] + (["mean"] if dtypes.is_float(a.u.dtype) else [])
+    name = str(r.choice(names))
+    empty = any(a.u.shape[i] == 0 for i in (axes if axes is not None else range(nd)))
+    if name in ("max", "min") and empty: return None  # a max over nothing: -inf here, an error in numpy and torch
+    u = getattr(a.u, name)(axis=axes, keepdim=keep)
+    return self._twin(u, _t(lambda x: self._treduce(x, a.u, u, name, axes, keep), a.t), f"{name} {axes} keepdim={keep}")
+
+  @staticmethod
+  def _treduce(x0, au, u, name, axes, keep):
+    nd = au.ndim
+    dims = axes if axes is not None else tuple(range(nd))
+    x = x0
+    if name in ("sum", "prod") and not dtypes.is_float(au.dtype): x = x.to(torch.int64)
+    if name == "sum": t = x.sum(dim=dims, keepdim=keep) if nd else x
+    elif name == "mean": t = x.float().mean(dim=dims, keepdim=keep).to(x.dtype) if nd else x
+    elif name == "prod": t = _prod(x, dims, keep)
+    elif name == "max": t = x.amax(dim=dims, keepdim=keep) if nd else x
+    else: t = x.amin(dim=dims, keepdim=keep) if nd else x
+    if name == "mean" and au.dtype is dtypes.float64: t = x0.mean(dim=dims, keepdim=keep) if nd else x0
+    return t.to(_torch_dtype(u.dtype)) if u.dtype is not dtypes.uint32 else t
+
+  def _movement(self, a, r):
+    sh, nd = a.u.shape, a.u.ndim
+    k = int(r.integers(6))
+    if k == 0:
+      new = (math.prod(sh),) if r.random() < 0.5 else sh + (1,)
+      return self._twin(a.u.reshape(new), _t(lambda t: t.reshape(new), a.t), f"reshape {new}")
+    if k == 1:
+      n = int(r.integers(0, 3))
+      new = (n,) + sh
+      return self._twin(a.u.reshape((1,) + sh).expand(new), _t(lambda t: t.reshape((1,) + sh).expand(new), a.t),
+                        f"expand {new}")
+    if nd == 0: return None
+    if k == 2:
+      p = tuple((int(r.integers(3)), int(r.integers(3))) for _ in range(nd))
+      flat = tuple(x for pr in reversed(p) for x in pr)
+      tf = lambda t: torch.nn.functional.pad(t.float() if t.dtype is torch.bool else t, flat).to(t.dtype)  # noqa
+      return self._twin(a.u.pad(p), _t(tf, a.t), f"pad {p}")
+    if k == 3:
+      b = []
+      for s in sh:
+        lo = int(r.integers(0, s + 1))
+        b.append((lo, int(r.integers(lo, s + 1))))
+      sl = tuple(slice(lo, hi) for lo, hi in b)
+      return self._twin(a.u.shrink(tuple(b)), _t(lambda t: t[sl], a.t), f"shrink {b}")
+    if k == 4:
+      perm = tuple(int(i) for i in r.permutation(nd))
+      return self._twin(a.u.permute(perm), _t(lambda t: t.permute(perm), a.t), f"permute {perm}")
+    axes = tuple(i for i in range(nd) if r.random() < 0.5) or (0,)
+    return self._twin(a.u.flip(axes), _t(lambda t: t.flip(axes), a.t), f"flip {axes}")
+
+  def _matmul(self, a, r):
+    if a.u.ndim == 0 or a.u.dtype is dtypes.bool: return None
+    k = a.u.shape[-1]
+    b = self.pick(lambda n: n.u.dtype is a.u.dtype and n.u.ndim in (1, 2) and n.u.shape[0] == k)
+    if b is None: return None
+    peer = a.t is not None and b.t is not None and a.u.dtype in (dtypes.float32, dtypes.float64, dtypes.int64,
+                                                                 dtypes.int32)
+    t = torch.matmul(a.t, b.t) if peer else None
+    return self._twin(a.u @ b.u, t, "matmul")
+
+
+def _t(fn, *ts):
+  if torch is None or any(t is None for t in ts): return None
+  try:
+    return fn(*ts)
+  except RuntimeError:  # an op torch lacks for this dtype: no peer for this node
+    return None
+
+
+def _prod(x, dims, keep):
+  for d in sorted(dims, reverse=True): x = x.prod(dim=d, keepdim=keep)
+  return x
+
+
+def _np(t):
+  if t.dtype is torch.bfloat16: t = t.float()
+  return t.detach().numpy()
+
+
+def _evaluate(outs, inputs, engine, threads):
+  old = pygrad.get_num_threads()
+  pygrad.set_num_threads(threads)
+  try: return pygrad.evaluate(outs, inputs, engine=engine)
+  finally: pygrad.set_num_threads(old)
+
+
+def compare(a, b, dt, exact: bool, zero_sign: bool = True) -> str | None:
+  """None if equal (bit for bit when exact, NaN equal to NaN; else within dt's tolerance), else where not."""
+  a, b = np.asarray(a), np.asarray(b)
+  if a.shape != b.shape: return f"shapes {a.shape} vs {b.shape}"
+  if not dtypes.is_float(dt):
+    return None if np.array_equal(a, b) else f"{a.reshape(-1)[:6].tolist()} vs {b.reshape(-1)[:6].tolist()}"
+  a64, b64 = a.astype(np.float64), b.astype(np.float64)
+  na, nb = np.isnan(a64), np.isnan(b64)
+  same = (a64 == b64) & ((np.signbit(a64) == np.signbit(b64)) | (not zero_sign))
+  if not exact:
+    with np.errstate(all="ignore"):
+      big = np.maximum(1.0, np.max(np.abs(np.where(np.isfinite(b64), b64, 0)), initial=0))
+      same |= np.isfinite(a64) & np.isfinite(b64) & (np.abs(a64 - b64) <= TOL[dt] * (np.abs(b64) + big))
+  ok = (na & nb) | same
+  if ok.all(): return None
+  i = tuple(np.argwhere(~ok)[0])
+  return f"at {i}: {a[i]!r} vs {b[i]!r}"
+
+
+def run(seed: int, steps: int = 12) -> list[str]:
+  """The discrepancies of one seed: engines, thread counts and torch on the last three nodes."""
+  from fuzzgraphs import exact_graph
+  fz = Fuzz(seed, steps)
+  bad = [f"seed {seed}: {c}" for c in fz.calls if "raised" in c]
+  nodes = fz.pool[len(fz.inputs):][-3:]
+  if not nodes: return bad
+  outs = [n.u for n in nodes]
+  res = {}
+  for eng, th in (("numpy", 1), ("c", 1), ("c", 3)):
+    if eng == "c" and pygrad.core_name() != "c": continue
+    try: res[(eng, th)] = _evaluate(outs, fz.inputs, eng, th)
+    except Exception as e:  # noqa: BLE001 -- a valid graph that raises is a finding
+      bad.append(f"seed {seed}: {eng}@{th} raised {type(e).__name__}: {e}")
+  if bad: return bad + [f"  calls: {fz.calls}"]
+  ref = res[("numpy", 1)]
+  for i, (n, o) in enumerate(zip(nodes, outs)):
+    ex = exact_graph(o)
+    for key, vals in res.items():
+      if key == ("numpy", 1): continue
+      why = compare(vals[i], ref[i], o.dtype, ex)
+      if key == ("c", 3) and why is None: why = compare(vals[i], res[("c", 1)][i], o.dtype, True)
+      if why: bad.append(f"seed {seed} out {i} {o.dtype} {o.shape}: {key} vs numpy engine {why}")
+    if n.t is not None and not any(x in " ".join(fz.calls) for x in ("raised",)):
+      tv = _np(n.t)
+      if tv.shape != tuple(o.shape): bad.append(f"seed {seed} out {i}: torch shape {tv.shape} vs {o.shape}")
+      else:
+        why = compare(ref[i], tv.astype(ref[i].dtype) if not dtypes.is_float(o.dtype) else tv, o.dtype,
+                      ex and not dtypes.is_float(o.dtype), zero_sign=False)
+        if why: bad.append(f"seed {seed} out {i} {o.dtype} {o.shape}: pygrad vs torch {why}")
+  return bad + ([f"  calls: {fz.calls}"] if bad else [])
+
+
+if __name__ == "__main__":
+  n = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
+  first = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+  found = 0
+  for s in range(first, first + n):
+    out = run(s)
+    if out:
+      found += 1
+      print("\n".join(out), flush=True)
+  print(f"{n} seeds, {found} with discrepancies")
