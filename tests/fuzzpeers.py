@@ -24,14 +24,15 @@ except ImportError:  # the peer is optional: the engines are still compared with
   torch = None
 
 DTS = [dtypes.bool, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.float16,
-       dtypes.bfloat16, dtypes.float32, dtypes.float64]
+       dtypes.bfloat16, dtypes.float32, dtypes.float64, dtypes.uint16, dtypes.uint32, dtypes.uint64]
+NO_TORCH = (dtypes.uint16, dtypes.uint32, dtypes.uint64)  # torch's support of these is partial: engines only
 TOL = {dtypes.float16: 2e-2, dtypes.bfloat16: 5e-2, dtypes.float32: 2e-4, dtypes.float64: 1e-9}
 UN_F = ["neg", "abs", "relu", "sqrt", "sin", "cos", "exp", "log", "exp2", "log2", "reciprocal", "trunc", "sigmoid",
         "tanh", "sign", "floor", "square"]
 UN_I = ["neg", "abs", "sign", "square"]
 BIN = ["add", "sub", "mul", "maximum", "minimum", "lt", "le", "gt", "ge", "eq", "ne"]
 BIN_F = ["truediv", "pow", "floordiv", "mod"]
-BIN_I = ["floordiv", "mod", "and", "or", "xor"]
+BIN_I = ["floordiv", "mod", "and", "or", "xor", "lshift", "rshift", "pow"]
 
 
 def _torch_dtype(dt):
@@ -59,14 +60,16 @@ def _values(rng, shape, dt):
     return v
   if dt is dtypes.bool: return rng.random(shape) < 0.5
   info = np.iinfo(dt.np)
-  v = rng.integers(max(info.min, -20), min(info.max, 20), shape, endpoint=True)
-  v = np.where(rng.random(shape) < 0.1, rng.choice([info.min, info.max], shape), v)
-  return v.astype(dt.np)
+  v = rng.integers(max(info.min, -20), min(info.max, 20), shape, endpoint=True).astype(dt.np)
+  return np.where(rng.random(shape) < 0.1, rng.choice(np.array([info.min, info.max], dt.np), shape), v)
 
 
 def _shape(rng):
   nd = int(rng.integers(0, 4))
-  return tuple(int(rng.choice([0, 1, 1, 2, 3, 3, 4, 5])) for _ in range(nd))
+  sh = [int(rng.choice([0, 1, 1, 2, 3, 3, 4, 5])) for _ in range(nd)]
+  if nd and rng.random() < 0.15:  # one long dim: tile edges, and work the VM's threads split
+    sh[int(rng.integers(nd))] = int(rng.choice([1023, 1024, 1025, 4099]))
+  return tuple(sh)
 
 
 class Fuzz:
@@ -80,7 +83,7 @@ class Fuzz:
       u = UOp.placeholder(sh, dt, name=f"in{i}")
       v = _values(self.rng, sh, dt)
       self.inputs[u] = v
-      self.pool.append(Node(u, _tensor(v, dt) if torch else None))
+      self.pool.append(Node(u, _tensor(v, dt) if torch and dt not in NO_TORCH else None))
     self.calls = []
     for _ in range(steps):
       n = self._step()
@@ -109,8 +112,11 @@ class Fuzz:
   def _unary(self, a, r):
     f = dtypes.is_float(a.u.dtype)
     if a.u.dtype is dtypes.bool: return self._twin(a.u.logical_not(), _t(lambda t: ~t, a.t), "logical_not")
-    name = str(r.choice(UN_F if f else UN_I))
+    name = str(r.choice(UN_F + (["softmax", "log_softmax"] if a.u.ndim else []) if f else UN_I))
     u = getattr(a.u, name)()
+    if name in ("softmax", "log_softmax"):
+      tf = lambda t: getattr(torch, name)(t.float() if t.dtype is torch.bfloat16 else t, -1).to(t.dtype)  # noqa
+      return self._twin(u, _t(tf, a.t) if a.u.dtype is not dtypes.float16 else None, name)
     tf = {"neg": lambda t: -t, "relu": torch.relu if torch else None, "square": lambda t: t * t,
           "reciprocal": torch.reciprocal if torch else None}.get(name) or (lambda t: getattr(torch, name)(t))
     # torch has no int8/int16 neg of MIN issue (it wraps as pygrad does); abs/sign of ints are exact in both
@@ -132,7 +138,9 @@ class Fuzz:
     if name in ("floordiv", "mod") and not f:
       # int division by zero is defined here (0) and an error in torch; MIN // -1 overflows in both
       peer = peer and not bool((b.t == 0).any()) and not bool((b.t == -1).any())
-    if name == "pow" and f: peer = peer and a.u.dtype in (dtypes.float32, dtypes.float64)
+    if name == "pow": peer = peer and a.u.dtype in (dtypes.float32, dtypes.float64)
+    if name in ("lshift", "rshift"):  # counts past the width are defined here, UB in C and torch: engines only
+      b, peer = Node(a.u.const_like(int(r.integers(0, 8 * a.u.dtype.itemsize))), None), False
     ops = {"add": ("__add__", torch.add if torch else None), "sub": ("__sub__", torch.sub if torch else None),
            "mul": ("__mul__", torch.mul if torch else None), "maximum": ("maximum", torch.maximum if torch else None),
            "minimum": ("minimum", torch.minimum if torch else None), "lt": ("__lt__", torch.lt if torch else None),
@@ -144,7 +152,8 @@ class Fuzz:
            "mod": ("__mod__", torch.remainder if torch else None),
            "and": ("__and__", torch.bitwise_and if torch else None),
            "or": ("__or__", torch.bitwise_or if torch else None),
-           "xor": ("__xor__", torch.bitwise_xor if torch else None)}
+           "xor": ("__xor__", torch.bitwise_xor if torch else None), "lshift": ("__lshift__", None),
+           "rshift": ("__rshift__", None)}
     m, tf = ops[name]
     u = getattr(a.u, m)(b.u)
     t = _t(lambda x, y: tf(x, y), a.t, b.t) if peer else None
@@ -153,6 +162,17 @@ class Fuzz:
 
   def _cast(self, a, r):
     dt = DTS[int(r.integers(len(DTS)))]
+    if r.random() < 0.2 and a.u.dtype is not dtypes.bool:  # a bitcast to a type of the same size: engines only
+      same = [d for d in DTS if d.itemsize == a.u.dtype.itemsize and d is not dtypes.bool]
+      d = same[int(r.integers(len(same)))]
+      if dtypes.is_float(a.u.dtype):
+        # a NaN's payload and sign are not specified (fuzzgraphs: a transcendental's NaN differs by engine)
+        x = a.u.ne(a.u).where(a.u.const_like(0.0), a.u)
+        from fuzzgraphs import exact_graph
+        if not exact_graph(x):  # an inexact value's bits may differ by an ulp: bitcast there and back
+          return self._twin(x.bitcast(d).bitcast(a.u.dtype), None, f"bitcast {d.name} and back")
+        return self._twin(x.bitcast(d), None, f"bitcast {d.name}")
+      return self._twin(a.u.bitcast(d), None, f"bitcast {d.name}")
     src = a.u.dtype
     peer = a.t is not None
     if dtypes.is_float(src) and dtypes.is_int(dt): peer = False  # out-of-range and NaN -> int: UB in torch
