@@ -84,7 +84,7 @@ GOLDEN = {
   'random-6': '016c1ea388456b6d3fc77789',
   'random-7': '897f2013e80b1f683f7b8b8b',
   'random-8': 'ec0000791d79f9de9632dce1',
-  'random-9': 'e98a9c09300c1013c51704a6',
+  'random-9': '756b8eff538d46a220ae07fb',
   'w1-grad-4': 'c25784211100eeb160ca79eb',
 }
 
