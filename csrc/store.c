@@ -215,16 +215,7 @@ static PG_INLINE int32_t node_add(pg_store *st, uint32_t h, int32_t op, int32_t 
   if (arg) st->argrc[PG_ARG_SLOT(arg)]++;
   if (tag) st->argrc[PG_ARG_SLOT(tag)]++;
   for (i = 0; i < nsrc; i++) pg_node_at(st, (uint32_t)src[i])->rc++;
-  n->hash = h;
-  n->rc = 1;
-  n->mark = 0;
-  n->op = op;
-  n->dtype = dtype;
-  n->nsrc = nsrc;
-  n->arg = arg;
-  n->tag = tag;
-  n->meta = meta;
-  n->pdata = 0;
+  pg_node_init(n, h, op, dtype, nsrc, arg, tag, meta);
   if (ext) {
     memcpy(ext, src, (size_t)nsrc * sizeof *ext);
     n->src.ext = ext;

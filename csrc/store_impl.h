@@ -151,6 +151,20 @@ static PG_INLINE int pg_arg_ok(const pg_store *st, int32_t aid) {  /* 0, or a li
   return aid == 0 || (aid > 0 && k != 0 && k < st->argn && st->argid[k] == aid && st->argrc[k] >= 0 &&
                       st->argrc[k] < INT32_MAX - 1);
 }
+/* a new node's fields (its sources are set by the caller); rc 1: the maker's reference */
+static PG_INLINE void pg_node_init(pg_node *n, uint32_t h, int32_t op, int32_t dtype, int32_t nsrc, int32_t arg,
+                                   int32_t tag, int32_t meta) {
+  n->hash = h;
+  n->rc = 1;
+  n->mark = 0;
+  n->op = op;
+  n->dtype = dtype;
+  n->nsrc = nsrc;
+  n->arg = arg;
+  n->tag = tag;
+  n->meta = meta;
+  n->pdata = 0;
+}
 static PG_INLINE int32_t pg_store_make_held_fast(pg_store *st, uint32_t h, int32_t op, int32_t dtype,
                                                  const int32_t *src, pg_node *const *s, int32_t nsrc, int32_t arg,
                                                  int32_t tag, int32_t meta) {  /* s: the sources' nodes */
@@ -171,16 +185,7 @@ static PG_INLINE int32_t pg_store_make_held_fast(pg_store *st, uint32_t h, int32
   if (arg) st->argrc[PG_ARG_SLOT(arg)]++;
   if (tag) st->argrc[PG_ARG_SLOT(tag)]++;
   for (i = 0; i < nsrc; i++) s[i]->rc++;
-  n->hash = h;
-  n->rc = 1;
-  n->mark = 0;
-  n->op = op;
-  n->dtype = dtype;
-  n->nsrc = nsrc;
-  n->arg = arg;
-  n->tag = tag;
-  n->meta = meta;
-  n->pdata = 0;
+  pg_node_init(n, h, op, dtype, nsrc, arg, tag, meta);
   for (i = 0; i < PG_INLINE_SRC; i++) n->src.in[i] = i < nsrc ? src[i] : 0;
   st->live++;
   return (int32_t)id;
