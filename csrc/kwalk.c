@@ -18,10 +18,12 @@ typedef struct { int32_t node, bc, phase; } kw_item;
 int64_t pg_kernel_walk(int64_t n, const int32_t *nsrc, const int64_t *off, const int32_t *src, int64_t src_len,
                        const uint8_t *flags, int64_t top, int32_t top_leaf, int32_t *memo, int32_t *out,
                        int64_t out_cap, int32_t *out_src, int64_t src_cap) {
-  int64_t nout = 0, nsrcout = 0, sp = 0, cap = 64, e, ret;
+  int64_t nout = 0, nsrcout = 0, sp = 0, cap = 64, e, ret, pushes = 1, max_pushes;
   kw_item *stack;
   if (n <= 0 || top < 0 || top >= n || n > INT32_MAX / 2) return PG_ERR_ARG;
   if (!nsrc || !off || !src || !flags || !memo || !out || !out_src || out_cap < 0 || src_cap < 0) return PG_ERR_ARG;
+  /* in a DAG each (node, bc) is expanded once, pushing itself again and its sources: more pushes mean a cycle */
+  max_pushes = 8 * n + 1;  /* 2n (node, bc) pairs, each pushing itself and at most 3 sources */
   stack = (kw_item *)malloc((size_t)cap * sizeof *stack);
   if (!stack) return PG_ERR_NOMEM;
   stack[sp++] = (kw_item){(int32_t)top, 0, 0};
@@ -54,6 +56,8 @@ int64_t pg_kernel_walk(int64_t n, const int32_t *nsrc, const int64_t *off, const
     if (ns < 1 || ns > 3 || off[i] < 0 || off[i] > src_len - ns) { ret = PG_ERR_ARG; goto done; }
     for (k = 0; k < ns; k++)
       if (s[k] < 0 || s[k] >= n) { ret = PG_ERR_ARG; goto done; }
+    pushes += 1 + ns;
+    if (pushes > max_pushes) { ret = PG_ERR_ARG; goto done; }  /* a node is its own source: not a graph's arrays */
     if (sp + 1 + ns > cap) {  /* room for the node again and its operands */
       kw_item *g;
       cap *= 2;

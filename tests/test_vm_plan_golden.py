@@ -143,3 +143,21 @@ def test_planned_loops_marked_reachable_have_every_node_live(name):
 if __name__ == "__main__":
   sys.setrecursionlimit(10_000)
   for n in sorted(GRAPHS): print(f"  {n!r}: {digest(n)!r},")
+
+
+def test_the_c_kernel_walk_refuses_arrays_with_a_cycle():
+  """The walk's arrays come from a flattened graph, which has no cycles; arrays where a node is its own source end
+  in PG_ERR_ARG, not a stack that grows until memory runs out."""
+  import numpy as np
+  from pygrad.engine.vmlib import ffi, lib
+  nsrc = np.array([1, 1], np.int32)
+  off = np.array([0, 1], np.int64)
+  src = np.array([1, 0], np.int32)  # node 0 reads node 1, which reads node 0
+  flags = np.array([2, 2], np.uint8)  # both ALU (PG_KW_ALU), neither a leaf
+  memo, out, out_src = np.full(4, -1, np.int32), np.empty(12, np.int32), np.empty(12, np.int32)
+  cp = ffi.from_buffer
+  r = lib.pg_kernel_walk(2, cp("int32_t[]", nsrc), cp("int64_t[]", off), cp("int32_t[]", src), 2,
+                         cp("uint8_t[]", flags), 0, 0, cp("int32_t[]", memo), cp("int32_t[]", out), 4,
+                         cp("int32_t[]", out_src), 12)
+  assert r == lib.PG_ERR_ARG
+  assert (memo == -1).all()
