@@ -105,8 +105,9 @@ int32_t pg_vm_get_threads(void);
 /* ---- regalloc.c: the registers of one VM loop kernel (pygrad/engine/lower.py, allocate_c); compute types are
    dtype ids below PG_RA_MAXCT ---- */
 #define PG_RA_MAXCT 64
-int64_t pg_regalloc(int64_t n, const int8_t *nsrc, const int32_t *src, const int32_t *ct, const uint8_t *sc_in,
-                    const uint8_t *pinned, int32_t *reg, uint8_t *sc_out, int32_t *file_ct, uint8_t *file_sc);
+int64_t pg_regalloc(int64_t n, const int8_t *nsrc, const int32_t *src, int64_t src_len, const int32_t *ct,
+                    const uint8_t *sc_in, const uint8_t *pinned, int32_t *reg, uint8_t *sc_out, int32_t *file_ct,
+                    uint8_t *file_sc);
 
 /* ---- kwalk.c: the walk building one fused kernel's expression (pygrad/engine/planner.py, _build_c): node flags,
    and the result when the kernel reads through a movement op ---- */

@@ -161,3 +161,20 @@ def test_the_c_kernel_walk_refuses_arrays_with_a_cycle():
                          cp("int32_t[]", out_src), 12)
   assert r == lib.PG_ERR_ARG
   assert (memo == -1).all()
+
+
+def test_the_c_register_allocator_refuses_sources_past_its_array():
+  """pg_regalloc reads each node's sources from src in turn: counts that add up to more than src holds are refused,
+  not read past the array's end."""
+  import numpy as np
+  from pygrad.engine.vmlib import ffi, lib
+  n = 3
+  nsrc = np.array([0, 0, 2], np.int8)  # two loads, then an ALU node of both; src holds one entry only
+  src = np.array([0, 1], np.int32)
+  ct, sc_in, pinned = np.zeros(n, np.int32), np.zeros(n, np.uint8), np.zeros(n, np.uint8)
+  reg, sc, fct, fsc = np.empty(n, np.int32), np.empty(n, np.uint8), np.empty(n, np.int32), np.empty(n, np.uint8)
+  cp = ffi.from_buffer
+  args = (cp("int32_t[]", ct), cp("uint8_t[]", sc_in), cp("uint8_t[]", pinned), cp("int32_t[]", reg),
+          cp("uint8_t[]", sc), cp("int32_t[]", fct), cp("uint8_t[]", fsc))
+  assert lib.pg_regalloc(n, cp("int8_t[]", nsrc), cp("int32_t[]", src), 1, *args) == lib.PG_ERR_ARG
+  assert lib.pg_regalloc(n, cp("int8_t[]", nsrc), cp("int32_t[]", src), 2, *args) == 3  # the whole array: 3 registers

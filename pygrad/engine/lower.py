@@ -330,9 +330,9 @@ def _regs_words(lv, nl, na, ns, flat, ops, dt_ids, sdt_ids, special, ct_alu, pin
   reg, sc = np.empty(n, np.int32), np.empty(n, np.uint8)
   fct, fsc = np.empty(n, np.int32), np.empty(n, np.uint8)
   cp = ffi.from_buffer
-  m = lib.pg_regalloc(n, cp("int8_t[]", nsrc), cp("int32_t[]", flat), cp("int32_t[]", ct), cp("uint8_t[]", sc_in),
-                      cp("uint8_t[]", pinned), cp("int32_t[]", reg), cp("uint8_t[]", sc), cp("int32_t[]", fct),
-                      cp("uint8_t[]", fsc))
+  m = lib.pg_regalloc(n, cp("int8_t[]", nsrc), cp("int32_t[]", flat), len(flat), cp("int32_t[]", ct),
+                      cp("uint8_t[]", sc_in), cp("uint8_t[]", pinned), cp("int32_t[]", reg), cp("uint8_t[]", sc),
+                      cp("int32_t[]", fct), cp("uint8_t[]", fsc))
   if m < 0: raise RuntimeError(f"pygrad lowering: register allocation failed ({m})")
   rg = Regs(list(zip(fct[:m].tolist(), fsc[:m].tolist())), {k: int(reg[i]) for k, i in reads},
             {k: bool(sc[i]) for k, i in reads})
