@@ -22,13 +22,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 
-def _median(fn, reps: int, setup=None) -> float:
+def _median(fn, reps: int, setup=None, clock=time.perf_counter) -> float:
+  """The median of reps timings of fn (clock: wall by default, time.process_time for CPU time), setup untimed."""
   ts = []
   for _ in range(reps):
     if setup: setup()
-    t = time.perf_counter()
+    t = clock()
     fn()
-    ts.append(time.perf_counter() - t)
+    ts.append(clock() - t)
   return statistics.median(ts)
 
 
@@ -173,13 +174,7 @@ def cpu_ratio(depth: int, reps: int, k: int = 20) -> dict:
   held: list = []
 
   def cpu(fn, per: int, setup=None) -> float:
-    ts = []
-    for _ in range(k):
-      if setup: setup()
-      t = time.process_time()
-      fn()
-      ts.append(time.process_time() - t)
-    return statistics.median(ts) / per * 1e6
+    return _median(fn, k, setup, time.process_time) / per * 1e6
 
   def drop():
     held.clear()
