@@ -103,7 +103,7 @@ def _simplify(shape, views, red, primary):
 
 def index_space(loop: Loop) -> Space:
   """The loop's index space simplified for every view it reads and writes."""
-  loads = {k: KView.of(k.buf, k.view) for k in loop.knodes if k.is_load}
+  loads = {k: KView.of(k.buf, k.view) for k in loop.loads}
   stores = [KView.of(s.buf, s.view) for s in loop.stores]
   nd = len(loop.shape)
   red0 = [d in loop.redaxes for d in range(nd)] if loop.redop is not None else [False] * nd
@@ -164,6 +164,19 @@ def _sign_shaped(w: KNode) -> bool:
   """A WHERE that may be _SIGN: the rules' roots need one (a cheap test of the pattern's first levels)."""
   src = w.src
   return len(src) == 3 and src[0].op is Ops.CMPNE and src[1].op is Ops.WHERE and src[2].op is Ops.CONST
+
+
+_CMPNE_ID, _WHERE_ID, _CONST_ID = int(Ops.CMPNE), int(Ops.WHERE), int(Ops.CONST)
+
+
+def _sign_shaped_cols(kc, loads: list[KNode]) -> bool:
+  """_sign_shaped's test on a walked kernel's columns (KCols): whether any WHERE may be _SIGN."""
+  w = np.flatnonzero((kc.ops == _WHERE_ID) & (kc.ns == 3))
+  if not len(w): return False
+  op_at = np.concatenate([np.array([int(k.op) for k in loads], np.int64), kc.ops])  # the op at each position
+  start = (np.cumsum(kc.ns) - kc.ns)[w]
+  return bool(((op_at[kc.flat[start]] == _CMPNE_ID) & (op_at[kc.flat[start + 1]] == _WHERE_ID) &
+               (op_at[kc.flat[start + 2]] == _CONST_ID)).any())
 
 
 def peephole(loop: Loop) -> tuple[list[KNode], list[KNode]]:
@@ -260,6 +273,15 @@ def allocate(kn: list[KNode], live: set[KNode], tops: list[KNode], sp: Space) ->
 
 
 _C_MIN = 256  # live ALU nodes from which allocate_c's arrays cost less than allocate's loop
+
+
+class _All:
+  """The live set of a kernel whose every node is live (lower_loop's columns path): contains everything."""
+  __slots__ = ()
+  def __contains__(self, k) -> bool: return True
+
+
+_ALL = _All()
 _OPC_OF = np.full(max(int(op) for op in Ops) + 1, -1, np.int64)
 for _op, _code in _OPC.items(): _OPC_OF[int(_op)] = _code
 _CMP_IDS = np.array([int(op) for op in _CMP])
@@ -354,11 +376,15 @@ def _regs_words(lv, nl, na, ns, flat, ops, dt_ids, sdt_ids, special, ct_alu, pin
 
 
 # ---- 6. words ----
-def _is_dot(loop: Loop, kn: list[KNode], tops: list[KNode], rg: Regs) -> bool:
-  """A float sum whose expression ends in a product of two tiles: the VM sums products row by row (VR_DOT)."""
+def _is_dot(loop: Loop, kn: list[KNode] | None, tops: list[KNode], rg: Regs) -> bool:
+  """A float sum whose expression ends in a product of two tiles: the VM sums products row by row (VR_DOT). kn None:
+  the loop's KNodes are not made (lower_loop's columns path), and its columns say which node is last."""
   top = tops[0]
-  return (loop.redop is Ops.ADD and loop.rdtype in (dtypes.float32, dtypes.float64) and not top.is_load and
-          top.op is Ops.MUL and top.opcode is None and top is kn[-1] and not any(rg.scalar[s] for s in top.src))
+  if not (loop.redop is Ops.ADD and loop.rdtype in (dtypes.float32, dtypes.float64) and not top.is_load and
+          top.op is Ops.MUL and top.opcode is None and not any(rg.scalar[s] for s in top.src)): return False
+  if kn is not None: return top is kn[-1]
+  kc = loop.kcols
+  return kc.top == kc.nl + len(kc.ns) - 1
 
 
 def _tile(loop: Loop, sp: Space) -> int:
@@ -613,20 +639,29 @@ def lower_loop(loop: Loop, new_buf=None) -> list[Part] | None:
   if loop.redop is not None:
     g = contraction(loop, sp)
     if g is not None: return [Part(g, True, _loop_bufs(loop))]
-  kn, tops = peephole(loop)
-  live = set(kn) if kn is loop.knodes and loop.reachable else live_nodes(kn, tops)
-  if len(kn) < _C_MIN: rg, ins = allocate(kn, live, tops, sp), None
-  elif kn is loop.knodes and loop.kcols is not None and len(sp.loads) == loop.kcols.nl:
+  kc = loop.kcols
+  if (kc is not None and not loop.made and loop.size >= _C_MIN and len(sp.loads) == kc.nl and
+          not _sign_shaped_cols(kc, loop.loads)):
+    # a kernel the planner walked in C, without a WHERE shaped as every peephole needs: every node is live, and
+    # registers and words come from its columns (its KNodes are made only if it must be split)
+    kn, tops, live = None, [s.src for s in loop.stores], _ALL
     rg, ins = allocate_cols(loop, sp, tops)
-  else: rg, ins = allocate_c(kn, live, tops, sp)
+  else:
+    kn, tops = peephole(loop)
+    live = set(kn) if kn is loop.knodes and loop.reachable else live_nodes(kn, tops)
+    if len(kn) < _C_MIN: rg, ins = allocate(kn, live, tops, sp), None
+    elif kn is loop.knodes and kc is not None and len(sp.loads) == kc.nl: rg, ins = allocate_cols(loop, sp, tops)
+    else: rg, ins = allocate_c(kn, live, tops, sp)
   if new_buf is not None:
     T = _tile(loop, sp)
     cap = min(REGFILE_BUDGET, VM_MAXREGFILE) - 128 - (_vec_cost(T) if loop.redop is not None else 0)  # (a MOV's)
     nsc = sum(sc for _, sc in rg.file)
     if nsc * _SCALAR_COST + (len(rg.file) - nsc) * _vec_cost(T) > cap or len(rg.file) >= VM_MAXREGS:
+      if kn is None: kn, live = loop.knodes, set(loop.knodes)
       rs = runs(kn, live, tops, sp, T, cap, VM_MAXREGS - 1)
       if rs is not None and len(rs.runs) > 1: return split(loop, sp, kn, tops, live, T, rs, new_buf)
-  fused = bool(ins) or any(k.buf is None for k in kn)  # (ins: allocate_c's words, one per live ALU node)
+  # (ins: allocate_c's words, one per live ALU node)
+  fused = bool(ins) or (kn is not None and any(k.buf is None for k in kn))
   words = emit(loop, sp, kn, tops, live, rg, ins=ins)  # (which appends to ins)
   if not regfile_fits(words): return None
   return [Part(words, fused, _loop_bufs(loop, sp))]
@@ -652,8 +687,8 @@ class KernelCache:
 
   def lower(self, loop: Loop, new_buf=None) -> list[Part] | None:
     """lower_loop(loop, new_buf)'s result (a kernel small enough to be cached is never split)."""
+    if loop.size > CACHE_MAX_NODES: return lower_loop(loop, new_buf)
     kn = loop.knodes
-    if len(kn) > CACHE_MAX_NODES: return lower_loop(loop, new_buf)
     bufs: list[Buf] = []
     num: dict[int, int] = {}  # buffer id -> its number in this kernel
     pos: dict[KNode, int] = {}

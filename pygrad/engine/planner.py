@@ -9,6 +9,7 @@ kernel is built top-down from the value it stores: movement ops on the way down 
 leaves, so the expression is computed once per output element and an EXPAND is a zero stride, never a temporary."""
 from __future__ import annotations
 import math
+from functools import partial
 from itertools import chain, repeat
 from operator import attrgetter, itemgetter, is_not, not_
 from typing import NamedTuple
@@ -92,14 +93,33 @@ class Store(NamedTuple):
 class Loop:
   """One VM loop kernel before lowering over index space `shape`: `knodes` (loads and ALU nodes in dependency
   order), `stores`, and for a reduction the reduce op, the reduced axes and the result's dtype. `reachable`: every
-  knode is read by the stores, directly or not (the planner's walk made them from the stores' values)."""
-  __slots__ = ("shape", "knodes", "stores", "redop", "redaxes", "rdtype", "reachable", "kcols")
+  knode is read by the stores, directly or not (the planner's walk made them from the stores' values). `loads`: the
+  load KNodes in knodes order. A kernel walked in C has `kcols` and may make its ALU KNodes only when `knodes` is
+  first read (`make`: a function returning knodes): lowering reads the columns, and the stores' sources and their
+  operands, which exist from the start and are the same objects in knodes."""
+  __slots__ = ("shape", "_knodes", "stores", "redop", "redaxes", "rdtype", "reachable", "kcols", "loads", "_make")
 
-  def __init__(self, shape, knodes: list[KNode], stores: list[Store], redop=None, redaxes=(), rdtype=None,
-               reachable: bool = False, kcols=None):
-    self.shape, self.knodes, self.stores, self.redop, self.redaxes, self.rdtype = tuple(shape), knodes, stores, redop, \
-      tuple(redaxes), rdtype
-    self.reachable, self.kcols = reachable, kcols
+  def __init__(self, shape, knodes: list[KNode] | None, stores: list[Store], redop=None, redaxes=(), rdtype=None,
+               reachable: bool = False, kcols=None, loads: list[KNode] | None = None, make=None):
+    self.shape, self._knodes, self.stores, self.redop, self.redaxes, self.rdtype = tuple(shape), knodes, stores, \
+      redop, tuple(redaxes), rdtype
+    self.reachable, self.kcols, self._make = reachable, kcols, make
+    self.loads = [k for k in knodes if k.buf is not None] if loads is None else loads
+
+  @property
+  def knodes(self) -> list[KNode]:
+    if self._knodes is None: self._knodes, self._make = self._make(), None
+    return self._knodes
+
+  @property
+  def made(self) -> bool:
+    """Whether the KNodes exist (else only the loads, the stores' sources and their operands do)."""
+    return self._knodes is not None
+
+  @property
+  def size(self) -> int:
+    """len(knodes), without making them."""
+    return len(self._knodes) if self._knodes is not None else self.kcols.nl + len(self.kcols.ns)
 
 
 class OutRef:
@@ -265,6 +285,25 @@ class _Walk:
     return ent, self.out_src[:nsrc].copy()
 
 
+def _alu_knodes(nodes: list[PNode], kn_of: np.ndarray, ent: np.ndarray, at: np.ndarray) -> None:
+  """The KNodes of the walk's ALU entries at (without operands yet) into kn_of."""
+  alu = list(map(nodes.__getitem__, ent[3 * at].tolist()))
+  kn_of[at] = list(map(KNode, map(_G_OP, alu), map(_G_DTYPE, alu), repeat(()), repeat(None), repeat(None),
+                       repeat(None), map(_G_DTYPE, map(_G_SRC0, map(_G_SRC, alu))), map(_G_OPCODE, alu)))
+
+
+def _make_knodes(nodes, kn_of, ent, srcs, keep, alu_e, ns, start, made) -> list[KNode]:
+  """_build_c's knodes: the ALU KNodes not made yet (made: the entries that are), all given their operands a
+  column at a time."""
+  _alu_knodes(nodes, kn_of, ent, np.setdiff1d(alu_e, made, assume_unique=True))
+  for k in range(1, int(ns.max()) + 1):
+    at = np.flatnonzero(ns == k)
+    if not len(at): continue
+    cols = [kn_of[srcs[start[at] + j]].tolist() for j in range(k)]
+    for _ in map(setattr, kn_of[alu_e[at]].tolist(), repeat("src"), zip(*cols)): pass
+  return kn_of[keep].tolist()
+
+
 class Planner:
   """Plan a flattened graph: `kernels` (Loop and CallStep, in order), `bufs`, `outputs` (per output a Buf or None
   or a tuple), `inputs` (per input slot the UOp)."""
@@ -408,7 +447,8 @@ class Planner:
       knodes, top = self._build(src, src.shape, expand_top=False)
       st = View.contiguous(n.shape).strides  # the reduced dims have size 1, so stride 0
       self.kernels.append(Loop(src.shape, knodes, [Store(top, b, View(src.shape, st))], redop=n.arg[0],
-                               redaxes=n.arg[1], rdtype=n.dtype, reachable=True, kcols=self.kcols))
+                               redaxes=n.arg[1], rdtype=n.dtype, reachable=True, kcols=self.kcols,
+                               loads=self.kloads, make=self.kmake))
     elif n.op is Ops.MULTI:
       axis, start = n.arg, 0
       for s in n.src:
@@ -420,7 +460,8 @@ class Planner:
 
   def _emit_store(self, n: PNode, b: Buf, view: View, dtype, expand_top=False) -> None:
     knodes, top = self._build(n, n.shape, expand_top=expand_top)
-    self.kernels.append(Loop(n.shape, knodes, [Store(top, b, view)], reachable=True, kcols=self.kcols))
+    self.kernels.append(Loop(n.shape, knodes, [Store(top, b, view)], reachable=True, kcols=self.kcols,
+                             loads=self.kloads, make=self.kmake))
 
   def _emit_copy(self, view, dtype, b: Buf) -> None:
     src, v = view
@@ -454,6 +495,7 @@ class Planner:
     """(knodes in dependency order, top's KNode) computing `top` over index space kshape: _build_c's when the plan
     walks in C and the kernel has no movement op, else _build_py's (the same KNodes, in the same order)."""
     self.kcols = None  # _build_c's columns of the kernel, for lowering (KCols)
+    self.kloads = self.kmake = None  # and its loads and the function making its knodes (knodes is None then)
     if self.walk is not None:
       r = self._build_c(top, kshape, expand_top)
       if r is not None: return r
@@ -488,19 +530,23 @@ class Planner:
         keep[e] = False
       kn_of[e] = kn
     alu_e = (ent[2::3] == 0).nonzero()[0]
-    if len(alu_e):
-      alu = list(map(nodes.__getitem__, ent[3 * alu_e].tolist()))
-      kn_of[alu_e] = list(map(KNode, map(_G_OP, alu), map(_G_DTYPE, alu), repeat(()), repeat(None), repeat(None),
-                              repeat(None), map(_G_DTYPE, map(_G_SRC0, map(_G_SRC, alu))), map(_G_OPCODE, alu)))
-      ns = w.nsrc[ent[3 * alu_e]].astype(np.int64)
-      start = np.cumsum(ns) - ns
-      for k in range(1, int(ns.max()) + 1):
-        at = np.flatnonzero(ns == k)
-        if not len(at): continue
-        cols = [kn_of[srcs[start[at] + j]].tolist() for j in range(k)]
-        for _ in map(setattr, kn_of[alu_e[at]].tolist(), repeat("src"), zip(*cols)): pass
-      self.kcols = _kcols(w.g, ent, srcs, first, keep, alu_e, ns)
-    return kn_of[keep].tolist(), kn_of[m - 1]
+    if not len(alu_e): return kn_of[keep].tolist(), kn_of[m - 1]
+    ns = w.nsrc[ent[3 * alu_e]].astype(np.int64)
+    start = np.cumsum(ns) - ns
+    self.kcols = _kcols(w.g, ent, srcs, first, keep, alu_e, ns)
+    self.kloads = kn_of[leaf_e[keep[leaf_e]]].tolist()
+    # the top (the last entry, an ALU one) and its operands now: the store and lowering read them
+    ops_e = srcs[start[-1]:start[-1] + ns[-1]]
+    now = np.unique(np.append(ops_e[ent[3 * ops_e + 2] == 0], m - 1))
+    _alu_knodes(nodes, kn_of, ent, now)
+    kn_of[m - 1].src = tuple(kn_of[ops_e].tolist())
+    # (a function of the arrays only: a Loop holding the planner would make a reference cycle)
+    self.kmake = partial(_make_knodes, nodes, kn_of, ent, srcs, keep, alu_e, ns, start, now)
+    return None, kn_of[m - 1]
+
+    kn_of[at] = list(map(KNode, map(_G_OP, alu), map(_G_DTYPE, alu), repeat(()), repeat(None), repeat(None),
+                         repeat(None), map(_G_DTYPE, map(_G_SRC0, map(_G_SRC, alu))), map(_G_OPCODE, alu)))
+
 
   def _build_py(self, top: PNode, kshape, expand_top: bool):
     """(knodes in dependency order, top's KNode) computing `top` over index space kshape. A (node, pending

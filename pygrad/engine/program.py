@@ -99,7 +99,7 @@ def _place(kernels: list, bufs: list[Buf]) -> int:
   are planned Loops or program steps (lowered Parts, CallSteps, NumpyKernels: each names its buffers)."""
   first, last = {}, {}
   for i, k in enumerate(kernels):
-    used = [s.buf for s in k.stores] + [x.buf for x in k.knodes if x.is_load] if isinstance(k, Loop) else k.bufs
+    used = [s.buf for s in k.stores] + [x.buf for x in k.loads] if isinstance(k, Loop) else k.bufs
     for b in used:
       if b.kind != "arena": continue
       first.setdefault(b.id, i)
