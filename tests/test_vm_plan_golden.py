@@ -127,6 +127,19 @@ def test_every_plan_counted_in_c_gives_the_same_program(name, monkeypatch):
 
 
 @pytest.mark.parametrize("name", sorted(GRAPHS))
+@pytest.mark.parametrize("in_c", [False, True])
+def test_every_plan_over_nodes_made_when_read_gives_the_same_program(name, in_c, monkeypatch):
+  """flatten.LazyNodes (for large plain graphs: a node is made when the planner first reads it) on every plan:
+  alone, where the planner reads every node, and with the sweeps, walks and registers in C, where it reads few."""
+  from pygrad.engine import flatten, planner, lower
+  monkeypatch.setattr(flatten, "_LAZY_MIN", 0)
+  if in_c:
+    for k in ("_GRAPH_MIN_NODES", "_WALK_MIN_NODES", "_WALK_PER_JOB"): monkeypatch.setattr(planner, k, 0)
+    monkeypatch.setattr(lower, "_C_MIN", 1)
+  assert digest(name) == GOLDEN[name]
+
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
 def test_planned_loops_marked_reachable_have_every_node_live(name):
   """lower_loop skips dead-code elimination on a Loop the planner marks reachable: every knode is live there."""
   from pygrad.engine.flatten import flatten

@@ -17,13 +17,19 @@ _MUL, _RECIP = Ops.MUL, Ops.RECIPROCAL
 class PNode:
   """One value of the flattened graph. `uop` is the node it came from (inputs are looked up by it)."""
   __slots__ = ("op", "dtype", "shape", "arg", "src", "idx", "nid", "users", "is_output", "view", "mat", "buf",
-               "callbufs", "out_slot", "opcode")
+               "callbufs", "out_slot", "opcode", "_lz")
 
   def __init__(self, op, dtype, shape, arg, src, nid, idx=0):
     self.op, self.dtype, self.shape, self.arg, self.src, self.nid = op, dtype, shape, arg, src, nid
     self.idx, self.users, self.is_output, self.view, self.mat, self.buf = idx, 0, False, None, False, None
     self.callbufs, self.out_slot = None, None
     self.opcode = None  # "DIV": a MUL computed as the quotient src[0] / src[1] (see _quotient)
+
+  def __getattr__(self, name):  # reached only for a slot never set: a LazyNodes node's src before its first read
+    if name == "src":
+      src = self.src = self._lz.src_of(self.idx)
+      return src
+    raise AttributeError(f"'PNode' object has no attribute {name!r}")
 
   @property
   def uop(self) -> UOp: return handle(self.nid)
@@ -143,7 +149,63 @@ _NOT_PLAIN[[*_ALIAS_IDS, *(int(o) for o in (Ops.MULTI, Ops.GETTUPLE, Ops.NOOP, O
 _IS_FLOAT = np.array([d is not None and dtypes.is_float(d) for d in BY_ID], bool)
 
 
-def _flatten_plain(order: np.ndarray, info: np.ndarray, flat: np.ndarray):
+_LAZY_MIN = 4096  # nodes from which a plain graph's PNodes are made when first read (LazyNodes)
+
+
+class LazyNodes:
+  """The PNodes of a large plain graph, each made when first read (by index, or as another's source): the planner
+  reads a fraction of them (outputs, shared values, reductions, movements, a walked kernel's loads), the rest only as
+  columns. A node's `src` is made when first read too. `users`: every node's users count once the planner knows
+  it (a node made after gets it). `made_idx`: the nodes made, in order. Its nodes refer to it: `release()` after
+  planning breaks that cycle (Program does)."""
+  __slots__ = ("_made", "_ops", "_dts", "_metas", "_args", "_nids", "_sp", "_start", "_ns", "users", "made_idx",
+               "_meta_vals", "_arg_objs")
+
+  def __init__(self, ops: list, dts: list, metas: list, args: list, nids: list, sp: list, start: list, ns: list):
+    from ..intern import ARGS, META
+    self._made: list = [None] * len(ops)
+    self._ops, self._dts, self._metas, self._args, self._nids = ops, dts, metas, args, nids
+    self._sp, self._start, self._ns = sp, start, ns
+    self.users, self.made_idx = None, []
+    self._meta_vals, self._arg_objs = META.vals, ARGS.objs
+
+  def __len__(self) -> int: return len(self._made)
+
+  def __getitem__(self, i: int) -> PNode:
+    n = self._made[i]
+    return n if n is not None else self._make(int(i))
+
+  def _make(self, i: int) -> PNode:
+    n = _new_pnode(PNode)
+    n.op, n.dtype, n.shape, n.arg = _OPS[self._ops[i]], BY_ID[self._dts[i]], self._meta_vals[self._metas[i]][0], \
+        self._arg_objs[self._args[i]]
+    n.nid, n.idx, n.users = self._nids[i], i, 0 if self.users is None else self.users[i]
+    n.is_output, n.view, n.mat, n.buf, n.callbufs, n.out_slot, n.opcode, n._lz = False, None, False, None, None, \
+        None, None, self
+    self._made[i] = n
+    self.made_idx.append(i)
+    return n
+
+  def src_of(self, i: int) -> tuple:
+    s = self._start[i]
+    return tuple([self[j] for j in self._sp[s:s + self._ns[i]]])
+
+  def all(self) -> list[PNode]:
+    """Every node, made."""
+    return list(map(self.__getitem__, range(len(self._made))))
+
+  def __iter__(self): return iter(self.all())
+  def __reversed__(self): return reversed(self.all())
+
+  def release(self) -> None:
+    """Drops the nodes (which refer to this table): after planning, they are freed by reference counting."""
+    self._made, self.made_idx = None, []
+
+
+_new_pnode = object.__new__
+
+
+def _flatten_plain(order: np.ndarray, info: np.ndarray, flat: np.ndarray, lazy: bool = False):
   """_flatten_ids' nodes for a graph of plain values only (no op that resolves to another node's value or names
   structure: every node is one PNode and its sources' PNodes are its operands), built a column at a time; None
   when the graph has another op. Returns (nodes, the position of each node id, the columns the planner's sweeps
@@ -156,17 +218,21 @@ def _flatten_plain(order: np.ndarray, info: np.ndarray, flat: np.ndarray):
   pos[order] = np.arange(n)
   sp = pos[flat]  # every source as its node's position
   metas = META.vals
-  nodes = list(map(PNode, map(_OPS.__getitem__, ops.tolist()), map(BY_ID.__getitem__, info[:, 1].tolist()),
-                   [metas[m][0] for m in info[:, 5].tolist()], map(ARGS.objs.__getitem__, info[:, 3].tolist()),
-                   repeat(()), order.tolist(), range(n)))
   ns = info[:, 2].astype(np.int64)
   start = np.cumsum(ns) - ns
-  get = nodes.__getitem__
-  for k in range(1, int(ns.max()) + 1 if n else 1):
-    at = np.flatnonzero(ns == k)
-    if not len(at): continue
-    cols = [map(get, sp[start[at] + j].tolist()) for j in range(k)]
-    for _ in map(setattr, map(get, at.tolist()), repeat("src"), zip(*cols)): pass
+  if lazy and n >= _LAZY_MIN:
+    nodes = LazyNodes(ops.tolist(), info[:, 1].tolist(), info[:, 5].tolist(), info[:, 3].tolist(), order.tolist(),
+                      sp.tolist(), start.tolist(), ns.tolist())
+  else:
+    nodes = list(map(PNode, map(_OPS.__getitem__, ops.tolist()), map(BY_ID.__getitem__, info[:, 1].tolist()),
+                     [metas[m][0] for m in info[:, 5].tolist()], map(ARGS.objs.__getitem__, info[:, 3].tolist()),
+                     repeat(()), order.tolist(), range(n)))
+    get = nodes.__getitem__
+    for k in range(1, int(ns.max()) + 1 if n else 1):
+      at = np.flatnonzero(ns == k)
+      if not len(at): continue
+      cols = [map(get, sp[start[at] + j].tolist()) for j in range(k)]
+      for _ in map(setattr, map(get, at.tolist()), repeat("src"), zip(*cols)): pass
   # values.quotient_operands' rule (see _quotient): a float MUL of a RECIPROCAL is a quotient
   mul = np.flatnonzero((ops == _MUL) & _IS_FLOAT[info[:, 1]] & (ns == 2))
   if len(mul):
@@ -181,9 +247,9 @@ def _flatten_plain(order: np.ndarray, info: np.ndarray, flat: np.ndarray):
   return nodes, pos, cols
 
 
-def _flatten_ids(outputs: list[UOp]):
+def _flatten_ids(outputs: list[UOp], lazy: bool = False):
   """The same flattening straight from the core's ids (no UOp handles) for graphs without FUNCTION; None if the
-  graph has one (the general walk handles call contexts)."""
+  graph has one (the general walk handles call contexts). lazy: a large plain graph's nodes may be LazyNodes."""
   from ..core import CORE
   from ..intern import ARGS, META
   roots, stack = [], list(outputs)
@@ -201,7 +267,7 @@ def _flatten_ids(outputs: list[UOp]):
   order = CORE.toposort(roots, False)
   info, flat = CORE.rows(order, arrays=True)  # the whole graph's fields in one call into the core
   order = np.asarray(order.numpy() if hasattr(order, "numpy") else order, np.int64).reshape(-1)
-  plain = _flatten_plain(order, info, flat)
+  plain = _flatten_plain(order, info, flat, lazy)
   if plain is not None:
     nodes, pos, cols = plain
     return nodes, [_structure(o, 0, None, lambda u, c: nodes[pos[u._id]]) for o in outputs], cols
@@ -243,8 +309,9 @@ def _flatten_ids(outputs: list[UOp]):
 
 def flatten(outputs: list[UOp], columns: bool = False):
   """(nodes in topological order, per output: a PNode, None for NOOP, or a tuple of those for TUPLE/SINK/FUNCTION);
-  columns: and a third item, the node table's columns when the columnar path made them (else None)."""
-  fast = _flatten_ids(outputs)
+  columns: and a third item, the node table's columns when the columnar path made them (else None), and the nodes
+  of a large plain graph may be a LazyNodes (a sequence making each when first read: release it after use)."""
+  fast = _flatten_ids(outputs, lazy=columns)
   if fast is not None: return fast if columns else fast[:2]
   fl = Flattener()
   pairs: list = []
@@ -254,4 +321,4 @@ def flatten(outputs: list[UOp], columns: bool = False):
   return (*out, None) if columns else out
 
 
-__all__ = ["PNode", "flatten"]
+__all__ = ["PNode", "LazyNodes", "flatten"]

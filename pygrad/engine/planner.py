@@ -15,8 +15,8 @@ from operator import attrgetter, itemgetter, is_not, not_
 from typing import NamedTuple
 import numpy as np
 from ..ops import Ops, GroupOp
-from ..dtype import DType, dtypes
-from .flatten import PNode
+from ..dtype import BY_ID, DType, dtypes
+from .flatten import PNode, LazyNodes, _OPS
 from .views import View, apply
 from .values import const_array, input_name, map_nested
 from ..ids import value
@@ -233,23 +233,32 @@ class _Graph:
     from .vmlib import ffi, lib  # (the planner itself needs no compiled module)
     self.ffi, self.lib = ffi, lib
 
-  def users_fused(self, nodes: list[PNode]) -> bytearray:
-    """Sets every node's users (Planner.__init__'s count) and returns _fused_shared's flags."""
+  def users_fused(self, nodes: list[PNode] | LazyNodes, outs: list[int]) -> bytearray:
+    """Sets every node's users (Planner.__init__'s count) and returns _fused_shared's flags. outs: the outputs'
+    node numbers."""
     n = self.n
-    flags = (self.ops & (_PU_ALU | _PU_ALU_MOVE)) | np.fromiter(map(_G_OUT, nodes), bool, n).astype(np.uint8) * \
-        _PU_OUTPUT
+    is_out = np.zeros(n, np.uint8)
+    is_out[outs] = _PU_OUTPUT
+    flags = (self.ops & (_PU_ALU | _PU_ALU_MOVE)) | is_out
     # equal shapes, one id: canonical among the distinct meta ids, or else the distinct tuple objects
     keys = self.meta if self.meta is not None else np.fromiter(map(id, map(_G_SHAPE, nodes)), np.int64, n)
     first, inv = np.unique(keys, return_index=True, return_inverse=True)[1:]
     canon: dict = {}
-    sid = np.array([canon.setdefault(nodes[i].shape, len(canon)) for i in first.tolist()], np.int32)[inv]
+    shapes = [nodes[i].shape for i in first.tolist()]
+    self.scalar = np.array([not sh for sh in shapes], bool)[inv]  # (per node: shape ())
+    sid = np.array([canon.setdefault(sh, len(canon)) for sh in shapes], np.int32)[inv]
     users, fused = np.empty(n, np.int32), np.empty(n, np.uint8)
     cp = self.ffi.from_buffer
     rc = self.lib.pg_plan_users(n, cp("int32_t[]", self.nsrc), cp("int64_t[]", self.off), cp("int32_t[]", self.src),
                                 len(self.src), cp("uint8_t[]", flags), cp("int32_t[]", sid), cp("int32_t[]", users),
                                 cp("uint8_t[]", fused))
     if rc < 0: raise RuntimeError(f"pygrad planner: the users sweep failed ({rc})")
-    for _ in map(setattr, nodes, repeat("users"), users.tolist()): pass
+    ul = users.tolist()
+    if type(nodes) is LazyNodes:  # the nodes made so far, and any made later
+      nodes.users = ul
+      for i in nodes.made_idx: nodes[i].users = ul[i]
+    else:
+      for _ in map(setattr, nodes, repeat("users"), ul): pass
     # the nodes _visit has anything to do for: a pure ALU node neither an output nor read twice stays an expression
     self.visit = np.flatnonzero(~((self.ops & _PURE) != 0) | ((flags & _PU_OUTPUT) != 0) | (users >= 2)).tolist()
     return bytearray(fused.tobytes())
@@ -263,8 +272,14 @@ class _Walk:
     n = self.n = g.n
     self.g, self.nsrc = g, g.nsrc
     flags = g.ops & _KW_ALU
-    flags |= np.fromiter(map(is_not, map(_G_VIEW, nodes), repeat(None)), bool, n).astype(np.uint8) * _KW_LEAF
-    flags |= np.fromiter(map(not_, map(_G_SHAPE, nodes)), bool, n).astype(np.uint8) * _KW_SCALAR
+    if type(nodes) is LazyNodes:  # a node not made has no view
+      made = nodes.made_idx
+      flags[made] |= np.fromiter(map(is_not, (nodes[i].view for i in made), repeat(None)), bool,
+                                 len(made)).astype(np.uint8) * _KW_LEAF
+    else: flags |= np.fromiter(map(is_not, map(_G_VIEW, nodes), repeat(None)), bool, n).astype(np.uint8) * _KW_LEAF
+    scalar = getattr(g, "scalar", None)
+    if scalar is None: scalar = np.fromiter(map(not_, map(_G_SHAPE, nodes)), bool, n)
+    flags |= scalar.astype(np.uint8) * _KW_SCALAR
     self.flags = flags
     self.memo = np.full(2 * n, -1, np.int32)
     self.out, self.out_src = np.empty(6 * n, np.int32), np.empty(6 * n, np.int32)
@@ -285,17 +300,20 @@ class _Walk:
     return ent, self.out_src[:nsrc].copy()
 
 
-def _alu_knodes(nodes: list[PNode], kn_of: np.ndarray, ent: np.ndarray, at: np.ndarray) -> None:
-  """The KNodes of the walk's ALU entries at (without operands yet) into kn_of."""
-  alu = list(map(nodes.__getitem__, ent[3 * at].tolist()))
-  kn_of[at] = list(map(KNode, map(_G_OP, alu), map(_G_DTYPE, alu), repeat(()), repeat(None), repeat(None),
-                       repeat(None), map(_G_DTYPE, map(_G_SRC0, map(_G_SRC, alu))), map(_G_OPCODE, alu)))
+def _alu_knodes(g: _Graph, kn_of: np.ndarray, ent: np.ndarray, at: np.ndarray) -> None:
+  """The KNodes of the walk's ALU entries at (without operands yet) into kn_of, from the graph's columns (op, dtype,
+  first operand's dtype, a quotient's opcode) as _build_py makes them from the PNodes."""
+  node = ent[3 * at]
+  ops, dts, sdts = g.op_ids[node].tolist(), g.dt_ids[node].tolist(), g.dt_ids[g.src[g.off[node]]].tolist()
+  opc = map(g.special.get, node.tolist()) if g.special else repeat(None)
+  kn_of[at] = list(map(KNode, map(_OPS.__getitem__, ops), map(BY_ID.__getitem__, dts), repeat(()), repeat(None),
+                       repeat(None), repeat(None), map(BY_ID.__getitem__, sdts), opc))
 
 
-def _make_knodes(nodes, kn_of, ent, srcs, keep, alu_e, ns, start, made) -> list[KNode]:
+def _make_knodes(g, kn_of, ent, srcs, keep, alu_e, ns, start, made) -> list[KNode]:
   """_build_c's knodes: the ALU KNodes not made yet (made: the entries that are), all given their operands a
   column at a time."""
-  _alu_knodes(nodes, kn_of, ent, np.setdiff1d(alu_e, made, assume_unique=True))
+  _alu_knodes(g, kn_of, ent, np.setdiff1d(alu_e, made, assume_unique=True))
   for k in range(1, int(ns.max()) + 1):
     at = np.flatnonzero(ns == k)
     if not len(at): continue
@@ -315,13 +333,15 @@ class Planner:
       if u._id in self.input_bufs: raise ValueError(f"compile: input {i} ({u.op.name}) is listed twice")
       self.input_bufs[u._id] = self._buf("input", storage_dtype(u.dtype), u.shape, u.dtype, index=i)
     self.n_out, self.out_used = 0, set()
-    stack = list(shaped_outputs)
+    stack, outs = list(shaped_outputs), []
     while stack:  # mark every output (tuples nest)
       x = stack.pop()
       if type(x) is tuple: stack.extend(x)
-      elif x is not None: x.is_output = True
+      elif x is not None:
+        x.is_output = True
+        outs.append(x.idx)
     graph = _Graph(nodes, cols) if len(nodes) >= _GRAPH_MIN_NODES else None
-    if graph is not None: self.fused = graph.users_fused(nodes)  # csrc/plan_users.c: the two sweeps below
+    if graph is not None: self.fused = graph.users_fused(nodes, outs)  # csrc/plan_users.c: the two sweeps below
     else:
       for n in reversed(nodes):  # users that are computed: a MUL made a quotient (flatten's _quotient) leaves its
         if n.users or n.is_output or n.op not in _ALU_MOVE:  # RECIPROCAL unused, whose divisor was then "shared"
@@ -538,10 +558,10 @@ class Planner:
     # the top (the last entry, an ALU one) and its operands now: the store and lowering read them
     ops_e = srcs[start[-1]:start[-1] + ns[-1]]
     now = np.unique(np.append(ops_e[ent[3 * ops_e + 2] == 0], m - 1))
-    _alu_knodes(nodes, kn_of, ent, now)
+    _alu_knodes(w.g, kn_of, ent, now)
     kn_of[m - 1].src = tuple(kn_of[ops_e].tolist())
     # (a function of the arrays only: a Loop holding the planner would make a reference cycle)
-    self.kmake = partial(_make_knodes, nodes, kn_of, ent, srcs, keep, alu_e, ns, start, now)
+    self.kmake = partial(_make_knodes, w.g, kn_of, ent, srcs, keep, alu_e, ns, start, now)
     return None, kn_of[m - 1]
 
     kn_of[at] = list(map(KNode, map(_G_OP, alu), map(_G_DTYPE, alu), repeat(()), repeat(None), repeat(None),

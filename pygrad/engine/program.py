@@ -11,7 +11,7 @@ from ..dtype import dtypes
 from . import vmlib
 from .vmlib import ffi, lib
 from ..ids import value
-from .flatten import flatten
+from .flatten import LazyNodes, flatten
 from .planner import Planner, Loop, CallStep, Buf, compute_dtype
 from .lower import KernelCache, Part, VK_GEMM
 from .npkernel import NumpyKernel
@@ -169,6 +169,12 @@ class Program:
   def _plan(self, outputs: list[UOp], keep_words: bool) -> int:
     """Plans the graph; returns its node count."""
     nodes, shaped, cols = flatten(outputs, columns=True)
+    try: return self._plan_nodes(nodes, shaped, cols, keep_words)
+    finally:
+      if type(nodes) is LazyNodes: nodes.release()
+
+  def _plan_nodes(self, nodes, shaped, cols, keep_words: bool) -> int:
+    """_plan's work on the flattened graph."""
     pl = Planner(nodes, shaped, self.inputs, cols)
     self._shaped = pl.outputs
     self._out_bufs = sorted((b for b in pl.bufs if b.kind == "output"), key=lambda b: b.index)
