@@ -157,7 +157,7 @@ pm_peephole = PatternMatcher([
 _PEEP_NEEDS = Ops.WHERE  # every rule's pattern has one: kernels without it skip the matcher
 # the ops the rules' roots match, and the op one of the root's operands has: a node failing that cheap test cannot
 # match, and the matcher (~2 us a node) is not asked
-_PEEP_ROOTS, _PEEP_SRC = frozenset({Ops.MUL}), Ops.WHERE
+_PEEP_ROOTS = frozenset({Ops.MUL})  # (and _PEEP_NEEDS is the op of one of the root's operands)
 
 
 def _sign_shaped(w: KNode) -> bool:
@@ -193,7 +193,7 @@ def peephole(loop: Loop) -> tuple[list[KNode], list[KNode]]:
     if new and not k.is_load and any(s in new for s in k.src):
       k = new[k0] = KNode(k.op, k.dtype, tuple(new.get(s, s) for s in k.src), k.arg, None, None, k.sdtype, k.opcode)
     r = None
-    if k.op in _PEEP_ROOTS and k.buf is None and k.opcode is None and any(s.op is _PEEP_SRC for s in k.src):
+    if k.op in _PEEP_ROOTS and k.buf is None and k.opcode is None and any(s.op is _PEEP_NEEDS for s in k.src):
       r = pm_peephole.rewrite(k)
     if r is not None: new[k0] = k = r
     out.append(k)
@@ -218,13 +218,11 @@ class Regs(NamedTuple):
   scalar: dict
 
 
-_CT_ID: dict = {}  # dtype -> id of its compute type (a register's type)
+_CT_OF_ID = np.array([compute_dtype(d).id if d is not None else -1 for d in BY_ID], np.int64)  # dtype id ->
+_CT_OF = _CT_OF_ID.tolist()  # the id of its compute type (a register's type), as an array and as a list
 
 
-def _ct_id(dt) -> int:
-  r = _CT_ID.get(dt)
-  if r is None: r = _CT_ID[dt] = compute_dtype(dt).id
-  return r
+def _ct_id(dt) -> int: return _CT_OF[dt.id]
 
 
 def allocate(kn: list[KNode], live: set[KNode], tops: list[KNode], sp: Space) -> Regs:
@@ -287,8 +285,6 @@ for _op, _code in _OPC.items(): _OPC_OF[int(_op)] = _code
 _CMP_IDS = np.array([int(op) for op in _CMP])
 
 
-_CT_OF_ID = np.array([compute_dtype(d).id if d is not None else -1 for d in BY_ID], np.int64)
-
 
 def allocate_cols(loop: Loop, sp: Space, tops: list[KNode]) -> tuple[Regs, list[int]]:
   """allocate_c's result for a kernel the planner walked in C, from its columns (Loop.kcols): every node is live
@@ -322,16 +318,15 @@ def allocate_c(kn: list[KNode], live: set[KNode], tops: list[KNode], sp: Space) 
   ops = np.fromiter(map(_G_OP, alu), np.int64, na)
   special = [(i, alu[i].opcode) for i, o in enumerate(map(_G_OPCODE, alu)) if o is not None] \
       if not all(map(is_, map(_G_OPCODE, alu), repeat(None))) else []
-  dts, sdts = list(map(_G_DTYPE, alu)), list(map(_G_SDTYPE, alu))
-  for d in set(dts): _ct_id(d)
+  dt_ids = np.fromiter(map(_G_ID, map(_G_DTYPE, alu)), np.int64, na)
+  sdt_ids = np.fromiter(map(_G_ID, map(_G_SDTYPE, alu)), np.int64, na)
   is_cmp = np.isin(ops, _CMP_IDS)
   is_cmp[[i for i, _ in special]] = False  # a peephole's instruction computes in its own dtype
-  ct_alu = np.where(is_cmp, dtypes.bool.id, np.fromiter(map(_CT_ID.__getitem__, dts), np.int64, na))
+  ct_alu = np.where(is_cmp, dtypes.bool.id, _CT_OF_ID[dt_ids])
   # what emit and _is_dot read of the registers: the loads', the stores' sources' and their operands'
   reads = lv + [t for t in tops if t in live] + [s for t in tops if t.buf is None and t in live for s in t.src]
-  return _regs_words(lv, nl, na, ns, flat, ops, np.fromiter(map(_G_ID, dts), np.int64, na),
-                     np.fromiter(map(_G_ID, sdts), np.int64, na), special, ct_alu,
-                     [t.pos for t in tops if t in live], [(k, k.pos) for k in reads], sp)
+  return _regs_words(lv, nl, na, ns, flat, ops, dt_ids, sdt_ids, special, ct_alu, [t.pos for t in tops if t in live],
+                     [(k, k.pos) for k in reads], sp)
 
 
 def _regs_words(lv, nl, na, ns, flat, ops, dt_ids, sdt_ids, special, ct_alu, pinned_at, reads, sp):
@@ -738,5 +733,5 @@ def _standin(loop: Loop, bufs: list[Buf], num: dict[int, int]) -> Loop:
   return Loop(loop.shape, [new[k] for k in loop.knodes], stores, loop.redop, loop.redaxes, loop.rdtype)
 
 
-__all__ = ["lower_loop", "Part", "KernelCache", "REGFILE_BUDGET", "regfile_bytes", "regfile_fits", "pm_peephole", "TILE",
-           "TILE_REDUCE", "VM_MAXDIM", "VM_MAXSIZE"]
+__all__ = ["lower_loop", "Part", "KernelCache", "REGFILE_BUDGET", "regfile_bytes", "regfile_fits", "pm_peephole",
+           "TILE", "TILE_REDUCE", "VM_MAXDIM", "VM_MAXSIZE"]

@@ -31,13 +31,14 @@ Results defined here for what C leaves undefined (the C VM matches them):
   a / b, correctly rounded (what `a / b` builds: numpy's, torch's and JAX's division), not the product of a rounded
   reciprocal; see values.quotient_operands.
 
-Inputs (engine/values.py, shared with the C engine). `inputs` maps BUFFER and DEFINE_VAR nodes to values. A numpy array (or numpy scalar) must have exactly the
-node's storage dtype (bfloat16: float32, rounded on entry, or an `ml_dtypes.bfloat16` array) and, for a BUFFER, its
-shape; any strides are accepted. Other array-likes (Python scalars, lists) are converted when their kind fits (bool
-into anything; int into int or float; float into float) and, for ints, the values fit the dtype. A DEFINE_VAR takes
-a scalar within [vmin, vmax]. Anything else -- a missing binding, a wrong shape, a wrong dtype, a value out of range
--- raises ValueError naming the input. Every binding is validated, whether the outputs use it or not; a valid
-binding the outputs do not use is ignored (both engines accept exactly the same inputs).
+Inputs (engine/values.py, shared with the C engine). `inputs` maps BUFFER and DEFINE_VAR nodes to values. A numpy
+array (or numpy scalar) must have exactly the node's storage dtype (bfloat16: float32, rounded on entry, or an
+`ml_dtypes.bfloat16` array) and, for a BUFFER, its shape; any strides are accepted. Other array-likes (Python scalars,
+lists) are converted when their kind fits (bool into anything; int into int or float; float into float) and, for ints,
+the values fit the dtype. A DEFINE_VAR takes a scalar within [vmin, vmax]. Anything else -- a missing binding, a wrong
+shape, a wrong dtype, a value out of range -- raises ValueError naming the input. Every binding is validated, whether
+the outputs use it or not; a valid binding the outputs do not use is ignored (both engines accept exactly the same
+inputs).
 
 Structure. PARAM slot i inside a FUNCTION body is the FUNCTION's args[i] (the body runs as a sub-evaluation, on
 an explicit stack of frames: FUNCTIONs nest to any depth without recursion); a

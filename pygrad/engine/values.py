@@ -339,6 +339,5 @@ def map_nested(x, fn):
 
 
 __all__ = ["round_bfloat16", "wide", "fin", "int_range", "lowest", "const_array", "input_name", "as_value",
-           "input_value", "bindings", "BINARY", "UNARY", "cast_value", "bitcast_value", "alu", "reduce_value", "scalar_alu",
-           "quotient_operands", "divide",
-           "INPUT_OPS", "map_nested"]
+           "input_value", "bindings", "BINARY", "UNARY", "cast_value", "bitcast_value", "alu", "reduce_value",
+           "scalar_alu", "quotient_operands", "divide", "INPUT_OPS", "map_nested"]
