@@ -23,6 +23,8 @@ static PG_INLINE int pg_lock_init(pg_lock *l) { InitializeSRWLock(l); return 0; 
 static PG_INLINE void pg_lock_destroy(pg_lock *l) { (void)l; }
 /* exclusive: every store call mutates or walks the store */
 static PG_INLINE void pg_lock_take(pg_lock *l) { AcquireSRWLockExclusive(l); }
+/* take the lock if it is free: non-zero if taken, 0 (and nothing held) if another thread holds it */
+static PG_INLINE int pg_lock_try(pg_lock *l) { return TryAcquireSRWLockExclusive(l) != 0; }
 /* release what pg_lock_take acquired */
 static PG_INLINE void pg_lock_drop(pg_lock *l) { ReleaseSRWLockExclusive(l); }
 
@@ -37,6 +39,8 @@ static PG_INLINE int pg_lock_init(pg_lock *l) { return pthread_mutex_init(l, NUL
 static PG_INLINE void pg_lock_destroy(pg_lock *l) { pthread_mutex_destroy(l); }
 /* block until this thread holds the store */
 static PG_INLINE void pg_lock_take(pg_lock *l) { pthread_mutex_lock(l); }
+/* take the lock if it is free: non-zero if taken, 0 (and nothing held) if another thread holds it */
+static PG_INLINE int pg_lock_try(pg_lock *l) { return pthread_mutex_trylock(l) == 0; }
 /* release what pg_lock_take acquired */
 static PG_INLINE void pg_lock_drop(pg_lock *l) { pthread_mutex_unlock(l); }
 #endif

@@ -40,6 +40,9 @@ int64_t pg_store_id_bound(pg_store *st);
 int pg_store_arg_register(pg_store *st, int32_t aid);
 int64_t pg_store_arg_drain(pg_store *st, int32_t *out, int64_t cap);
 
+/* ---- pyfast.c: the store's hot calls as CPython builtins that keep the GIL ---- */
+int pg_py_bind(pg_store *st, const char *module, const char *name);
+
 /* ---- walk.c: whole-graph walks ---- */
 void pg_ids_free(pg_ids *ids);
 int pg_walk_toposort(pg_store *st, const int32_t *roots, int32_t nroots, int32_t enter_calls, const int32_t *stop,

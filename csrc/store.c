@@ -320,32 +320,42 @@ int32_t pg_store_make3(pg_store *st, int32_t op, int32_t dtype, int32_t s0, int3
 /* op over node s and a scalar CONST (kdtype, karg, kmeta) found or made in the same call: op(s, k), or op(k, s)
    when reversed. This is `x * 2.0` of the math methods in one call: the constant needs no handle, and its temporary
    reference is dropped before returning (the new node holds it), as the Python path's handle would drop it. */
-int32_t pg_store_make2k(pg_store *st, int32_t op, int32_t dtype, int32_t s, int32_t kdtype, int32_t karg,
-                        int32_t kmeta, int32_t reversed, int32_t meta) {
+int32_t pg_store_make2k_locked(pg_store *st, int32_t op, int32_t dtype, int32_t s, int32_t kdtype, int32_t karg,
+                               int32_t kmeta, int32_t reversed, int32_t meta) {
   int32_t k, r, src[2];
-  pg_lock_take(&st->lock);
   k = pg_store_make_locked(st, PG_OP_CONST, kdtype, NULL, 0, karg, 0, kmeta);
-  if (k < 0) {
-    pg_lock_drop(&st->lock);
-    return k;
-  }
+  if (k < 0) return k;
   src[0] = reversed ? k : s;
   src[1] = reversed ? s : k;
   r = pg_store_make_locked(st, op, dtype, src, 2, 0, 0, meta);
   pg_store_decref_locked(st, k);  /* cannot fail: k is live */
+  return r;
+}
+
+/* pg_store_make2k_locked under the lock */
+int32_t pg_store_make2k(pg_store *st, int32_t op, int32_t dtype, int32_t s, int32_t kdtype, int32_t karg,
+                        int32_t kmeta, int32_t reversed, int32_t meta) {
+  int32_t r;
+  pg_lock_take(&st->lock);
+  r = pg_store_make2k_locked(st, op, dtype, s, kdtype, karg, kmeta, reversed, meta);
   pg_lock_drop(&st->lock);
   return r;
 }
 
+/* one more reference on a live node, with the lock held */
+int pg_store_incref_locked(pg_store *st, int32_t id) {
+  pg_node *n = pg_node_live(st, id);
+  if (!n) return PG_ERR_BADID;
+  if (n->rc == UINT32_MAX) return PG_ERR_NOMEM;  /* out of references */
+  n->rc++;
+  return 0;
+}
+
 /* one more reference on a live node */
 int pg_store_incref(pg_store *st, int32_t id) {
-  pg_node *n;
-  int r = 0;
+  int r;
   pg_lock_take(&st->lock);
-  n = pg_node_live(st, id);
-  if (!n) r = PG_ERR_BADID;
-  else if (n->rc == UINT32_MAX) r = PG_ERR_NOMEM;  /* out of references */
-  else n->rc++;
+  r = pg_store_incref_locked(st, id);
   pg_lock_drop(&st->lock);
   return r;
 }
@@ -405,22 +415,25 @@ int pg_store_decref_many(pg_store *st, const int32_t *ids, int32_t n) {
   return r;
 }
 
+/* the fields of a live node, with the lock held */
+int pg_store_info_locked(const pg_store *st, int32_t id, pg_info *out) {
+  const pg_node *n = pg_node_live(st, id);
+  if (!n || !out) return PG_ERR_BADID;
+  out->op = n->op;
+  out->dtype = n->dtype;
+  out->nsrc = n->nsrc;
+  out->arg = n->arg;
+  out->tag = n->tag;
+  out->meta = n->meta;
+  out->pdata = n->pdata;
+  return 0;
+}
+
 /* the fields of a live node */
 int pg_store_info(pg_store *st, int32_t id, pg_info *out) {
-  pg_node *n;
-  int r = 0;
+  int r;
   pg_lock_take(&st->lock);
-  n = pg_node_live(st, id);
-  if (!n || !out) r = PG_ERR_BADID;
-  else {
-    out->op = n->op;
-    out->dtype = n->dtype;
-    out->nsrc = n->nsrc;
-    out->arg = n->arg;
-    out->tag = n->tag;
-    out->meta = n->meta;
-    out->pdata = n->pdata;
-  }
+  r = pg_store_info_locked(st, id, out);
   pg_lock_drop(&st->lock);
   return r;
 }

@@ -191,6 +191,10 @@ static PG_INLINE int32_t pg_store_make_held_fast(pg_store *st, uint32_t h, int32
   return (int32_t)id;
 }
 int pg_store_decref_locked(pg_store *st, int32_t id);
+int pg_store_incref_locked(pg_store *st, int32_t id);
+int pg_store_info_locked(const pg_store *st, int32_t id, pg_info *out);
+int32_t pg_store_make2k_locked(pg_store *st, int32_t op, int32_t dtype, int32_t s, int32_t kdtype, int32_t karg,
+                               int32_t kmeta, int32_t reversed, int32_t meta);
 int pg_store_set_pdata_locked(pg_store *st, int32_t id, int32_t pdata);
 void pg_store_reserve_locked(pg_store *st, int64_t extra);
 /* serial.c: a store's signature cache, freed with the store; emptied (lock held) when an arg id's generation wraps */

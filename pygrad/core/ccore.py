@@ -1,12 +1,12 @@
 """The C core behind PyCore's interface: the node store and walks of csrc/ (pygrad._core, built by cffi). Ids in,
 ids out, the same identity rules, id recycling and walk orders as PyCore; walks return `Ids` over C arrays."""
 from __future__ import annotations
-import functools, operator, sys
+import functools, itertools, operator, sys
 from collections.abc import Sequence
 from typing import Iterator
 from .pycore import ArgGone
 from .release import deferred
-from .clib import ffi, lib
+from .clib import ffi, lib, module
 from ..ids import tables
 
 tables()  # the C table of op and dtype ids must match Ops and dtypes (ImportError if not)
@@ -15,6 +15,16 @@ _ERRORS = {lib.PG_ERR_NOMEM: "out of memory", lib.PG_ERR_BADID: "not a live node
            lib.PG_ERR_ARG_GONE: "arg id gone", lib.PG_ERR_ARG: "bad argument (unregistered arg id or size)"}
 _CHUNK = 1 << 16
 _ERR_GONE, _ERR_NOMEM = lib.PG_ERR_ARG_GONE, lib.PG_ERR_NOMEM
+_binds = itertools.count()
+
+
+def _fast_calls(st):
+  """The store's hot calls as CPython builtins that keep the GIL (csrc/pyfast.c): (make0, make1, make2, make2k,
+  incref, decref, info), each returning what the cffi function returns; None if they cannot be made (the cffi
+  functions serve then). pg_py_bind hands them over as an attribute of the compiled module, taken off at once."""
+  name = f"_fast{next(_binds)}"
+  if lib.pg_py_bind(st, module.__name__.encode(), name.encode()) != 0: return None
+  return module.__dict__.pop(name, None)
 
 
 def _raise(code: int, what: str, *ids):
@@ -118,15 +128,20 @@ class CCore:
     make0, make1, make2, make3, maken = lib.pg_store_make0, lib.pg_store_make1, lib.pg_store_make2, \
       lib.pg_store_make3, lib.pg_store_make
     c_incref, c_decref, new = lib.pg_store_incref, lib.pg_store_decref, ffi.new
+    fast = _fast_calls(p)
+    if fast is not None: f0, f1, f2, f2k, c_incref1, c_decref1, self._info = fast
+    else:
+      f0, f1, f2, f2k = (functools.partial(f, st) for f in (make0, make1, make2, lib.pg_store_make2k))
+      c_incref1, c_decref1 = functools.partial(c_incref, st), functools.partial(c_decref, st)
 
-    # the hot path: plain closures over the store pointer and the lib functions, set as instance attributes
+    # the hot path: plain closures over the store's calls, set as instance attributes
     def make(op: int, dtype: int, src: tuple[int, ...], arg: int, tag: int, meta: int) -> int:
       """The node with these fields, with one new reference for the caller."""
       n = len(src)
       try:
-        if n == 1: r = make1(st, op, dtype, src[0], arg, tag, meta)
-        elif n == 2: r = make2(st, op, dtype, src[0], src[1], arg, tag, meta)
-        elif n == 0: r = make0(st, op, dtype, arg, tag, meta)
+        if n == 1: r = f1(op, dtype, src[0], arg, tag, meta)
+        elif n == 2: r = f2(op, dtype, src[0], src[1], arg, tag, meta)
+        elif n == 0: r = f0(op, dtype, arg, tag, meta)
         elif n == 3: r = make3(st, op, dtype, src[0], src[1], src[2], arg, tag, meta)
         else: r = maken(st, op, dtype, new("int32_t[]", src), n, arg, tag, meta)
       except (OverflowError, TypeError) as e:
@@ -135,12 +150,12 @@ class CCore:
       return r
 
     def incref(nid: int) -> None:
-      try: r = c_incref(st, nid)
+      try: r = c_incref1(nid)
       except (OverflowError, TypeError): r = -2
       if r: _raise(r, "incref", nid)
 
     def decref(nid: int) -> None:
-      try: r = c_decref(st, nid)
+      try: r = c_decref1(nid)
       except (OverflowError, TypeError): r = -2
       if r: _raise(r, "decref", nid)
 
@@ -162,16 +177,21 @@ class CCore:
     self.release, self.flush = deferred(decref_many)
     # fixed-arity makes for the math methods' hot path: the raw C result, a negative code on error (the caller then
     # repeats the call through make, which raises the matching exception)
-    self.make1 = functools.partial(make1, st)
-    self.make2 = functools.partial(make2, st)
-    self.make2k = functools.partial(lib.pg_store_make2k, st)
+    self.make1, self.make2, self.make2k = f1, f2, f2k
     # template programs over one or two inputs (the math methods' hot path, pygrad/templates.py): the new node's id
     # with one reference for the caller, or a negative code (the caller then builds the nodes directly)
     self.prog_run1 = functools.partial(lib.pg_prog_run1, st)
     self.prog_run2 = functools.partial(lib.pg_prog_run2, st)
 
+  _info = None  # the fast builtin, when there is one (set per instance)
+
   def info(self, nid: int) -> tuple[int, int, int, int, int, int, int]:
     """(op, dtype, nsrc, arg, tag, meta, pdata) of a node."""
+    if self._info is not None:
+      try: r = self._info(nid)
+      except (OverflowError, TypeError): r = lib.PG_ERR_BADID
+      if type(r) is tuple: return r
+      _raise(r, "info", nid)
     o = ffi.new("pg_info *")
     r = self._call(lib.pg_store_info, nid, o)
     if r: _raise(r, "info", nid)

@@ -3,6 +3,7 @@ reached through CCore (ccore.py), the id tables through `read_tables` (checked b
 interpreter, which needs only the compiled module, through these same `ffi` and `lib` (pygrad/engine/vmlib.py).
 Importing this module raises ImportError when the compiled module is not built."""
 from __future__ import annotations
+from .. import _core as module
 from .._core import ffi, lib
 
 TABLES = ("ops", "dtypes", "vm_kinds", "vm_redops", "consts", "tpl_rule_inputs", "tpl_acc_inputs")  # csrc/tables.h
