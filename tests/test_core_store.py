@@ -402,3 +402,48 @@ def test_decref_many_checks_ids():
   with pytest.raises(ValueError, match="not a live node id"):
     core.decref_many([2 ** 40])
   assert core.live() == 0
+
+
+@needs_c
+def test_fixed_arity_calls_match_make():
+  """make1/make2/make2k (the math methods' calls: CPython builtins that keep the GIL) give make's ids and codes,
+  and refuse arguments that are no int32 as the cffi calls do."""
+  c = CCore()
+  c.arg_register(1)
+  a, b = c.make(LEAF, 1, (), 0, 0, 0), c.make(LEAF, 2, (), 0, 0, 0)
+  u = c.make1(ADD, 1, a, 0, 0, 5)
+  assert u == c.make(ADD, 1, (a,), 0, 0, 5) and c.info(u) == (ADD, 1, 1, 0, 0, 5, 0)
+  v = c.make2(MUL, 1, a, b, 0, 0, 3)
+  assert v == c.make(MUL, 1, (a, b), 0, 0, 3) and c.src(v) == (a, b)
+  k = c.make2k(MUL, 1, a, 1, 1, 0, 1, 3)  # MUL(CONST(arg 1), a): the constant is made and held by the node only
+  const = c.src(k)[0]
+  assert c.src(k) == (const, a) and c.info(const)[:4] == (LEAF, 1, 0, 1) and c.make(LEAF, 1, (), 1, 0, 0) == const
+  assert c.make1(ADD, 1, 10**6, 0, 0, 0) == -2 and c.make2(ADD, 1, a, -1, 0, 0, 0) == -2  # codes, as cffi's
+  assert c.make1(ADD, 1, a, 7, 0, 0) == -4  # an unregistered arg id
+  for bad in (2**31, -2**31 - 1, 2**70):
+    with pytest.raises(OverflowError): c.make1(ADD, 1, bad, 0, 0, 0)
+    with pytest.raises(OverflowError): c.make2k(MUL, 1, a, 1, 1, 0, 0, bad)
+  with pytest.raises(TypeError): c.make2(ADD, 1, a, 1.0, 0, 0, 0)
+  with pytest.raises(TypeError): c.make1(ADD, 1, a, 0, 0)  # one argument short
+  with pytest.raises(TypeError): c.make1(ADD, 1, "a", 0, 0, 0)
+  for n in (u, u, v, v, k, const): c.decref(n)
+  assert c.live() == 2
+
+
+@needs_c
+def test_fixed_arity_calls_wait_for_a_walk():
+  """A make issued while another thread holds the store (a long walk) waits for it and is then correct."""
+  c = CCore()
+  root = chain(c, 300_000)
+  leaf = c.toposort([root])[0]
+
+  def body(i):
+    if i == 0:
+      for _ in range(5): assert len(c.toposort([root])) == 300_000
+    else:
+      for _ in range(20000):
+        n = c.make1(MUL, 1, leaf, 0, 0, 0)
+        assert n >= 0 and c.info(n)[0] == MUL
+        c.decref(n)
+  run_on_threads(body, 3)
+  assert c.live() == 300_000
