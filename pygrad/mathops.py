@@ -223,7 +223,10 @@ def _float_divmod(a, b):
   if exact is not None:
     qa, ra = _approx_divmod(a, b)
     div, mod = exact.where(div, qa), exact.where(mod, ra)
-  return div.cast(dt), mod.cast(dt)
+  # a // b passes no gradient, as floor's is 0 (torch's floor_divide has none): its graph holds a / b (the b == 0
+  # branch) and the approximate quotient, whose own gradients are 0 only by selection, so a NaN gradient arriving
+  # (d/de of b ** e at b < 0) became NaN at order 2 (0 * NaN) where torch's is 0
+  return _no_grad(div.cast(dt)), mod.cast(dt)
 
 
 def _float_floordiv(a, b): return _float_divmod(a, b)[0]

@@ -263,3 +263,30 @@ def test_maximum_against_nan_passes_the_gradient_to_both(engine):
   for xv, yv, want in ((1.0, np.nan, [1.0, 1.0]), (1.0, 2.0, [0.0, 1.0]), (3.0, 3.0, [0.5, 0.5])):
     got = _ev([gx, gy], {x: np.array(xv), y: np.array(yv)}, engine)
     assert [float(g) for g in got] == want
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("v", [[0.0, 0.0, 1e200, 1e200, 3.0], [1e200, 1e200, 0.0, 5.0],
+                               [1e200, 1e200, 0.0, 5.0, 0.0]])
+def test_prod_gradient_is_the_others_product_where_partial_products_overflow(v, engine):
+  # the prefix and suffix products overflowed to inf where a zero made another 0: inf * 0 gave NaN where the product
+  # of the others is exactly 0 (and inf where it overflows: the entry whose others hold no zero)
+  x = UOp.placeholder((len(v),), F64, name="x")
+  (g,) = x.prod().gradient(x)
+  want = [float(np.prod(np.array(v[:i] + v[i + 1:]), dtype=np.float64)) if 0.0 not in v[:i] + v[i + 1:] else 0.0
+          for i in range(len(v))]
+  with np.errstate(all="ignore"): got = _ev([g], {x: np.array(v)}, engine)[0]
+  np.testing.assert_array_equal(got, np.array(want))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_floor_division_passes_no_gradient_even_where_a_user_gradient_is_nan(engine):
+  # b ** e's d/de is ret * log(b), NaN at b < 0; with e = x // x it reached the a / b branch of `//` (selected out at
+  # b != 0, so 0 at order 1) and at order 2 gave 0 * NaN: torch's (and the true) second derivative of x ** 1 is 0
+  x = UOp.placeholder((), F64, name="x")
+  (g1,) = (x ** (x // x)).gradient(x)
+  (g2,) = g1.gradient(x)
+  with np.errstate(all="ignore"): got = _ev([g1, g2], {x: np.float64(-1.89)}, engine)
+  assert float(got[0]) == 1.0 and float(got[1]) == 0.0
+  (gd,) = ((x * 3.0) // 2.0).sum().gradient(x)
+  assert float(_ev([gd], {x: np.float64(1.7)}, engine)[0]) == 0.0

@@ -65,7 +65,16 @@ def _others_product(x: UOp, axes) -> UOp:
   perm = keep + red
   y = x.permute(perm).reshape(tuple(x.shape[i] for i in keep) + (n,))
   last = y.ndim - 1
-  others = _exclusive_cumprod(y) * _exclusive_cumprod(y.flip(last)).flip(last)
+
+  def excl(v): return _exclusive_cumprod(v) * _exclusive_cumprod(v.flip(last)).flip(last)
+  # the zero entries' product (0 or 1, exact) times the others' (which may overflow): one chain of both overflowed to
+  # inf where a zero made another product 0, and inf * 0 is NaN where the product of the others is 0 (torch's
+  # gradient). Each factor is a product of the entries themselves, so the result differentiates again exactly.
+  zero = y.eq(0)
+  zs, ns = excl(zero.where(y, 1)), excl(zero.where(1, y))
+  # 0 * inf: 0, with the operands replaced by 1 there so that the gradient (0) arriving there stays 0, not 0 * inf
+  lost = zs.eq(0) & (ns.eq(math.inf) | ns.eq(-math.inf))
+  others = lost.where(0, zs * lost.where(1, ns))
   return others.reshape(tuple(x.shape[i] for i in perm)).permute(_argsort(perm))
 
 
