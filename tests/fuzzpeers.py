@@ -216,7 +216,8 @@ class Fuzz:
       # -2**31, ...] sums to 0.1 exactly, to -0.0167 here and in numpy (sequential), to 0.217 in torch (pairwise)
       with np.errstate(all="ignore"):
         mag = np.abs(_np(a.t).astype(np.float64))
-        n.scale = getattr(mag, name)(axis=axes, keepdims=keep) if mag.ndim else mag
+        count = max(1, math.prod(mag.shape[i] for i in (axes if axes is not None else range(mag.ndim))))
+        n.scale = (mag.sum(axis=axes, keepdims=keep) if mag.ndim else mag) / (count if name == "mean" else 1)
     return n
 
   @staticmethod
@@ -393,7 +394,7 @@ GRAD_TOL = 1e-6  # float64 gradients, relative to the larger of |torch's| and it
 def _grad_close(g, w) -> str | None:
   ok = np.isfinite(w)
   scale = np.abs(w[ok]).max(initial=1.0)
-  bad = ok & ~(np.abs(g - w) <= GRAD_TOL * (np.abs(w) + scale))
+  with np.errstate(invalid="ignore"): bad = ok & ~(np.abs(g - w) <= GRAD_TOL * (np.abs(w) + scale))  # inf - inf
   if not bad.any(): return None
   i = tuple(np.argwhere(bad)[0])
   return f"at {i}: {g[i]!r} vs torch {w[i]!r}"
