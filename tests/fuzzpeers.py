@@ -11,8 +11,9 @@ truncated where numpy, torch and tinygrad floor). Calls whose peers disagree by 
 semantics": the sign of a max of zeros, int division by zero, out-of-range float -> int casts, shifts, int POW,
 torch's double rounding into float16/bfloat16) are not made or not compared.
 
-`python tests/fuzzpeers.py [--grad] [n_seeds] [first_seed] [steps]` runs seeds and prints each discrepancy (nice it: it
-is long); --grad compares gradients of orders 1 and 2 with torch.autograd's instead (grad_run)."""
+`python tests/fuzzpeers.py [--grad | --grad32] [n_seeds] [first_seed] [steps]` runs seeds and prints each discrepancy
+(nice it: it is long); --grad compares gradients of orders 1 and 2 with torch.autograd's instead (grad_run, float64
+graphs), --grad32 those of float32 graphs."""
 from __future__ import annotations
 import math, sys
 import numpy as np
@@ -28,7 +29,7 @@ DTS = [dtypes.bool, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtype
        dtypes.bfloat16, dtypes.float32, dtypes.float64, dtypes.uint16, dtypes.uint32, dtypes.uint64]
 NO_TORCH = (dtypes.uint16, dtypes.uint32, dtypes.uint64)  # torch's support of these is partial: engines only
 TOL = {dtypes.float16: 2e-2, dtypes.bfloat16: 5e-2, dtypes.float32: 2e-4, dtypes.float64: 1e-9}
-GRAD_DTS = [dtypes.float64, dtypes.float64, dtypes.float64, dtypes.int32, dtypes.bool]  # grad_run's inputs and casts
+GRAD_DTS = [None, None, None, dtypes.int32, dtypes.bool]  # grad_run's inputs and casts (None: the float dtype)
 UN_F = ["neg", "abs", "relu", "sqrt", "sin", "cos", "exp", "log", "exp2", "log2", "reciprocal", "trunc", "sigmoid",
         "tanh", "sign", "floor", "square"]
 UN_I = ["neg", "abs", "sign", "square"]
@@ -37,8 +38,12 @@ BIN_F = ["truediv", "pow", "floordiv", "mod"]
 BIN_I = ["floordiv", "mod", "and", "or", "xor", "lshift", "rshift", "pow"]
 
 
+_WIDE = [False]  # grad_run in float32: the twin that judges it runs every float32 op in float64
+_MOVE = [0]  # grad_run in float32: torch's float32 inputs moved 2k ulps up (its rounding noise at this point)
+
+
 def _torch_dtype(dt):
-  return getattr(torch, dt.name)
+  return torch.float64 if _WIDE[0] and dt is dtypes.float32 else getattr(torch, dt.name)
 
 
 def _tensor(v, dt):
@@ -77,19 +82,20 @@ def _shape(rng):
 
 class Fuzz:
   """One seed's graph: inputs, then steps that each call one method on pool nodes (and the same on torch). With
-  `grad`, the inputs are mostly float64 (torch's leaves require grad), their values are ordinary (no zeros, ties or
-  non-finite values to start from) and casts go to float64, int32 or bool only (see grad_run)."""
-  def __init__(self, seed: int, steps: int = 12, grad: bool = False):
+  `grad` (float64 or float32), the inputs are mostly of that dtype (torch's leaves require grad), their values are
+  ordinary (no zeros, ties or non-finite values to start from) and casts go to it, int32 or bool (see grad_run)."""
+  def __init__(self, seed: int, steps: int = 12, grad=None):
     self.rng = np.random.default_rng(seed)
     self.inputs, self.pool, self.grad = {}, [], grad
     for i in range(int(self.rng.integers(1, 4))):
-      dt = DTS[int(self.rng.integers(len(DTS)))] if not grad else GRAD_DTS[int(self.rng.integers(len(GRAD_DTS)))]
+      dt = DTS[int(self.rng.integers(len(DTS)))] if not grad else GRAD_DTS[int(self.rng.integers(len(GRAD_DTS)))] or grad
       sh = _shape(self.rng)
       u = UOp.placeholder(sh, dt, name=f"in{i}")
-      v = _values(self.rng, sh, dt, grad)
+      v = _values(self.rng, sh, dt, bool(grad))
       self.inputs[u] = v
-      t = _tensor(v, dt) if torch and dt not in NO_TORCH else None
-      if t is not None and grad and dt is dtypes.float64: t.requires_grad_(True)
+      t = _tensor(v * (1 + _MOVE[0] * 2.0 ** -22) if dt is grad and _MOVE[0] else v, dt) \
+        if torch and dt not in NO_TORCH else None
+      if t is not None and dt is grad: t.requires_grad_(True)
       self.pool.append(Node(u, t))
     self.calls = []
     for _ in range(steps):
@@ -137,7 +143,7 @@ class Fuzz:
     name = str(r.choice(names))
     b = self.pick(lambda n: n.u.dtype is a.u.dtype and (n.u.shape == a.u.shape or n.u.shape == ()))
     if b is None or r.random() < 0.25:
-      v = _values(r, (), a.u.dtype, self.grad).item()
+      v = _values(r, (), a.u.dtype, bool(self.grad)).item()
       b = Node(UOp.const(v, a.u.dtype), _tensor(np.asarray(v, np.float32 if a.u.dtype is dtypes.bfloat16
                                                             else a.u.dtype.np), a.u.dtype) if torch else None)
     self._srcs.append(b)
@@ -170,7 +176,7 @@ class Fuzz:
     return self._twin(u, t, name)
 
   def _cast(self, a, r):
-    dt = DTS[int(r.integers(len(DTS)))] if not self.grad else GRAD_DTS[int(r.integers(len(GRAD_DTS)))]
+    dt = DTS[int(r.integers(len(DTS)))] if not self.grad else GRAD_DTS[int(r.integers(len(GRAD_DTS)))] or self.grad
     if r.random() < 0.2 and a.u.dtype is not dtypes.bool and not self.grad:  # a bitcast to a type of the same size: engines only
       same = [d for d in DTS if d.itemsize == a.u.dtype.itemsize and d is not dtypes.bool]
       d = same[int(r.integers(len(same)))]
@@ -231,7 +237,7 @@ class Fuzz:
     elif name == "prod": t = _prod(x, dims, keep)
     elif name == "max": t = x.amax(dim=dims, keepdim=keep) if nd else x
     else: t = x.amin(dim=dims, keepdim=keep) if nd else x
-    if name == "mean" and au.dtype is dtypes.float64: t = x0.mean(dim=dims, keepdim=keep) if nd else x0
+    if name == "mean" and x0.dtype is torch.float64: t = x0.mean(dim=dims, keepdim=keep) if nd else x0
     return t.to(_torch_dtype(u.dtype)) if u.dtype is not dtypes.uint32 else None  # torch's uint32 is partial
 
   def _movement(self, a, r):
@@ -400,35 +406,80 @@ def _grad_close(g, w) -> str | None:
   return f"at {i}: {g[i]!r} vs torch {w[i]!r}"
 
 
-def grad_run(seed: int, steps: int = 12) -> list[str]:
+def _twins(fz, dt):
+  """(fz, the `dt` inputs with a torch twin, the `dt` nodes whose twin requires grad): grad_run's targets and loss."""
+  return fz, [n for n in fz.pool[:len(fz.inputs)] if n.u.dtype is dt and n.t is not None], \
+    [n for n in fz.pool[len(fz.inputs):] if n.u.dtype is dt and n.t is not None and n.t.requires_grad]
+
+
+def _torch_grads(fz, xs, outs, ws, vs, wv):
+  """torch.autograd's gradients of orders 1 and 2 of grad_run's loss (its weights in the twin's dtype)."""
+  leaves = [x.t for x in xs]
+  def w(k): return torch.from_numpy(wv[k]).to(leaves[0].dtype)
+  tloss = sum(((n.t * w(k)).sum() for n, k in zip(outs, ws)))
+  t1 = torch.autograd.grad(tloss, leaves, create_graph=True, allow_unused=True)
+  tl2 = [(g * w(k)).sum() for g, k in zip(t1, vs) if g is not None and g.requires_grad]
+  t2 = torch.autograd.grad(sum(tl2), leaves, allow_unused=True) if tl2 else [None] * len(leaves)
+  return [np.zeros(x.u.shape) if t is None else t.detach().numpy(force=True).astype(np.float64)
+          for t, x in zip(list(t1) + list(t2), xs + xs)]
+
+
+def _judged(g, w64, w32s, mine) -> str | None:
+  """float32: pygrad's gradient within GRAD_SLACK32 times the rounding noise at this element, plus GRAD_TOL32
+  relative, where the float64 gradient is finite. The noise is the larger of torch float32's error (against the graph
+  run in float64) and of how much pygrad's own value moves, over runs at the inputs moved 0, 2, 4 and 6 ulps: a
+  gradient of x / x at a small x is rounding noise ~eps / x**2, which either float32 computation may cancel to 0."""
+  ok = np.isfinite(w64)
+  scale = np.abs(w64[ok]).max(initial=1.0)
+  with np.errstate(invalid="ignore"):
+    noise = np.zeros(w64.shape)
+    for w32 in w32s: noise = np.fmax(noise, np.where(np.isfinite(w32), np.abs(w32 - w64), np.inf))
+    for m in mine[1:]: noise = np.fmax(noise, np.abs(np.asarray(m, np.float64) - mine[0]))
+    bad = ok & ~(np.abs(g - w64) <= GRAD_SLACK32 * noise + GRAD_TOL32 * (np.abs(w64) + scale))
+  if not bad.any(): return None
+  i = tuple(np.argwhere(bad)[0])
+  return f"at {i}: {g[i]!r} vs torch float64 {w64[i]!r} (float32 {w32s[0][i]!r}, its error up to {noise[i]:.3g})"
+
+
+GRAD_SLACK32, GRAD_TOL32 = 16.0, 1e-4  # (test_fuzz_grad: 2e-3; x / x at order 2 differs by an ulp of 1 / x**2)
+
+
+def grad_run(seed: int, steps: int = 12, dt=dtypes.float64) -> list[str]:
   """The gradient discrepancies of one seed (SPEC 4: gradients agree with torch.autograd's wherever torch's are
-  finite). A graph of method calls over float64 inputs (Fuzz with grad=True); the loss is the sum of every float64
-  node with a torch twin times random weights; its gradients of orders 1 and 2 with respect to the float64 inputs
-  are evaluated on the numpy engine and the VM at 1 and 3 threads, and compared with torch.autograd.grad's, where
-  torch's forward values agree with pygrad's (else the functions differ: the forward fuzzer's finding, not this)."""
-  fz = Fuzz(seed, steps, grad=True)
+  finite). A graph of method calls over inputs of the float dtype `dt` (Fuzz with grad=dt); the loss is the sum of
+  every `dt` node with a torch twin times random weights; its gradients of orders 1 and 2 with respect to the `dt`
+  inputs are evaluated on the numpy engine and the VM at 1 and 3 threads, and compared with torch.autograd.grad's
+  where torch's forward values agree with pygrad's (else the functions differ: the forward fuzzer's finding, not
+  this). float64: within GRAD_TOL. float32: against torch's gradients of the same graph run in float64, within
+  GRAD_SLACK32 times torch float32's own error there (_judged): two float32 computations differ by their roundings,
+  which the graph may magnify."""
+  fz, xs, outs = _twins(Fuzz(seed, steps, grad=dt), dt)
   bad = [f"seed {seed}: {c}" for c in fz.calls if "raised" in c]
   nodes = fz.pool[len(fz.inputs):]
-  xs = [n for n in fz.pool[:len(fz.inputs)] if n.u.dtype is dtypes.float64 and n.t is not None]
-  outs = [n for n in nodes if n.u.dtype is dtypes.float64 and n.t is not None and n.t.requires_grad]
   if torch is None or not xs or not outs or bad: return bad
   ref = _evaluate([n.u for n in nodes], fz.inputs, "numpy", 1)
   if not _forward_agrees(fz, ref): return []
   # where a forward value is NaN or inf, torch's gradients of order 2 may be finite where its order 1 is not (its
   # double backward treats floor(a / b) of `%` as a constant): those points are the corner tests' (as test_fuzz_grad)
-  if not all(np.isfinite(v).all() for n, v in zip(nodes, ref) if n.u.dtype is dtypes.float64): return []
+  if not all(np.isfinite(v).all() for n, v in zip(nodes, ref) if n.u.dtype is dt): return []
   # an empty node: a scalar broadcast over it gets an empty sum (0) times its own local derivative, NaN where that is
   # infinite (d/db of sum(a / b) at b = 0, a empty: -0 * inf), where torch computes on the broadcast shape, empty, and
   # gets 0. A documented difference (README, Defined semantics), not compared
   if any(0 in n.u.shape for n in nodes): return []
+  wide = None
+  if dt is not dtypes.float64:  # the same calls, torch's twin in float64 (pygrad's graph is the same, hash-consed)
+    _WIDE[0] = True
+    try: fzw = Fuzz(seed, steps, grad=dt)
+    finally: _WIDE[0] = False
+    if not _forward_agrees(fzw, ref): return []  # a comparison or floor that float32 rounding moves
+    wide = fzw
   rng = np.random.default_rng(seed + (1 << 40))
-  f64 = dtypes.float64
-  ws = [UOp.placeholder(n.u.shape, f64, name=f"w{i}") for i, n in enumerate(outs)]
-  vs = [UOp.placeholder(x.u.shape, f64, name=f"v{i}") for i, x in enumerate(xs)]
-  wv = {w: rng.standard_normal(w.shape) for w in ws + vs}
-  loss = sum(((n.u * w).sum() for n, w in zip(outs, ws)), UOp.const(0.0, f64))
+  ws = [UOp.placeholder(n.u.shape, dt, name=f"w{i}") for i, n in enumerate(outs)]
+  vs = [UOp.placeholder(x.u.shape, dt, name=f"v{i}") for i, x in enumerate(xs)]
+  wv = {w: rng.standard_normal(w.shape).astype(dt.np) for w in ws + vs}
+  loss = sum(((n.u * w).sum() for n, w in zip(outs, ws)), UOp.const(0.0, dt))
   g1 = loss.gradient(*[x.u for x in xs])
-  loss2 = sum(((g * v).sum() for g, v in zip(g1, vs)), UOp.const(0.0, f64))
+  loss2 = sum(((g * v).sum() for g, v in zip(g1, vs)), UOp.const(0.0, dt))
   g2 = loss2.gradient(*[x.u for x in xs])
   vals = {**fz.inputs, **wv}
   got = {}
@@ -437,29 +488,36 @@ def grad_run(seed: int, steps: int = 12) -> list[str]:
     try: got[(eng, th)] = _evaluate(g1 + g2, vals, eng, th)
     except Exception as e:  # noqa: BLE001 -- a gradient that does not run is a finding
       return [f"seed {seed}: gradient on {eng}@{th} raised {type(e).__name__}: {e}", f"  calls: {fz.calls}"]
-  leaves = [x.t for x in xs]
-  tloss = sum(((n.t * torch.from_numpy(wv[w])).sum() for n, w in zip(outs, ws)))
-  t1 = torch.autograd.grad(tloss, leaves, create_graph=True, allow_unused=True)
-  tl2 = [(g * torch.from_numpy(wv[v])).sum() for g, v in zip(t1, vs) if g is not None and g.requires_grad]
-  t2 = torch.autograd.grad(sum(tl2), leaves, allow_unused=True) if tl2 else [None] * len(leaves)
-  want = [np.zeros(x.u.shape) if t is None else t.detach().numpy(force=True) for t, x in zip(list(t1) + list(t2), xs + xs)]
+  want = _torch_grads(fz, xs, outs, ws, vs, wv)
+  if wide is not None:
+    want64, runs, mine = _torch_grads(*_twins(wide, dt), ws, vs, wv), [want], [got[("numpy", 1)]]
+    for k in (1, 2, 3):
+      _MOVE[0] = k
+      try: moved = Fuzz(seed, steps, grad=dt)
+      finally: _MOVE[0] = 0
+      runs.append(_torch_grads(*_twins(moved, dt), ws, vs, wv))
+      mv = {x.u: (fz.inputs[x.u] * (1 + k * 2.0 ** -22)).astype(dt.np) for x in xs}
+      mine.append(_evaluate(g1 + g2, {**vals, **mv}, "numpy", 1))
   for key, vals_ in got.items():
     for k, (g, w) in enumerate(zip(vals_, want)):
       order, x = 1 + k // len(xs), xs[k % len(xs)]
-      why = _grad_close(np.asarray(g, np.float64), w)
-      if why: bad.append(f"seed {seed} order {order} d/d{x.u.arg[3] if x.u.arg else k} on {key}: {why}")
+      g = np.asarray(g, np.float64)
+      why = _grad_close(g, w) if wide is None else _judged(g, want64[k], [r[k] for r in runs],
+                                                            [np.asarray(m[k], np.float64) for m in mine])
+      if why: bad.append(f"seed {seed} order {order} d/d{x.u.arg[3] if x.u.arg else k} ({dt.name}) on {key}: {why}")
   return bad + ([f"  calls: {fz.calls}"] if bad else [])
 
 
 if __name__ == "__main__":
-  grad = "--grad" in sys.argv
-  argv = [a for a in sys.argv if a != "--grad"]
+  grad = "--grad" in sys.argv or "--grad32" in sys.argv
+  gdt = dtypes.float32 if "--grad32" in sys.argv else dtypes.float64
+  argv = [a for a in sys.argv if a not in ("--grad", "--grad32")]
   n = int(argv[1]) if len(argv) > 1 else 1000
   first = int(argv[2]) if len(argv) > 2 else 0
   steps = int(argv[3]) if len(argv) > 3 else 12
   found = 0
   for s in range(first, first + n):
-    out = (grad_run if grad else run)(s, steps)
+    out = grad_run(s, steps, gdt) if grad else run(s, steps)
     if out:
       found += 1
       print("\n".join(out), flush=True)
