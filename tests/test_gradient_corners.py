@@ -273,9 +273,10 @@ def test_prod_gradient_is_the_others_product_where_partial_products_overflow(v, 
   # of the others is exactly 0 (and inf where it overflows: the entry whose others hold no zero)
   x = UOp.placeholder((len(v),), F64, name="x")
   (g,) = x.prod().gradient(x)
-  want = [float(np.prod(np.array(v[:i] + v[i + 1:]), dtype=np.float64)) if 0.0 not in v[:i] + v[i + 1:] else 0.0
-          for i in range(len(v))]
-  with np.errstate(all="ignore"): got = _ev([g], {x: np.array(v)}, engine)[0]
+  with np.errstate(all="ignore"):  # (the products overflow: inf is the value)
+    want = [float(np.prod(np.array(v[:i] + v[i + 1:]), dtype=np.float64)) if 0.0 not in v[:i] + v[i + 1:] else 0.0
+            for i in range(len(v))]
+    got = _ev([g], {x: np.array(v)}, engine)[0]
   np.testing.assert_array_equal(got, np.array(want))
 
 
