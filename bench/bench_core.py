@@ -145,9 +145,11 @@ def calls_worker(n: int) -> dict:
   def one(x, y): return x
   def method(x): return one(x, b)
   r["stage: a Python call level (a function calling a function)"] = _per_call(method, lambda _: range(n)) - r["loop"]
-  new_style = "_op" in UOp.__slots__
+  hnew = getattr(U, "_hnew", None)  # the handle constructor (one C call on the C core), where the tree has one
+  new_style = "_op" in getattr(UOp, "__slots__", ())
 
   def obj(nid):
+    if hnew is not None: return hnew(nid, add, f32, None, None, (4, 3), "CPU", meta)
     o = object.__new__(UOp)
     if new_style:
       o._id, o._op, o._dtype, o._arg, o._tag, o._shape, o._device, o._src, o._m = \

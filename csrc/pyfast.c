@@ -5,23 +5,16 @@
    cffi call without the GIL), and when another thread holds it they wait with the GIL released, so a long walk never
    stalls the interpreter. They return what the cffi functions return (an id, or a negative PG_ERR_* code); an
    argument that is no int32 raises OverflowError or TypeError, as cffi does. pg_py_bind publishes them. */
-#include <pyconfig.h>
-/* the stable ABI of CPython 3.10 (METH_FASTCALL is in it), as cffi builds the rest of the module, except on builds
-   that have no stable ABI */
-#if !defined(Py_LIMITED_API) && !defined(Py_DEBUG) && !defined(Py_TRACE_REFS) && !defined(Py_REF_DEBUG) && \
-    !defined(Py_GIL_DISABLED)
-#define Py_LIMITED_API 0x030A0000
-#endif
-#include <Python.h>
+#include "pyapi.h"
 #include "store_impl.h"
 
 #define CAPSULE "pygrad.store"
 
-/* the store a builtin is bound to (its self: a capsule holding one user of the store) */
-static pg_store *store_of(PyObject *self) { return (pg_store *)PyCapsule_GetPointer(self, CAPSULE); }
+pg_store *pg_py_store_of(PyObject *cap) { return (pg_store *)PyCapsule_GetPointer(cap, CAPSULE); }
+#define store_of pg_py_store_of
+#define lock_take pg_py_lock_take
 
-/* take the store's lock, releasing the GIL only while another thread holds it */
-static void lock_take(pg_store *st) {
+void pg_py_lock_take(pg_store *st) {
   if (pg_lock_try(&st->lock)) return;
   Py_BEGIN_ALLOW_THREADS
   pg_lock_take(&st->lock);
@@ -170,9 +163,10 @@ static PyObject *bind(pg_store *st) {
     pg_store_release(st);
     return NULL;
   }
-  t = PyTuple_New(NFAST);
-  for (i = 0; t && i < NFAST; i++) {
-    PyObject *f = PyCFunction_NewEx(&fast_defs[i], cap, NULL);
+  t = PyTuple_New(NFAST + 3);
+  for (i = 0; t && i < NFAST + 3; i++) {
+    PyObject *f = i < NFAST ? PyCFunction_NewEx(&fast_defs[i], cap, NULL) : i == NFAST ? pg_py_handle_type() :
+                  i == NFAST + 1 ? pg_py_handle_ctor_maker() : PyCFunction_NewEx(&pg_py_makers_def, cap, NULL);
     if (!f) Py_CLEAR(t);
     else PyTuple_SetItem(t, i, f);  /* steals f */
   }
@@ -181,7 +175,7 @@ static PyObject *bind(pg_store *st) {
 }
 
 /* Set attribute `name` of the (imported) module `module` to the tuple of the store's builtins, in fast_defs' order
-   (make0, make1, make2, make2k, incref, decref, info). Called through cffi, so without the GIL: it takes it. 0 on
+   (make0, make1, make2, make2k, incref, decref, info), then the handle type, ctor and makers (pyhandle.c, pymake.c). Called through cffi, so without the GIL: it takes it. 0 on
    success, PG_ERR_ARG for a NULL argument, PG_ERR_NOMEM if Python failed (its exception is cleared). */
 int pg_py_bind(pg_store *st, const char *module, const char *name) {
   PyGILState_STATE g;

@@ -1,15 +1,16 @@
 """The single-node math methods (`a + b`, `a * 2.0`, `a.sin()`), one closure per op, made for UOp by
-mathops._bind. They are the inner loop of every graph build: each closure has its op's tables bound and does the
-core call and the new handle's publication (uop._wrap's fresh-node branch) inline, since every Python call level
-saved is ~50-90 ns, a tenth of the method (bench/bench_core.py's stage breakdown). Anything off the fast path --
-another dtype or shape, a node that already has a handle, an error code -- goes through uop._wrap, alu1/alu2/alu2k
-and the generic inference, which raise the precise errors."""
+mathops._bind. They are the inner loop of every graph build: each closure has its op's tables bound, checks its
+operands and makes the node, its handle and the handle's publication in one call (uop._mk_unary, _mk_binary,
+_mk_binaryk: csrc/pymake.c on the C core), since every Python step saved is a tenth of the method
+(bench/bench_core.py's stage breakdown). Anything off the fast path -- another dtype or shape, a node that already
+has a handle, an error code -- goes through uop._wrap, alu1/alu2/alu2k and the generic inference, which raise the
+precise errors."""
 from __future__ import annotations
 from .ops import Ops
 from .intern import ARGS
 from . import uop as _u
-from .uop import UOp, alu1, alu2, alu2k, _attach_current, _claim, _handles, _new_handle, _on_dead, _Ref, _register, \
-  _wrap, _make1, _make2, _make2k, _args_get, _UNARY_OK, _BINARY_OUT, _NONE, _META0
+from .uop import UOp, alu1, alu2, alu2k, _attach_current, _wrap, _args_get, _UNARY_OK, _BINARY_OUT, _NONE, _META0, \
+  _mk_unary, _mk_binary, _mk_binaryk
 
 
 def unary_method(op: Ops):
@@ -19,18 +20,11 @@ def unary_method(op: Ops):
   def method(self) -> UOp:
     d = self._dtype
     if d in ok:
-      m = self._m
-      nid = _make1(op, d.id, self._id, 0, 0, m)
-      if nid >= 0:
-        if nid in _handles: return _wrap(nid, op, d, None, None, self._shape, self._device, m)
-        o = _new_handle(UOp)
-        o._id, o._op, o._dtype, o._arg, o._tag, o._shape, o._device, o._src, o._m = \
-          nid, op, d, None, None, self._shape, self._device, None, m
-        w = _Ref(o, _on_dead)
-        w.nid = nid
-        if _claim(nid, w) is not w: o = _register(o, w, nid)
-        if _u._md_open: _attach_current(o)
-        return o
+      r = _mk_unary(op, d, d.id, self)
+      if type(r) is UOp:
+        if _u._md_open: _attach_current(r)
+        return r
+      if r >= 0: return _wrap(r, op, d, None, None, self._shape, self._device, self._m)
     return alu1(op, self)
   method.__name__ = method.__qualname__ = op.name.lower()
   return method
@@ -55,35 +49,20 @@ def binary_method(op: Ops, reverse: bool):
           sa, sb = self._shape, x._shape
           if (sa == sb or not sb) and self._device == x._device:
             out, oid = hit
-            m = self._m
-            nid = _make2(op, oid, self._id, x._id, 0, 0, m)
-            if nid >= 0:
-              if nid in _handles: return _wrap(nid, op, out, None, None, sa, self._device, m)
-              o = _new_handle(UOp)
-              o._id, o._op, o._dtype, o._arg, o._tag, o._shape, o._device, o._src, o._m = \
-                nid, op, out, None, None, sa, self._device, None, m
-              w = _Ref(o, _on_dead)
-              w.nid = nid
-              if _claim(nid, w) is not w: o = _register(o, w, nid)
-              if _u._md_open: _attach_current(o)
-              return o
+            r = _mk_binary(op, out, oid, self, x)
+            if type(r) is UOp:
+              if _u._md_open: _attach_current(r)
+              return r
+            if r >= 0: return _wrap(r, op, out, None, None, sa, self._device, self._m)
         r = alu2(op, self, x)
       elif t is float and self._dtype.kind == "f" and self._dtype in outs and not _u._md_open:
         d = self._dtype
         out, oid = outs[d]
-        m = self._m
         aid = _kaids.get(x)
         if aid is None: aid = _scalar_aid(x)
-        nid = _make2k(op, oid, self._id, d.id, aid, _META0, 0, m)
-        if nid >= 0:
-          if nid in _handles: return _wrap(nid, op, out, None, None, self._shape, self._device, m)
-          o = _new_handle(UOp)
-          o._id, o._op, o._dtype, o._arg, o._tag, o._shape, o._device, o._src, o._m = \
-            nid, op, out, None, None, self._shape, self._device, None, m
-          w = _Ref(o, _on_dead)
-          w.nid = nid
-          if _claim(nid, w) is not w: o = _register(o, w, nid)
-          return o
+        r = _mk_binaryk(op, out, oid, self, d.id, aid, _META0, 0)
+        if type(r) is UOp: return r
+        if r >= 0: return _wrap(r, op, out, None, None, self._shape, self._device, self._m)
         _kaids.pop(x, None)  # (the id may be drained: alu2k interns again)
         r = alu2k(op, self, x, 0)
       else: r = alu2k(op, self, x, 0)

@@ -108,9 +108,7 @@ def _wrap(nid: int, op: Ops, dtype: DType, arg, tag, shape, device, meta: int) -
       _core_decref(nid)
       if _md_open: _attach_current(o)
       return o
-  o = _new_handle(UOp)
-  o._id, o._op, o._dtype, o._arg, o._tag, o._shape, o._device, o._src, o._m = \
-    nid, op, dtype, arg, tag, shape, device, None, meta
+  o = _hnew(nid, op, dtype, arg, tag, shape, device, meta)
   w = _Ref(o, _on_dead)
   w.nid = nid
   if _claim(nid, w) is not w: o = _register(o, w, nid)
@@ -242,18 +240,11 @@ def movement(op: Ops, x: UOp, arg) -> UOp:
   ck = (op, x._m, ak)
   hit = _moved.get(ck)
   if hit is not None:
-    try: nid = _make1(op, d.id, x._id, hit[2], 0, hit[1])
-    except ArgGone: nid = _ERR_GONE  # the pure core raises where the C core returns the code
-    if nid >= 0:
-      if nid in _handles: return _wrap(nid, op, d, arg, None, hit[0], x._device, hit[1])
-      o = _new_handle(UOp)  # _wrap's fresh-node branch inline, as in pygrad/fastmethods.py
-      o._id, o._op, o._dtype, o._arg, o._tag, o._shape, o._device, o._src, o._m = \
-        nid, op, d, arg, None, hit[0], x._device, None, hit[1]
-      w = _Ref(o, _on_dead)
-      w.nid = nid
-      if _claim(nid, w) is not w: o = _register(o, w, nid)
-      if _md_open: _attach_current(o)
-      return o
+    nid = _mk_moved(op, d, d.id, x, arg, hit[2], hit[0], hit[1])
+    if type(nid) is UOp:
+      if _md_open: _attach_current(nid)
+      return nid
+    if nid >= 0: return _wrap(nid, op, d, arg, None, hit[0], x._device, hit[1])
     if nid != _ERR_GONE: return UOp(op, None, (x,), arg)
     ARGS.forget(hit[2])  # drained since it was cached: intern it again below
   shape = _SHAPE[op](op, (x,), arg)
@@ -313,10 +304,8 @@ def handle(nid: int) -> UOp:
     if o is not None: return o
   op, dt, _, aid, tid, mid, _ = _core_info(nid)
   _core_incref(nid)
-  o = _new_handle(UOp)
-  o._shape, o._device = _meta_vals[mid]
-  o._id, o._op, o._dtype, o._arg, o._tag, o._src, o._m = \
-    nid, _OPS[op], BY_ID[dt], _args_objs[aid], _args_objs[tid] if tid else None, None, mid
+  shape, device = _meta_vals[mid]
+  o = _hnew(nid, _OPS[op], BY_ID[dt], _args_objs[aid], _args_objs[tid] if tid else None, shape, device, mid)
   w = _Ref(o, _on_dead)
   w.nid = nid
   return o if _claim(nid, w) is w else _register(o, w, nid)
@@ -331,9 +320,8 @@ def adopt(nid: int, op: Ops, dtype: DType, arg, tag, meta: int) -> UOp:
     if o is not None:
       _core_decref(nid)
       return o
-  o = _new_handle(UOp)
-  o._shape, o._device = _meta_vals[meta]
-  o._id, o._op, o._dtype, o._arg, o._tag, o._src, o._m = nid, op, dtype, arg, tag, None, meta
+  shape, device = _meta_vals[meta]
+  o = _hnew(nid, op, dtype, arg, tag, shape, device, meta)
   w = _Ref(o, _on_dead)
   w.nid = nid
   return o if _claim(nid, w) is w else _register(o, w, nid)
@@ -397,9 +385,14 @@ class Walk:
     return self._ids
 
 
-class UOp(MathMixin):
-  """A node: `UOp(op, dtype=None, src=(), arg=None, tag=None)` returns *the* node with those fields."""
+class _Fields:
+  """A handle's fields on the pure core; the C core's handles keep them in C (its Handle type, csrc/pyhandle.c)."""
   __slots__ = ("_id", "_op", "_dtype", "_arg", "_tag", "_shape", "_device", "_src", "_m", "__weakref__")
+
+
+class UOp(CORE.handle_base or _Fields, MathMixin):  # type: ignore[misc]
+  """A node: `UOp(op, dtype=None, src=(), arg=None, tag=None)` returns *the* node with those fields."""
+  __slots__ = ()
 
   def __new__(cls, op: Ops, dtype: DType | None = None, src: tuple = (), arg: Any = None, tag: Any = None) -> UOp:
     if type(op) is not Ops:
@@ -574,6 +567,52 @@ class UOp(MathMixin):
     return _gradient(self, targets, gradient)
 
 
+def _py_hnew(nid: int, op: Ops, dtype: DType, arg, tag, shape: tuple, device, meta: int) -> UOp:
+  """A new handle with these fields and _src None (not yet published in the registry)."""
+  o = _new_handle(UOp)
+  o._id, o._op, o._dtype, o._arg, o._tag, o._shape, o._device, o._src, o._m = \
+    nid, op, dtype, arg, tag, shape, device, None, meta
+  return o
+
+
+def _publish(nid: int, op: Ops, dtype: DType, arg, shape: tuple, device, meta: int):
+  """The new handle of node nid, published, taking over the caller's new reference; nid itself if the registry
+  has an entry for it (the caller finishes with _wrap), or a negative code as it is."""
+  if nid < 0 or nid in _handles: return nid
+  o = _hnew(nid, op, dtype, arg, None, shape, device, meta)
+  w = _Ref(o, _on_dead)
+  w.nid = nid
+  return o if _claim(nid, w) is w else _register(o, w, nid)
+
+
+def _py_unary(op: Ops, dtype: DType, did: int, x: UOp):
+  return _publish(_make1(op, did, x._id, 0, 0, x._m), op, dtype, None, x._shape, x._device, x._m)
+
+
+def _py_binary(op: Ops, dtype: DType, did: int, a: UOp, b: UOp):
+  return _publish(_make2(op, did, a._id, b._id, 0, 0, a._m), op, dtype, None, a._shape, a._device, a._m)
+
+
+def _py_binaryk(op: Ops, dtype: DType, did: int, a: UOp, kdid: int, karg: int, kmeta: int, reverse: int):
+  return _publish(_make2k(op, did, a._id, kdid, karg, kmeta, reverse, a._m), op, dtype, None, a._shape, a._device,
+                  a._m)
+
+
+def _py_moved(op: Ops, dtype: DType, did: int, x: UOp, arg, aid: int, shape: tuple, meta: int):
+  try: nid = _make1(op, did, x._id, aid, 0, meta)
+  except ArgGone: return _ERR_GONE  # the pure core raises where the C core returns the code
+  return _publish(nid, op, dtype, arg, shape, x._device, meta)
+
+
+# The math methods' fast path in one call each (csrc/pymake.c on the C core): make the node and, if Python has no
+# handle for it, make the handle and publish it (see _publish for what comes back otherwise). The C core also makes
+# any handle in one call (csrc/pyhandle.c): ~200 ns field by field from Python.
+if CORE.makers is None:
+  _hnew = _py_hnew
+  _mk_unary, _mk_binary, _mk_binaryk, _mk_moved = _py_unary, _py_binary, _py_binaryk, _py_moved
+else:
+  _hnew = CORE.handle_ctor(UOp)
+  _mk_unary, _mk_binary, _mk_binaryk, _mk_moved = CORE.makers(UOp, _handles, _Ref, _on_dead)
 _KEEP_DTYPE = frozenset({Ops.CAST, Ops.BITCAST, Ops.CONST, Ops.DEFINE_VAR, Ops.BUFFER, Ops.PARAM})
 
 

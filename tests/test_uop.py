@@ -572,10 +572,34 @@ def test_handle_identity_under_racing_threads():
       del a, b
       c = (x * 2.0).sin()
       assert c is (x * 2.0).sin()
+      d, e = (x + x).exp2(), x.reshape((1, 3))
+      assert d is (x + x).exp2() and e is x.reshape((1, 3)) and d.src[0].src == (x, x) and e.src[0] is x
+      del c, d, e
 
   run_on_threads(work, 4)
   del x
   assert live_after_gc() == base
+
+
+def test_fast_calls_refuse_what_is_no_handle():
+  """The methods' one-call makes (csrc/pymake.c on the C core) and the handle constructor raise TypeError for
+  operands that are not complete handles, and leave the node count as it was."""
+  from pygrad import uop as U
+  x = ph(3)
+  base = live_after_gc()
+  empty = object.__new__(UOp)  # a handle without fields
+  for bad in (1, None, "x", empty):
+    with pytest.raises((TypeError, AttributeError)): U._mk_unary(Ops.SIN, F32, F32.id, bad)
+    with pytest.raises((TypeError, AttributeError)): U._mk_binary(Ops.ADD, F32, F32.id, x, bad)
+    with pytest.raises((TypeError, AttributeError)): U._mk_binary(Ops.ADD, F32, F32.id, bad, x)
+    with pytest.raises((TypeError, AttributeError)): U._mk_binaryk(Ops.MUL, F32, F32.id, bad, F32.id, 0, 0, 0)
+    with pytest.raises((TypeError, AttributeError)): U._mk_moved(Ops.RESHAPE, F32, F32.id, bad, (3,), 0, (3,), 0)
+  with pytest.raises(TypeError): U._mk_binary(Ops.ADD, F32, F32.id, x)
+  if pygrad.core_name() == "c":  # (the pure core keeps whatever ints it is given)
+    with pytest.raises(OverflowError): U._mk_unary(Ops.SIN, F32, 2**40, x)
+  with pytest.raises(AttributeError): empty.sin()
+  del empty
+  assert live_after_gc() == base and x.sin().src[0] is x
 
 
 # ---- handles are read-only ----

@@ -129,7 +129,8 @@ class CCore:
       lib.pg_store_make3, lib.pg_store_make
     c_incref, c_decref, new = lib.pg_store_incref, lib.pg_store_decref, ffi.new
     fast = _fast_calls(p)
-    if fast is not None: f0, f1, f2, f2k, c_incref1, c_decref1, self._info = fast
+    if fast is not None:
+      f0, f1, f2, f2k, c_incref1, c_decref1, self._info, self.handle_base, self.handle_ctor, self.makers = fast
     else:
       f0, f1, f2, f2k = (functools.partial(f, st) for f in (make0, make1, make2, lib.pg_store_make2k))
       c_incref1, c_decref1 = functools.partial(c_incref, st), functools.partial(c_decref, st)
@@ -184,6 +185,9 @@ class CCore:
     self.prog_run2 = functools.partial(lib.pg_prog_run2, st)
 
   _info = None  # the fast builtin, when there is one (set per instance)
+  # the handle base type, its constructor maker and the make-and-publish calls (csrc/pyhandle.c, csrc/pymake.c):
+  # None where the builtins could not be made (uop.py then uses its Python forms)
+  handle_base = handle_ctor = makers = None
 
   def info(self, nid: int) -> tuple[int, int, int, int, int, int, int]:
     """(op, dtype, nsrc, arg, tag, meta, pdata) of a node."""

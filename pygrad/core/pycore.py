@@ -23,6 +23,7 @@ class PyCore:
   slot with the next generation, so the counts stay as many as the ids alive at once, and an id held across its
   drain reads as gone whether or not its slot holds a later id now."""
   name = "python"
+  handle_base = handle_ctor = makers = None  # the C core's handle type and calls (uop.py has Python forms)
   arg_slot_bits = 24  # csrc/tables.h's PG_ARG_SLOT_BITS
 
   def __init__(self):
