@@ -4,6 +4,7 @@ names, and the value-preserving ops (CONTIGUOUS, CONTIGUOUS_BACKWARD, DETACH, CO
 MULTI) resolved to their source. Iterative: nothing recurses on graph depth."""
 from __future__ import annotations
 from itertools import repeat
+from operator import itemgetter
 import numpy as np
 from ..ops import Ops, GroupOp
 from ..uop import UOp, handle
@@ -156,16 +157,19 @@ class LazyNodes:
   """The PNodes of a large plain graph, each made when first read (by index, or as another's source): the planner
   reads a fraction of them (outputs, shared values, reductions, movements, a walked kernel's loads), the rest only as
   columns. A node's `src` is made when first read too. `users`: every node's users count once the planner knows
-  it (a node made after gets it). `made_idx`: the nodes made, in order. Its nodes refer to it: `release()` after
-  planning breaks that cycle (Program does)."""
+  it (a node made after gets it). `made_idx`: the nodes made, in order. `all()` makes the rest a column at a time
+  (a planner that reads most nodes asks for it: one by one they cost 2-3x more). Its nodes refer to it: `release()`
+  after planning breaks that cycle (Program does)."""
   __slots__ = ("_made", "_ops", "_dts", "_metas", "_args", "_nids", "_sp", "_start", "_ns", "users", "made_idx",
-               "_meta_vals", "_arg_objs")
+               "_meta_vals", "_arg_objs", "_cols")
 
-  def __init__(self, ops: list, dts: list, metas: list, args: list, nids: list, sp: list, start: list, ns: list):
+  def __init__(self, ops: list, dts: list, metas: list, args: list, nids: list, sp: np.ndarray, start: np.ndarray,
+               ns: np.ndarray):
     from ..intern import ARGS, META
     self._made: list = [None] * len(ops)
     self._ops, self._dts, self._metas, self._args, self._nids = ops, dts, metas, args, nids
-    self._sp, self._start, self._ns = sp, start, ns
+    self._sp, self._start, self._ns = sp.tolist(), start.tolist(), ns.tolist()
+    self._cols = (sp, start, ns)  # (sp is the caller's: a quotient's operands rewritten there are read by all())
     self.users, self.made_idx = None, []
     self._meta_vals, self._arg_objs = META.vals, ARGS.objs
 
@@ -191,8 +195,28 @@ class LazyNodes:
     return tuple([self[j] for j in self._sp[s:s + self._ns[i]]])
 
   def all(self) -> list[PNode]:
-    """Every node, made."""
-    return list(map(self.__getitem__, range(len(self._made))))
+    """Every node, made: those not made yet a column at a time, as flatten makes a small graph's, then every node's
+    src from the columns (the same tuples as a node made when read gets)."""
+    made = self._made
+    miss = [i for i, x in enumerate(made) if x is None]
+    if miss:
+      pick = itemgetter(*miss) if len(miss) > 1 else (lambda col: (col[miss[0]],))
+      mv = self._meta_vals
+      new = list(map(PNode, map(_OPS.__getitem__, pick(self._ops)), map(BY_ID.__getitem__, pick(self._dts)),
+                     [mv[m][0] for m in pick(self._metas)], map(self._arg_objs.__getitem__, pick(self._args)),
+                     repeat(()), pick(self._nids), miss))
+      if self.users is not None:
+        for _ in map(setattr, new, repeat("users"), pick(self.users)): pass
+      for i, x in zip(miss, new): made[i] = x
+      self.made_idx += miss
+      sp, start, ns = self._cols
+      get = made.__getitem__
+      for k in range(1, int(ns.max()) + 1):
+        at = np.flatnonzero(ns == k)
+        if not len(at): continue
+        cols = [map(get, sp[start[at] + j].tolist()) for j in range(k)]
+        for _ in map(setattr, map(get, at.tolist()), repeat("src"), zip(*cols)): pass
+    return list(made)
 
   def __iter__(self): return iter(self.all())
   def __reversed__(self): return reversed(self.all())
@@ -222,7 +246,7 @@ def _flatten_plain(order: np.ndarray, info: np.ndarray, flat: np.ndarray, lazy: 
   start = np.cumsum(ns) - ns
   if lazy and n >= _LAZY_MIN:
     nodes = LazyNodes(ops.tolist(), info[:, 1].tolist(), info[:, 5].tolist(), info[:, 3].tolist(), order.tolist(),
-                      sp.tolist(), start.tolist(), ns.tolist())
+                      sp, start, ns)
   else:
     nodes = list(map(PNode, map(_OPS.__getitem__, ops.tolist()), map(BY_ID.__getitem__, info[:, 1].tolist()),
                      [metas[m][0] for m in info[:, 5].tolist()], map(ARGS.objs.__getitem__, info[:, 3].tolist()),

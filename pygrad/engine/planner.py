@@ -166,6 +166,7 @@ def _fused_shared(nodes: list[PNode]) -> bytearray:
 
 _GRAPH_MIN_NODES = 4096  # graphs from which the planner's sweeps run in C over arrays
 _WALK_MIN_NODES, _WALK_PER_JOB = 4096, 64  # plans whose kernels average this many nodes walk them in C
+_LAZY_MOVES = 64  # a graph with more than one movement op in this many nodes has its LazyNodes made at once
 _KW_LEAF, _KW_ALU, _KW_SCALAR = 1, 2, 4  # csrc/pygrad.h's PG_KW_* flags
 _PU_ALU, _PU_ALU_MOVE, _PU_OUTPUT = 2, 8, 16  # and PG_PU_*
 _G_SRC, _G_OP, _G_DTYPE, _G_OPCODE, _G_IDX, _G_VIEW, _G_SHAPE, _G_OUT, _G_ID = (attrgetter(a) for a in (
@@ -341,6 +342,9 @@ class Planner:
         x.is_output = True
         outs.append(x.idx)
     graph = _Graph(nodes, cols) if len(nodes) >= _GRAPH_MIN_NODES else None
+    if type(nodes) is LazyNodes and graph is not None and \
+       np.count_nonzero((graph.ops & (_PU_ALU | _PU_ALU_MOVE)) == _PU_ALU_MOVE) * _LAZY_MOVES > len(nodes):
+      nodes.all()  # many movements: most kernels are walked in Python (_build_py), reading most nodes
     if graph is not None: self.fused = graph.users_fused(nodes, outs)  # csrc/plan_users.c: the two sweeps below
     else:
       for n in reversed(nodes):  # users that are computed: a MUL made a quotient (flatten's _quotient) leaves its
@@ -353,6 +357,7 @@ class Planner:
     self.walk = None
     if len(nodes) >= _WALK_MIN_NODES and len(nodes) >= _WALK_PER_JOB * len(self.jobs):
       self.walk = _Walk(graph or _Graph(nodes), nodes)
+    elif type(nodes) is LazyNodes: nodes.all()  # every kernel is walked in Python, reading its nodes: made at once
     self.jobs.sort(key=lambda j: j[0])
     for j in self.jobs: j[2]()
     self.jobs = []  # its closures hold the planner: dropped, the plan is freed by reference counting
