@@ -51,4 +51,4 @@ def test_compile_bench_runs_every_workload_against_a_baseline(tmp_path):
   assert out.returncode == 0, out.stderr[-2000:]
   rows = [x for x in (tmp_path / "compile.md").read_text().splitlines() if x.startswith("| ") and "workload" not in x]
   assert [r.split(" | ")[0][2:] for r in rows] == ["grad-scalar", "grad-vector", "forward", "w1-grad"]
-  assert all(r.count("|") == 10 and r.split(" | ")[6].endswith("x") for r in rows), rows
+  assert all(r.count("|") == 11 and r.split(" | ")[7].endswith("x") for r in rows), rows
