@@ -571,6 +571,37 @@ static int build_hold_locked(pg_build *b, int hold, int64_t *where) {
   return b->holds ? build_hold_list_locked(b, b->nholds, hold, where) : build_hold_rows_locked(b, b->n, hold, where);
 }
 
+/* whether rows [ngiven, n) are all good (each one's op, dtype and source count in range, sources earlier rows,
+   arg, tag and pdata ids not negative: pg_serial_build_new's checks); *maxs: the most sources of a row. In passes
+   without an early exit, which the compiler can vectorize: a table is checked on every build and load, and a loop
+   that stops at the first bad row cost ~40 instructions a row. The first bad row is looked for only if there is one. */
+static int rows_ok(int64_t ngiven, int64_t n, const int32_t *op, const int32_t *dtype, const int64_t *start,
+                   const int32_t *src, const int32_t *arg, const int32_t *tag, const int32_t *pdata,
+                   const uint8_t *flags, int32_t nops, int32_t ndtypes, int64_t *maxs) {
+  int64_t i, j;
+  uint64_t mx = 0;
+  uint32_t bad = 0;
+  int32_t k;
+  for (k = 0; k < nops; k++) bad |= flags[k] == 0;  /* then no row's op has flags 0 */
+  for (i = ngiven; i < n; i++)
+    bad |= (uint32_t)((uint32_t)op[i] >= (uint32_t)nops) | (uint32_t)((uint32_t)dtype[i] >= (uint32_t)ndtypes) |
+           ((uint32_t)(arg[i] | tag[i]) >> 31);
+  if (pdata)
+    for (i = ngiven; i < n; i++) bad |= (uint32_t)pdata[i] >> 31;
+  for (i = ngiven; i < n; i++) {  /* counts in [0, 2**31) (unsigned: a step down wraps above): start only grows */
+    uint64_t d = (uint64_t)start[i + 1] - (uint64_t)start[i];
+    mx = d > mx ? d : mx;
+  }
+  if (bad || mx > INT32_MAX) return 0;
+  for (i = ngiven, j = start[ngiven]; i < n; i++) {
+    int64_t e = start[i + 1];
+    for (; j < e; j++) bad |= (uint32_t)((uint32_t)src[j] >= (uint64_t)i);
+  }
+  if (bad) return 0;
+  *maxs = (int64_t)mx;
+  return 1;
+}
+
 /* a builder over a node table (the arrays are borrowed: the caller keeps them alive and unchanged until
    pg_serial_build_delete). The first ngiven rows are the live nodes given[0..ngiven) (their columns are not read but
    must name no sources and no args): a table that continues another. known (or NULL) is per row the meta Python
@@ -593,8 +624,9 @@ pg_build *pg_serial_build_new(pg_store *st, int64_t n, const int32_t *op, const 
   if (start[0] != 0 || (start[n] > 0 && !src)) return NULL;
   for (i = 0; i < ngiven; i++)
     if (start[i + 1] != start[i] || arg[i] || tag[i] || (pdata && pdata[i])) break;
-  if (i == ngiven)  /* the rows to make: checked with locals (a store to *where per row cost a third of this) */
-    for (; i < n; i++) {
+  if (i == ngiven && rows_ok(ngiven, n, op, dtype, start, src, arg, tag, pdata, flags, nops, ndtypes, &maxs)) i = n;
+  else if (i == ngiven)  /* a bad row: find the first (checked with locals: a store to *where per row was costly) */
+    for (maxs = 0; i < n; i++) {
       int64_t s0 = start[i], s1 = start[i + 1];
       uint32_t o = (uint32_t)op[i];
       if (o >= (uint32_t)nops || !flags[o] || (uint32_t)dtype[i] >= (uint32_t)ndtypes) break;
