@@ -34,7 +34,8 @@ def __getattr__(name):
     return getattr(engine, name)
   if name in ("build", "dumps", "loads", "save", "load"):
     from . import serialize
-    return getattr(serialize, name)
+    globals()[name] = f = getattr(serialize, name)  # found directly from now on: pygrad.loads is called per load
+    return f
   if name in ("set_num_threads", "get_num_threads"):
     from . import threads
     return getattr(threads, name)

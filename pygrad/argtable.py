@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib, struct, sys, threading
 from typing import NamedTuple
 from itertools import chain, repeat
+from operator import is_
 import numpy as np
 from .ops import Ops
 from .dtype import DType, BY_ID
@@ -152,10 +153,37 @@ def _columns(xs: list, key) -> tuple[tuple, list] | None:
   return tuple(toks), cols
 
 
+_ENC: dict = {}  # tuple of interned ids -> (their objects, the arg table): the tables dumps wrote last, oldest first
+_ENC_LOCK = threading.Lock()
+
+
 def encode_args(aids: list[int], externals, cache: dict | None = None) -> bytes:
   """The arg table of the interned ids aids. Args of one shape (a model's BUFFER args) are split into columns in
   bulk; others one by one. cache (pickle's session) maps an id to its (skeleton, leaves) from the one-by-one path,
-  for args that name no external (those name an index into one piece's externals)."""
+  for args that name no external (those name an index into one piece's externals). Without either, a table of plain
+  data written lately for the same ids is reused while every id still names the object it named then (a forgotten
+  id names none): the bytes depend only on those objects, and a model saved again pays for its args once."""
+  if externals is not None or cache is not None: return _encode_args(aids, externals, cache)
+  key = tuple(aids)
+  hit = _ENC.get(key)
+  if hit is not None and all(map(is_, map(ARGS.objs.get, key), hit[0])): return hit[1]
+  objs = tuple(map(ARGS.objs.__getitem__, key))
+  data = _encode_args(aids, None, None)
+  if len(data) <= _CACHE_BYTES // _CACHE_TABLES and _plain_table(data):
+    with _ENC_LOCK:
+      _ENC.pop(key, None)
+      _ENC[key] = (objs, data)
+      while len(_ENC) > _CACHE_TABLES: del _ENC[next(iter(_ENC))]
+  return data
+
+
+def _plain_table(data: bytes) -> bool:
+  """Whether every skeleton of an arg table holds only plain data (_PLAIN: no callable, which is written by name)."""
+  skels, _ = _read_skeletons(data, 0, len(data))
+  return all(t in _PLAIN for toks in skels for t, _ in toks)
+
+
+def _encode_args(aids: list[int], externals, cache: dict | None) -> bytes:
   objs = ARGS.objs
   vals = [objs[a] for a in aids]
   groups: dict = {}  # by type, or for a tuple the types of its items (few distinct): the args that have it

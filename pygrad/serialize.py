@@ -31,6 +31,10 @@ from .shapes import INFER
 from .uop import UOp, Walk, Metadata, handle, adopt
 from . import uop as _uop
 
+if CORE.name == "c":  # bound once: an import statement in each call was a few microseconds of every small load
+  from .core.ccore import ffi as _ffi, lib as _lib
+else: _ffi = _lib = None
+
 MAGIC = b"PYGRAD\x00G"
 VERSION = 2  # 2: the arg table by skeleton (pygrad/argtable.py); 1 stored each arg's items in turn
 # magic, version, flags, nargs, argbytes, n, nsrc, nroots, srcw, argw, and ngiven: rows before the stored ones that the
@@ -85,7 +89,7 @@ def _fresh_pos(pos: np.ndarray | None = None) -> np.ndarray:
 
 def _c_table(root_ids: list[int], pos: np.ndarray, base: int):
   """_table's C table (a pg_table, freed with its handle)."""
-  from .core.ccore import ffi, lib
+  ffi, lib = _ffi, _lib
   out = ffi.new("pg_table **")
   r = CORE.serial_table(ffi.new("int32_t[]", root_ids), len(root_ids), ffi.from_buffer("int32_t[]", pos),
                         len(pos), base, out)
@@ -100,7 +104,7 @@ def _table(root_ids: list[int], pos: np.ndarray, base: int):
   through pos (which gets the new rows), arg/tag/pdata as 1-based numbers into args, their distinct interned ids in
   order of first use (0: none). With pos all -1 and base 0 that is the whole graph."""
   if CORE.name == "c":
-    from .core.ccore import ffi
+    ffi = _ffi
     t = _c_table(root_ids, pos, base)
     col = lambda p, k: np.frombuffer(ffi.buffer(p, k * 4), np.int32).copy()  # noqa: E731
     n, m = int(t.n), int(t.m)
@@ -233,7 +237,7 @@ _FLAGS_C: list = []
 def _flags_c():
   """_FLAGS as a cffi array (made once: the builder reads it, never writes)."""
   if not _FLAGS_C:
-    from .core.ccore import ffi
+    ffi = _ffi
     _FLAGS_C.append(ffi.from_buffer("uint8_t[]", _FLAGS))
   return _FLAGS_C[0]
 
@@ -242,7 +246,7 @@ def _build_c(op, dt, start, src, arg, tag, pdata, holds, objs, argref, tagref, r
   """The C core's _build (arg, tag, pdata: interned ids, all of them among holds, which the builder holds once each).
   infer: infer the metas of the leaves whose signature the store's cache lacks up front, in one pass (_leaf_metas),
   rather than stopping the builder for each."""
-  from .core.ccore import ffi, lib
+  ffi, lib = _ffi, _lib
   i32 = lambda a: ffi.from_buffer("int32_t[]", a)  # noqa: E731
   err, where, pos = ffi.new("int *"), ffi.new("int64_t *"), ffi.new("int64_t *")
   ng = 0 if given is None else len(given)
@@ -287,7 +291,7 @@ def _build_c(op, dt, start, src, arg, tag, pdata, holds, objs, argref, tagref, r
 def _roots_c(b, roots, op, dt, arg, tag) -> list[UOp]:
   """The handles of rows roots of builder b: their ids and metas (each id with a reference) in one C call, the other
   fields from the table (arg, tag: interned ids)."""
-  from .core.ccore import ffi, lib
+  ffi, lib = _ffi, _lib
   objs = ARGS.objs
   if len(roots) <= 8:  # a pickle piece has one root: cffi arrays and plain ints, not a dozen numpy calls
     rows = [int(x) for x in roots]
@@ -423,7 +427,7 @@ def _write(root_ids: list[int], pos: np.ndarray, base: int, single: bool, extern
   comes as (counts, node sections, args) instead of bytes: its args the interned objects themselves (pickle's
   small pieces: see _Piece)."""
   if CORE.name == "c":
-    from .core.ccore import ffi, lib
+    ffi, lib = _ffi, _lib
     t = _c_table(root_ids, pos, base)
     try:
       rows = [int(pos[r]) for r in root_ids]
@@ -441,11 +445,13 @@ def _write(root_ids: list[int], pos: np.ndarray, base: int, single: bool, extern
       argb = encode_args(ffi.unpack(t.args, nargs), externals, cache)
       head = _HEAD.pack(MAGIC, VERSION, _F_SINGLE if single else 0, nargs, len(argb), n, m, len(rows), b.srcw, b.argw,
                         ng)
-      body = b"".join([head, argb, ffi.buffer(b.data, b.size)])
+      nodes = ffi.buffer(b.data, b.size)
+      crc = zlib.crc32(nodes, zlib.crc32(argb, zlib.crc32(head)))  # the parts' checksum: the bytes copied once
+      body = b"".join([head, argb, nodes, _U32.pack(crc)])
     except BaseException:
       pos[np.frombuffer(ffi.buffer(t.ids, 4 * t.n), np.int32)] = -1
       raise
-    return body + _U32.pack(zlib.crc32(body)), imports, n
+    return body, imports, n
   ids, op, dt, arg, tag, pdata, nsrc, src, args = _table(root_ids, pos, base)
   try:
     old = src < base
@@ -614,7 +620,7 @@ _SECTIONS = ("ops", "dtypes", "source counts", "args", "sources", "roots", "side
 def _nodes_c(r: _Reader, n: int, m: int, nroots: int, srcw: int, argw: int, nargs: int, ng: int):
   """_nodes' columns (op, dtype, start, src, arg, tag, pdata, roots, side entries), read by one C call
   (csrc/serial_decode.c), which checks what _nodes checks, in the same order, and names the same problems."""
-  from .core.ccore import ffi, lib
+  ffi, lib = _ffi, _lib
   k = ng + n
   if m > r.end - r.p: raise ValueError("pygrad.loads: truncated data (sources)")
   i32, i64 = np.empty(5 * k + m, np.int32), np.empty(k + 1 + nroots, np.int64)
