@@ -730,16 +730,16 @@ static PG_INLINE int32_t build_known_user(const pg_build *b, int64_t s, int64_t 
 
 /* row i was made as a new node: it is a user its sources' rows know, and it has none yet */
 static PG_INLINE void build_count_users(pg_build *b, int64_t i) {
-  int64_t j;
-  b->row[i].nuse = 0;
-  for (j = b->start[i]; j < b->start[i + 1]; j++) {
-    int32_t s = b->src[j], k = b->row[s].nuse;
+  int64_t j, e = b->start[i + 1];
+  brow *row = b->row;
+  const int32_t *src = b->src;
+  int32_t *users = b->users;
+  row[i].nuse = 0;
+  for (j = b->start[i]; j < e; j++) {  /* locals: stores through row would make the compiler reload b's fields */
+    int32_t s = src[j], k = row[s].nuse;
     if (k < 0) continue;
-    if (k == INT32_MAX) b->row[s].nuse = -1;  /* too many to count: unknown from now on */
-    else {
-      if (k < BUILD_USERS) b->users[BUILD_USERS * (int64_t)s + k] = (int32_t)i;
-      b->row[s].nuse = k + 1;
-    }
+    if (k < BUILD_USERS) users[BUILD_USERS * (int64_t)s + k] = (int32_t)i;
+    row[s].nuse = k == INT32_MAX ? -1 : k + 1;  /* too many to count: unknown from now on */
   }
 }
 
@@ -788,6 +788,7 @@ int pg_serial_build_run(pg_build *b, int64_t *pos) {
   pg_node **tmpn = b->tmpn;
   int64_t i, n = b->n;
   int r = PG_BUILD_DONE, far;
+  int64_t room = 0;  /* nodes pg_store_make_held_fast may make before it looks at the store's sizes again */
   pg_lock_take(&st->lock);
   far = st->mask >= BUILD_FAR;
   for (i = b->next; i < n; i++) {
@@ -824,7 +825,7 @@ int pg_serial_build_run(pg_build *b, int64_t *pos) {
       if (id >= 0) row[i].nuse = -1;
     } else if (id == -1) {  /* new; its sources are rows the builder holds */
       if (b->npend == BUILD_PEND) build_link_locked(b);
-      id = pg_store_make_held_fast(st, h, o, d, tmp, tmpn, (int32_t)ns, a, t, meta);
+      id = pg_store_make_held_fast(st, h, o, d, tmp, tmpn, (int32_t)ns, a, t, meta, &room);
       if (id >= 0) {
         b->pend[b->npend].hash = h;
         b->pend[b->npend++].id = (uint32_t)id;
@@ -835,6 +836,7 @@ int pg_serial_build_run(pg_build *b, int64_t *pos) {
     } else {
       if (b->npend && ns) build_link_locked(b);  /* the lookup must see every node made (a leaf is none of them) */
       id = pg_store_make_locked(st, o, d, tmp, (int32_t)ns, a, t, meta);
+      room = 0;  /* it may have made a node or grown the store */
       if (id >= 0 && pg_node_at(st, (uint32_t)id)->rc == 1) build_count_users(b, i);  /* made, not found */
       else row[i].nuse = -1;
     }
