@@ -158,10 +158,12 @@ def _intern_all(objs: list, keys: list | None) -> np.ndarray:
   return out
 
 
-def _build(op, dt, start, src, argref, tagref, pdref, objs: list, roots, given=None, keys=None, ids=None):
+def _build(op, dt, start, src, argref, tagref, pdref, objs: list, roots, given=None, keys=None, ids=None,
+           infer: bool = True):
   """The nodes of a checked table whose arg columns are 1-based references into objs (0: none): the roots, as UOps.
   given: the ids of live nodes that are the table's first rows (their columns are zeros); then also the ids of the
-  other rows, as an int32 array. ids: _intern_all(objs, keys), if the caller has just made it."""
+  other rows, as an int32 array. ids: _intern_all(objs, keys), if the caller has just made it. infer: on the C core,
+  infer the metas of leaves the store's signature cache lacks up front (else the builder asks for each)."""
   n = len(op)
   if pdref is not None and pdref.any(): _uop._md_count += 1  # the gradient copies metadata only once some exists
   for _ in range(64):  # an interned id may be drained between interning and the builder's hold: intern again
@@ -172,7 +174,7 @@ def _build(op, dt, start, src, argref, tagref, pdref, objs: list, roots, given=N
         take = lambda ref: ref if not ref.any() else ids.take(ref)  # noqa: E731  (ids[0] is 0: zeros stay)
         pdata = None if pdref is None else take(pdref)
         return _build_c(op, dt, start, src, ids.take(argref), take(tagref), pdata, ids, objs, argref, tagref, roots,
-                        given, n - ng > _SMALL)
+                        given, infer and n - ng > _SMALL)
       return _build_py(op, dt, start, src, argref, tagref, pdref, objs, ids, roots, given)
     except ArgGone:
       ids = None  # intern again
@@ -551,20 +553,24 @@ def _decode(data, allow_import: bool, externals, given):
     aids = ids[1:].tolist()
     objs = list(map(ARGS.objs.get, aids, objs))
     keep(cache_as, objs, keys, (ids, aids))
-  out = _nodes(_Reader(mv, _HEAD.size + argbytes, end), n, m, nroots, srcw, argw, objs, keys, given, ids)
+  # an arg table loaded before in this process: its graph's leaves were inferred then, and the store's signature
+  # cache has them (if it was emptied since, the builder asks for each): no pass over the rows to look for them
+  out = _nodes(_Reader(mv, _HEAD.size + argbytes, end), n, m, nroots, srcw, argw, objs, keys, given, ids,
+               kept is None)
   if given is not None: return out
   return out[0] if flags & _F_SINGLE else out
 
 
-def _nodes(r: _Reader, n: int, m: int, nroots: int, srcw: int, argw: int, objs: list, keys, given, ids=None):
+def _nodes(r: _Reader, n: int, m: int, nroots: int, srcw: int, argw: int, objs: list, keys, given, ids=None,
+           infer: bool = True):
   """The nodes of a table's node sections (read by r, to its end; the counts checked against the data size), their
-  args objs (with their interning keys, if known), built after the rows given: see _decode."""
+  args objs (with their interning keys, if known), built after the rows given: see _decode (infer: see _build)."""
   ng = 0 if given is None else len(given)
   read = _nodes_c if CORE.name == "c" else _nodes_py
   op, dt, start, src, argref, tagref, pdref, rts, nside = read(r, n, m, nroots, srcw, argw, len(objs), ng)
   if nside: _check_pdata(pdref, objs)
   else: pdref = None  # no side entries: no row has metadata (and the builder need not look)
-  return _build(op, dt, start, src, argref, tagref, pdref, objs, rts, given, keys, ids)
+  return _build(op, dt, start, src, argref, tagref, pdref, objs, rts, given, keys, ids, infer)
 
 
 def _nodes_py(r: _Reader, n: int, m: int, nroots: int, srcw: int, argw: int, nargs: int, ng: int):
