@@ -153,7 +153,8 @@ def _columns(xs: list, key) -> tuple[tuple, list] | None:
   return tuple(toks), cols
 
 
-_ENC: dict = {}  # tuple of interned ids -> (their objects, the arg table): the tables dumps wrote last, oldest first
+_ENC: dict = {}  # tuple of interned ids -> (their objects, the arg table, ARGS.forgets then): the tables dumps wrote
+# last, oldest first
 _ENC_LOCK = threading.Lock()
 
 
@@ -166,13 +167,14 @@ def encode_args(aids: list[int], externals, cache: dict | None = None) -> bytes:
   if externals is not None or cache is not None: return _encode_args(aids, externals, cache)
   key = tuple(aids)
   hit = _ENC.get(key)
-  if hit is not None and all(map(is_, map(ARGS.objs.get, key), hit[0])): return hit[1]
+  if hit is not None and (hit[2] == ARGS.forgets or all(map(is_, map(ARGS.objs.get, key), hit[0]))): return hit[1]
+  forgets = ARGS.forgets  # read before the objects: a forget after it is seen
   objs = tuple(map(ARGS.objs.__getitem__, key))
   data = _encode_args(aids, None, None)
   if len(data) <= _CACHE_BYTES // _CACHE_TABLES and _plain_table(data):
     with _ENC_LOCK:
       _ENC.pop(key, None)
-      _ENC[key] = (objs, data)
+      _ENC[key] = (objs, data, forgets)
       while len(_ENC) > _CACHE_TABLES: del _ENC[next(iter(_ENC))]
   return data
 

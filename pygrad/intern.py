@@ -52,6 +52,7 @@ class Interner:
     self.gens = 1 << (31 - core.arg_slot_bits)
     self.on_wrap: list = []  # run (lock held) when a slot's generation wraps: caches keeping ids without counts
     self.since_drain = 0
+    self.forgets = 0  # ids forgotten so far: while it stays the same, every id seen before names the same object
     self.lock = threading.Lock()  # new ids, drains and forgets: rare, but threads must not share an id
 
   def get(self, x) -> int:
@@ -108,6 +109,7 @@ class Interner:
       pass
 
   def _forget(self, aid: int) -> None:
+    self.forgets += 1  # first: a reader that saw the old count checks ids the core still holds (or finds them gone)
     k = self.keys.pop(aid, None)
     x = self.objs.get(aid)
     if self.ident.get(id(x)) == aid: del self.ident[id(x)]

@@ -546,13 +546,16 @@ def _decode(data, allow_import: bool, externals, given):
   objs, keys, cache_as, kept = decode_args(bytes(mv[_HEAD.size:_HEAD.size + argbytes]), nargs, externals,
                                            allow_import)
   ids = None
-  if kept is not None and all(map(is_, map(ARGS.objs.get, kept[1]), objs)):
-    ids = kept[0]  # every arg is still interned under the id it had (an id forgotten names no object)
+  # every arg still interned under the id it had: no id forgotten since they were interned (a counter; ~210 cold dict
+  # lookups otherwise), or each still naming its object (an id forgotten names none)
+  if kept is not None and (kept[2] == ARGS.forgets or all(map(is_, map(ARGS.objs.get, kept[1]), objs))):
+    ids = kept[0]
   if cache_as is not None:  # the table may be cached: intern now, and cache the interned objects with their ids
+    forgets = ARGS.forgets  # read before interning: a forget after it is seen
     ids = _intern_all(objs, keys)
     aids = ids[1:].tolist()
     objs = list(map(ARGS.objs.get, aids, objs))
-    keep(cache_as, objs, keys, (ids, aids))
+    keep(cache_as, objs, keys, (ids, aids, forgets))
   # an arg table loaded before in this process: its graph's leaves were inferred then, and the store's signature
   # cache has them (if it was emptied since, the builder asks for each): no pass over the rows to look for them
   out = _nodes(_Reader(mv, _HEAD.size + argbytes, end), n, m, nroots, srcw, argw, objs, keys, given, ids,

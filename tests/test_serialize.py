@@ -7,7 +7,7 @@ import pytest
 import pygrad
 from pygrad import UOp, Ops, dtypes
 from pygrad.serialize import _HEAD, MAGIC, VERSION
-from pygrad.intern import argkey
+from pygrad.intern import ARGS, argkey
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -209,6 +209,11 @@ def test_loading_the_same_bytes_again_decodes_no_arg_table(monkeypatch):
   gc.collect()
   back = pygrad.loads(data)
   assert [argkey(v.arg) for v in back] == want and len(calls) == 1
+  del back
+  gc.collect()
+  ARGS.forgets += 1  # as if an id was forgotten: the kept ids are checked one by one (the count never goes back)
+  back = pygrad.loads(data)
+  assert [argkey(v.arg) for v in back] == want and len(calls) == 1
   k = UOp.custom_kernel(UOp.placeholder((3,), dtypes.float32), fxn=kernel_fxn)[0]
   kd = pygrad.dumps(k)
   assert pygrad.loads(kd) is k and pygrad.loads(kd) is k and len(calls) == 3
@@ -227,8 +232,11 @@ def test_saving_the_same_args_again_encodes_no_arg_table(monkeypatch):
   data = pygrad.dumps(vs)
   assert pygrad.dumps(vs) == data and len(calls) == 1 and len(at._ENC) == 1
   key = next(iter(at._ENC))
-  objs, table = at._ENC[key]
-  at._ENC[key] = (objs[:-1] + (("not", "the", "interned", "object"),), table)  # as if the last id named another
+  objs, table, forgets = at._ENC[key]
+  assert forgets == ARGS.forgets
+  ARGS.forgets += 1  # as if an id was forgotten since: each id's object is compared (the count never goes back)
+  assert pygrad.dumps(vs) == data and len(calls) == 1
+  at._ENC[key] = (objs[:-1] + (("not", "the", "interned", "object"),), table, forgets)  # the last id names another
   assert pygrad.dumps(vs) == data and len(calls) == 2
   assert all(a is b for a, b in zip(pygrad.loads(data), vs))
   k = UOp.custom_kernel(UOp.placeholder((3,), dtypes.float32), fxn=kernel_fxn)[0]
