@@ -788,7 +788,6 @@ int pg_serial_build_run(pg_build *b, int64_t *pos) {
   pg_node **tmpn = b->tmpn;
   int64_t i, n = b->n;
   int r = PG_BUILD_DONE, far;
-  int64_t room = 0;  /* nodes pg_store_make_held_fast may make before it looks at the store's sizes again */
   pg_lock_take(&st->lock);
   far = st->mask >= BUILD_FAR;
   for (i = b->next; i < n; i++) {
@@ -825,7 +824,7 @@ int pg_serial_build_run(pg_build *b, int64_t *pos) {
       if (id >= 0) row[i].nuse = -1;
     } else if (id == -1) {  /* new; its sources are rows the builder holds */
       if (b->npend == BUILD_PEND) build_link_locked(b);
-      id = pg_store_make_held_fast(st, h, o, d, tmp, tmpn, (int32_t)ns, a, t, meta, &room);
+      id = pg_store_make_held_fast(st, h, o, d, tmp, tmpn, (int32_t)ns, a, t, meta);
       if (id >= 0) {
         b->pend[b->npend].hash = h;
         b->pend[b->npend++].id = (uint32_t)id;
@@ -836,7 +835,6 @@ int pg_serial_build_run(pg_build *b, int64_t *pos) {
     } else {
       if (b->npend && ns) build_link_locked(b);  /* the lookup must see every node made (a leaf is none of them) */
       id = pg_store_make_locked(st, o, d, tmp, (int32_t)ns, a, t, meta);
-      room = 0;  /* it may have made a node or grown the store */
       if (id >= 0 && pg_node_at(st, (uint32_t)id)->rc == 1) build_count_users(b, i);  /* made, not found */
       else row[i].nuse = -1;
     }

@@ -165,36 +165,20 @@ static PG_INLINE void pg_node_init(pg_node *n, uint32_t h, int32_t op, int32_t d
   n->meta = meta;
   n->pdata = 0;
 }
-/* how many nodes the fast path can make before the table passes its load or the ids run past the pages allocated
-   (each is one live node more and one id: freed or the next of the last page), if nothing else changes the store */
-static PG_INLINE int64_t pg_store_fast_room(const pg_store *st) {
-  int64_t table = (int64_t)(((uint64_t)st->mask + 1) * 3 / 4) - st->live;
-  uint64_t top = (uint64_t)st->npages << PG_PAGE_BITS;
-  int64_t ids = (int64_t)st->nfree + (int64_t)((top < PG_MAX_NODES ? top : PG_MAX_NODES) -
-                                               (st->nalloc < top ? st->nalloc : top));
-  return table < ids ? table : ids;
-}
-/* *room: pg_store_fast_room's budget, kept by a caller that makes many nodes (0: not known; set to 0 after anything
-   else that makes nodes or grows the store): the table and id checks are then one count per node, not per node */
 static PG_INLINE int32_t pg_store_make_held_fast(pg_store *st, uint32_t h, int32_t op, int32_t dtype,
                                                  const int32_t *src, pg_node *const *s, int32_t nsrc, int32_t arg,
-                                                 int32_t tag, int32_t meta, int64_t *room) {  /* s: sources' nodes */
+                                                 int32_t tag, int32_t meta) {  /* s: the sources' nodes */
   pg_node *n;
   uint32_t id;
   int32_t i;
-  if (*room <= 0) *room = pg_store_fast_room(st);
   if (nsrc < 0 || nsrc > PG_INLINE_SRC || (nsrc > 0 && !src) || !pg_arg_ok(st, arg) || !pg_arg_ok(st, tag) ||
-      *room <= 0) {
-    *room = 0;
+      ((uint64_t)st->live + 1) * 4 > ((uint64_t)st->mask + 1) * 3 ||
+      (!st->nfree && (st->nalloc >= PG_MAX_NODES || (st->nalloc >> PG_PAGE_BITS) >= st->npages)))
     return pg_store_make_held_locked(st, h, op, dtype, src, nsrc, arg, tag, meta);
-  }
   for (i = 0; i < nsrc; i++) {
-    if (s[i]->rc >= UINT32_MAX - (uint32_t)nsrc) {
-      *room = 0;
-      return pg_store_make_held_locked(st, h, op, dtype, src, nsrc, arg, tag, meta);
-    }
+    if (s[i]->rc >= UINT32_MAX - (uint32_t)nsrc) return pg_store_make_held_locked(st, h, op, dtype, src, nsrc, arg,
+                                                                                  tag, meta);
   }
-  --*room;
   id = st->nfree ? st->freeids[--st->nfree] : st->nalloc++;
   n = pg_node_at(st, id);
   if (st->nfree >= 8) PG_PREFETCH(pg_node_at(st, st->freeids[st->nfree - 8]));  /* a later make's node */
