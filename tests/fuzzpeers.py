@@ -232,6 +232,9 @@ class Fuzz:
     dims = axes if axes is not None else tuple(range(nd))
     x = x0
     if name in ("sum", "prod") and not dtypes.is_float(au.dtype): x = x.to(torch.int64)
+    # pygrad's half reductions accumulate in float32 (README); torch's float16 prod accumulates in float16 (seed 62490:
+    # 100 * ... overflowed to inf, times the one 0: NaN, where the product is 0)
+    if name == "prod" and x.dtype in (torch.float16, torch.bfloat16): x = x.float()
     if name == "sum": t = x.sum(dim=dims, keepdim=keep) if nd else x
     elif name == "mean": t = x.float().mean(dim=dims, keepdim=keep).to(x.dtype) if nd else x
     elif name == "prod": t = _prod(x, dims, keep)
