@@ -5,6 +5,7 @@
 
    Chunks are claimed with a compare-and-swap on one 64-bit ticket (job generation << 32 | next chunk), so a worker
    that wakes late for a finished job claims nothing of it; the caller waits only for chunks, never for a slow worker.
+   Between jobs the ticket is closed (a generation with no chunk left) while the job's fields change.
    Workers spin briefly after a job (the next kernel of a program follows within microseconds), then sleep on a
    condition variable. One caller at a time owns the pool; a concurrent caller (another Python thread running a
    program) runs its chunks alone on its own thread.
@@ -132,10 +133,17 @@ void vm_pool_for(int64_t n, int64_t chunk, vm_task fn, void *ctx, int32_t maxw) 
   nw = pool_grow();
   if (nw > maxw) nw = maxw;
   if (nw < 2) { pthread_mutex_unlock(&P.busy); fn(ctx, 0, n, 0); return; }
+  /* close the last job's ticket before its fields change: a worker that read that ticket when all its chunks were
+     claimed, (gen, nchunks), and then this job's larger nchunks, would otherwise win its compare-and-swap on the
+     unchanged ticket and run a chunk "past the end" with the fields being replaced here (fn of one job and ctx of
+     another: a loop task on a contraction's job, seen under ASan). The closed ticket, gen + 1 with no chunk left,
+     fails every such swap; this job opens as gen + 2. */
+  gen = A_LOAD(&P.ticket) >> 32;
+  A_STORE(&P.ticket, ((gen + 1) & 0xffffffffu) << 32 | 0xffffffffu);
   A_STORE(&P.n, n); A_STORE(&P.chunk, chunk); A_STORE(&P.nchunks, nchunks); A_STORE(&P.fn, fn); A_STORE(&P.ctx, ctx);
   A_STORE(&P.done, 0);
   A_STORE(&P.nw, nw);
-  gen = ((A_LOAD(&P.ticket) >> 32) + 1) & 0xffffffffu;
+  gen = (gen + 2) & 0xffffffffu;
   A_STORE(&P.ticket, gen << 32);
   if (A_LOAD(&P.sleepers) > 0) {
     pthread_mutex_lock(&P.mu);
