@@ -40,37 +40,26 @@ static int read_ints(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t n, int3
   return 0;
 }
 
-/* make0(op, dtype, arg, tag, meta) */
-static PyObject *fast_make0(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-  pg_store *st = store_of(self);
-  int32_t a[5], r;
-  if (!st || read_ints(args, nargs, 5, a, "make0") < 0) return NULL;
-  lock_take(st);
-  r = pg_store_make_locked(st, a[0], a[1], NULL, 0, a[2], a[3], a[4]);
-  pg_lock_drop(&st->lock);
-  return PyLong_FromLong(r);
-}
-
-/* make1(op, dtype, s0, arg, tag, meta) */
-static PyObject *fast_make1(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-  pg_store *st = store_of(self);
-  int32_t a[6], r;
-  if (!st || read_ints(args, nargs, 6, a, "make1") < 0) return NULL;
-  lock_take(st);
-  r = pg_store_make_locked(st, a[0], a[1], &a[2], 1, a[3], a[4], a[5]);
-  pg_lock_drop(&st->lock);
-  return PyLong_FromLong(r);
-}
-
-/* make2(op, dtype, s0, s1, arg, tag, meta) */
-static PyObject *fast_make2(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+/* a make of nsrc sources: (op, dtype, s0 .. s[nsrc-1], arg, tag, meta) */
+static PyObject *make_n(PyObject *self, PyObject *const *args, Py_ssize_t nargs, int nsrc, const char *what) {
   pg_store *st = store_of(self);
   int32_t a[7], r;
-  if (!st || read_ints(args, nargs, 7, a, "make2") < 0) return NULL;
+  if (!st || read_ints(args, nargs, 5 + nsrc, a, what) < 0) return NULL;
   lock_take(st);
-  r = pg_store_make_locked(st, a[0], a[1], &a[2], 2, a[4], a[5], a[6]);
+  r = pg_store_make_locked(st, a[0], a[1], nsrc ? &a[2] : NULL, nsrc, a[2 + nsrc], a[3 + nsrc], a[4 + nsrc]);
   pg_lock_drop(&st->lock);
   return PyLong_FromLong(r);
+}
+
+/* make0(op, dtype, arg, tag, meta), make1(op, dtype, s0, arg, tag, meta), make2(op, dtype, s0, s1, arg, tag, meta) */
+static PyObject *fast_make0(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  return make_n(self, args, nargs, 0, "make0");
+}
+static PyObject *fast_make1(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  return make_n(self, args, nargs, 1, "make1");
+}
+static PyObject *fast_make2(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  return make_n(self, args, nargs, 2, "make2");
 }
 
 /* make2k(op, dtype, s, kdtype, karg, kmeta, reversed, meta): pg_store_make2k */
