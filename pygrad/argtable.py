@@ -393,6 +393,11 @@ def _column(b: bytes, p: int, end: int, t: int, k: int, cnt: int, externals) -> 
   elif t == T_BIGINT: vals = [int.from_bytes(blob[a:c], "little", signed=True) for a, c in zip(offs, offs[1:])]
   elif blob.isascii():  # byte offsets are character offsets: one decode for the whole column
     s = blob.decode("ascii")
+    w = offs[1] if cnt else 0
+    if cnt > 1 and total == w * cnt and lens.min() == w and s == s[:w] * cnt:  # one string repeated (a model's
+      # devices; every length w, as the total of w each says only with the minimum): one object
+      one = s[:w]
+      return [one] * cnt, [(str, one)] * cnt, p
     vals = [s[a:c] for a, c in zip(offs, offs[1:])]
   else:
     try: vals = [blob[a:c].decode("utf-8", "surrogatepass") for a, c in zip(offs, offs[1:])]

@@ -193,6 +193,18 @@ def test_arg_table_round_trips_every_kind_of_arg():
   del every, small
 
 
+def test_string_columns_of_equal_and_unequal_lengths_round_trip():
+  """A string column is one blob with lengths; one string repeated is decoded once. Strings whose lengths add up to
+  a multiple of the first one's, and whose blob repeats it ("ab" + "a" + "bab"), must not be taken for a repeat."""
+  for names in (["ab", "a", "bab"], ["CPU"] * 5, ["x", "x", "xx"], ["", "", ""], ["ab", "ab", "ab", "abab"]):
+    vs = [UOp(Ops.DEFINE_VAR, dtypes.int32, (), (nm, 0, i)) for i, nm in enumerate(names)]
+    want = [v.arg for v in vs]
+    data = pygrad.dumps(vs)
+    del vs
+    gc.collect()
+    assert [v.arg for v in pygrad.loads(data)] == want
+
+
 def test_loading_the_same_bytes_again_decodes_no_arg_table(monkeypatch):
   """Regression (load speed): decoding the arg table is a fixed cost of numpy calls per skeleton, ~60% of loading a
   2,800-node model. A table of plain data decoded lately is handed out again: the graph comes back the same, alive
