@@ -9,13 +9,14 @@
    flags[i] a PG_PU_* set, shape[i] an id equal for equal shapes. users[i]: how many computed nodes read node i (a
    node is computed when it is read itself, an output, or not an elementwise/movement op); fused[i]: 1 for an
    elementwise value read several times whose readers are all elementwise nodes of its shape in one group (see
-   _fused_shared). Returns 0, PG_ERR_ARG for malformed input, PG_ERR_NOMEM. */
+   _fused_shared). Returns 0, PG_ERR_ARG for malformed input (src_len beyond INT32_MAX too: a count of users is at
+   most src_len, and int32 then cannot overflow), PG_ERR_NOMEM. */
 int pg_plan_users(int64_t n, const int32_t *nsrc, const int64_t *off, const int32_t *src, int64_t src_len,
                   const uint8_t *flags, const int32_t *shape, int32_t *users, uint8_t *fused) {
   int64_t i, total = 0;
   int64_t *start;
   int32_t *readers, *group;
-  if (n < 0 || n > INT32_MAX || src_len < 0) return PG_ERR_ARG;
+  if (n < 0 || n > INT32_MAX || src_len < 0 || src_len > INT32_MAX) return PG_ERR_ARG;
   if (n == 0) return 0;
   if (!nsrc || !off || !src || !flags || !shape || !users || !fused) return PG_ERR_ARG;
   for (i = 0; i < n; i++) {  /* the checks: sources earlier, inside src */

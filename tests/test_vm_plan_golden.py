@@ -153,6 +153,28 @@ def test_planned_loops_marked_reachable_have_every_node_live(name):
   loops = [k for k in pl.kernels if isinstance(k, Loop) and k.reachable]
   for k in loops: assert live_nodes(k.knodes, [s.src for s in k.stores]) == set(k.knodes)
 
+
+def test_the_c_users_sweep_refuses_malformed_arrays():
+  """pg_plan_users counts each node's users in int32: more edges than int32 holds are refused before anything is
+  read (no count can overflow), and so are sources that are not earlier nodes or lie past src."""
+  import numpy as np
+  from pygrad.engine.vmlib import ffi, lib
+  cp = ffi.from_buffer
+  n = 3
+  nsrc, off = np.array([0, 0, 2], np.int32), np.array([0, 0, 0], np.int64)
+  flags, shape = np.zeros(n, np.uint8), np.zeros(n, np.int32)
+  users, fused = np.empty(n, np.int32), np.empty(n, np.uint8)
+
+  def sweep(src, src_len):
+    return lib.pg_plan_users(n, cp("int32_t[]", nsrc), cp("int64_t[]", off), cp("int32_t[]", src), src_len,
+                             cp("uint8_t[]", flags), cp("int32_t[]", shape), cp("int32_t[]", users),
+                             cp("uint8_t[]", fused))
+  good = np.array([0, 1], np.int32)
+  assert sweep(good, 2) == 0 and users.tolist() == [1, 1, 0]
+  assert sweep(good, 2**31) == lib.PG_ERR_ARG  # (the array is not read: the count alone is refused)
+  assert sweep(good, 1) == lib.PG_ERR_ARG      # node 2's two sources do not fit in one entry
+  assert sweep(np.array([0, 2], np.int32), 2) == lib.PG_ERR_ARG  # node 2 reads itself
+
 if __name__ == "__main__":
   sys.setrecursionlimit(10_000)
   for n in sorted(GRAPHS): print(f"  {n!r}: {digest(n)!r},")

@@ -253,7 +253,9 @@ class _Graph:
     rc = self.lib.pg_plan_users(n, cp("int32_t[]", self.nsrc), cp("int64_t[]", self.off), cp("int32_t[]", self.src),
                                 len(self.src), cp("uint8_t[]", flags), cp("int32_t[]", sid), cp("int32_t[]", users),
                                 cp("uint8_t[]", fused))
-    if rc < 0: raise RuntimeError(f"pygrad planner: the users sweep failed ({rc})")
+    if rc == self.lib.PG_ERR_NOMEM: raise MemoryError(f"pygrad planner: no memory for the users of {n} nodes")
+    if rc < 0: raise RuntimeError(f"pygrad planner: the users sweep refused {n} nodes with {len(self.src)} edges "
+                                  f"(at most {2**31 - 1} edges in one program) ({rc})")
     ul = users.tolist()
     if type(nodes) is LazyNodes:  # the nodes made so far, and any made later
       nodes.users = ul
