@@ -203,19 +203,23 @@ def _approx_divmod(a, b):
   return q, a - b * q
 
 
-def _float_divmod(a, b):
+def _float_divmod(a, b, div_too: bool = True):
   """(a // b, a % b) as numpy computes them (npy_divmod): mod = fmod(a, b) exact; div = (a - mod) / b; where mod is
   nonzero with a sign other than b's, mod += b and div -= 1; a zero mod takes b's sign; the floor of div rounded to
   nearest (div - floor(div) > 0.5 adds 1), a zero quotient taking the sign of a / b; for b = 0, a / b and NaN.
-  float16/bfloat16 compute in float32 and round once, as numpy's half and ml_dtypes' bfloat16 do."""
+  float16/bfloat16 compute in float32 and round once, as numpy's half and ml_dtypes' bfloat16 do. Without div_too,
+  (None, a % b): the quotient's nodes, which a % b does not read, are not built."""
   dt = a.dtype
   if dt.itemsize == 2: a, b = a.cast(dtypes.float32), b.cast(dtypes.float32)
   mod, exact = _fmod64(a, b) if a.dtype is dtypes.float64 else (_fmod32(a, b), None)
-  div = (a - mod) / b
+  div = (a - mod) / b if div_too else None
   fix = mod.ne(0) & (b < 0).ne(mod < 0)
   mod = fix.where(mod + b, mod)
-  div = fix.where(div - 1, div)
   mod = mod.eq(0).where(_signbit(b).where(-0.0, 0.0), mod)
+  if not div_too:
+    if exact is not None: mod = exact.where(mod, _approx_divmod(a, b)[1])
+    return None, mod.cast(dt)
+  div = fix.where(div - 1, div)
   fl = div.floor()
   fl = (div - fl > 0.5).where(fl + 1, fl)
   q = a / b
@@ -230,7 +234,7 @@ def _float_divmod(a, b):
 
 
 def _float_floordiv(a, b): return _float_divmod(a, b)[0]
-def _float_mod(a, b): return _float_divmod(a, b)[1]
+def _float_mod(a, b): return _float_divmod(a, b, False)[1]
 
 
 _COS_TOP = {"float16": 2.0 ** 15, "bfloat16": 2.0 ** 127, "float32": 2.0 ** 127, "float64": 2.0 ** 1023}  # 2x finite below
