@@ -54,7 +54,7 @@ def _tensor(v, dt):
 class Node:
   """A pygrad node, its torch twin (None when torch is absent or the peer is not comparable here) and the nodes the
   call that made it read."""
-  def __init__(self, u, t, srcs=()): self.u, self.t, self.srcs, self.scale = u, t, tuple(srcs), None
+  def __init__(self, u, t, srcs=()): self.u, self.t, self.srcs, self.scale, self.zero = u, t, tuple(srcs), None, None
 
 
 def _values(rng, shape, dt, smooth=False):
@@ -224,6 +224,13 @@ class Fuzz:
         mag = np.abs(_np(a.t).astype(np.float64))
         count = max(1, math.prod(mag.shape[i] for i in (axes if axes is not None else range(mag.ndim))))
         n.scale = (mag.sum(axis=axes, keepdims=keep) if mag.ndim else mag) / (count if name == "mean" else 1)
+    if name == "prod" and dtypes.is_float(a.u.dtype) and n.t is not None and a.u.ndim:
+      # a known limit (README "Defined semantics"): a float product of finite entries one of which is 0 is 0, but
+      # where the others' partial products overflow it is NaN (0 * inf) in some orders: the VM's lanes, torch's
+      # vectors, numpy's loop each take their own. Marked here: the groups whose exact product is 0
+      with np.errstate(all="ignore"):
+        v = _np(a.t).astype(np.float64)
+        n.zero = (v == 0).any(axis=axes, keepdims=keep) & np.isfinite(v).all(axis=axes, keepdims=keep)
     return n
 
   @staticmethod
@@ -337,6 +344,21 @@ def compare(a, b, dt, exact: bool, zero_sign: bool = True, tol_dt=None) -> str |
   return f"at {i}: {a[i]!r} vs {b[i]!r}"
 
 
+def _known_prod(a, ref, n: Node):
+  """a, with ref's value where n is a float prod whose exact value is 0 and a is NaN and ref 0, or the other way
+  round (see Fuzz._reduce: the order-dependent overflow of a product with a zero entry, a known limit)."""
+  if n.zero is None: return a
+  a, ref = np.asarray(a), np.asarray(ref)
+  with np.errstate(all="ignore"):
+    known = n.zero & ((np.isnan(a) & (ref == 0)) | ((a == 0) & np.isnan(ref)))
+  if not known.any(): return a  # (the same object: the caller checks)
+  KNOWN[0] += int(known.sum())
+  return np.where(known, ref, a).astype(a.dtype)
+
+
+KNOWN = [0]  # values _known_prod let pass
+
+
 def run(seed: int, steps: int = 12) -> list[str]:
   """The discrepancies of one seed. Every node made is evaluated on each engine: the VM's thread counts must agree
   bit for bit, the VM with the numpy engine bit for bit where the node's graph is exact (else within tolerance).
@@ -357,11 +379,16 @@ def run(seed: int, steps: int = 12) -> list[str]:
   if bad: return bad + [f"  calls: {fz.calls}"]
   ref = res[("numpy", 1)]
   same_as_torch = {id(n): n.t is not None for n in fz.pool[:len(fz.inputs)]}
+  split: set = set()  # nodes at or after a known prod difference between the engines: their values may differ
   for i, (n, o) in enumerate(zip(nodes, outs)):
     ex, tdt = exact_graph(o), _tol_dtype(o)
+    if any(id(s) in split for s in n.srcs): split.add(id(n))
+    after = id(n) in split
     for key, vals in res.items():
-      if key == ("numpy", 1): continue
-      why = compare(vals[i], ref[i], o.dtype, ex, tol_dt=tdt)
+      if key == ("numpy", 1) or after: continue
+      v = _known_prod(vals[i], ref[i], n)
+      if v is not vals[i]: split.add(id(n))
+      why = compare(v, ref[i], o.dtype, ex, tol_dt=tdt)
       if key == ("c", 3) and why is None: why = compare(vals[i], res[("c", 1)][i], o.dtype, True)
       if why: bad.append(f"seed {seed} node {i} ({fz.calls[i]}) {o.dtype} {o.shape}: {key} vs numpy engine {why}")
     same_as_torch[id(n)] = False
@@ -371,6 +398,8 @@ def run(seed: int, steps: int = 12) -> list[str]:
       bad.append(f"seed {seed} node {i} ({fz.calls[i]}): torch shape {tv.shape} vs {o.shape}")
       continue
     if not dtypes.is_float(o.dtype): tv = tv.astype(ref[i].dtype)
+    tk = _known_prod(tv, ref[i], n)
+    if tk is not tv: continue  # (not the same as torch's: later calls are not blamed)
     if compare(ref[i], tv, o.dtype, True, zero_sign=False) is None:
       # a zero of the other sign is no finding here (README: +0 is above -0 in max, relu included, where torch keeps
       # the first operand), but a later 1/x or log makes it +-inf: only the same signs let later calls be blamed
@@ -526,4 +555,5 @@ if __name__ == "__main__":
     if out:
       found += 1
       print("\n".join(out), flush=True)
-  print(f"{n} seeds, {found} with discrepancies")
+  print(f"{n} seeds, {found} with discrepancies" + (f"; {KNOWN[0]} values of the known prod overflow limit (README) "
+                                                    f"passed" if KNOWN[0] else ""))
