@@ -362,7 +362,10 @@ def build(ops, dtypes, srcs, args=None, arg_index=None, tags=None, roots=None) -
        or start[-1] != len(src):
       raise ValueError("pygrad.build: srcs (starts, flat) must have n + 1 increasing starts from 0 to len(flat)")
   else:
-    s2 = np.asarray(srcs)
+    try: s2 = np.asarray(srcs)
+    except (ValueError, TypeError):  # ragged lists: numpy's own message names no argument
+      raise ValueError("pygrad.build: srcs must be an int array (n, k) padded with -1, or a pair (starts, flat); got "
+                       f"{type(srcs).__name__} of rows of different lengths") from None
     if s2.ndim != 2 or len(s2) != n or s2.dtype.kind not in "iu":
       raise ValueError(f"pygrad.build: srcs must be an int array (n, k) padded with -1, got {s2.dtype} {s2.shape}")
     if (s2 < -1).any():

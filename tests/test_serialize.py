@@ -323,6 +323,7 @@ def test_build_many_nodes_shares_signatures():
   ([Ops.BUFFER, Ops.RESHAPE], [11, 11], [[-1], [0]], [(0, (2,), "CPU", None), "ab"], "node 1: RESHAPE"),
   ([Ops.BUFFER, Ops.SIN], [11, 3], [[-1], [0]], [(0, (2,), "CPU", None), None], "node 1: SIN"),
   ([Ops.CONST], [11], [[-1]], [1], "node 0: CONST"),
+  ([Ops.BUFFER, Ops.ADD], [11, 11], [[], [0, 0]], [(0, (2,), "CPU", None), None], "rows of different lengths"),
   ([Ops.BUFFER, Ops.SINK], [11, 11], [[-1], [0]], [(0, (2,), "CPU", None), None], "node 1: SINK has dtype void"),
   ([Ops.BUFFER, Ops.BUFFER], [11, 11], [[-1], [-1]], [(0, (2,), "CPU", None), (1, (2,), 5, None)],
    "node 1: BUFFER: device must be a str"),
