@@ -380,15 +380,20 @@ def run(seed: int, steps: int = 12) -> list[str]:
   ref = res[("numpy", 1)]
   same_as_torch = {id(n): n.t is not None for n in fz.pool[:len(fz.inputs)]}
   split: set = set()  # nodes at or after a known prod difference between the engines: their values may differ
+  apart: set = set()  # nodes whose VM value is not the numpy engine's bit for bit (an inexact graph's rounding)
   for i, (n, o) in enumerate(zip(nodes, outs)):
     ex, tdt = exact_graph(o), _tol_dtype(o)
     if any(id(s) in split for s in n.srcs): split.add(id(n))
-    after = id(n) in split
+    after, srcs_apart = id(n) in split, any(id(s) in apart for s in n.srcs)
     for key, vals in res.items():
       if key == ("numpy", 1) or after: continue
       v = _known_prod(vals[i], ref[i], n)
       if v is not vals[i]: split.add(id(n))
       why = compare(v, ref[i], o.dtype, ex, tol_dt=tdt)
+      # sources apart within tolerance: a call that magnifies it is not to blame (seed 42221: a float32 sum 1.131298e32
+      # here, 1.1313064e32 on the VM, as torch's; its % 5.448981 is then 4.05 against 0.028)
+      if why and srcs_apart: why = None
+      if key == ("c", 1) and compare(v, ref[i], o.dtype, True) is not None: apart.add(id(n))
       if key == ("c", 3) and why is None: why = compare(vals[i], res[("c", 1)][i], o.dtype, True)
       if why: bad.append(f"seed {seed} node {i} ({fz.calls[i]}) {o.dtype} {o.shape}: {key} vs numpy engine {why}")
     same_as_torch[id(n)] = False
