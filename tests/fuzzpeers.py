@@ -436,15 +436,6 @@ def _forward_agrees(fz, ref) -> bool:
 GRAD_TOL = 1e-6  # float64 gradients, relative to the larger of |torch's| and its largest finite magnitude
 
 
-def _grad_close(g, w) -> str | None:
-  ok = np.isfinite(w)
-  scale = np.abs(w[ok]).max(initial=1.0)
-  with np.errstate(invalid="ignore"): bad = ok & ~(np.abs(g - w) <= GRAD_TOL * (np.abs(w) + scale))  # inf - inf
-  if not bad.any(): return None
-  i = tuple(np.argwhere(bad)[0])
-  return f"at {i}: {g[i]!r} vs torch {w[i]!r}"
-
-
 def _twins(fz, dt):
   """(fz, the `dt` inputs with a torch twin, the `dt` nodes whose twin requires grad): grad_run's targets and loss."""
   return fz, [n for n in fz.pool[:len(fz.inputs)] if n.u.dtype is dt and n.t is not None], \
@@ -463,20 +454,22 @@ def _torch_grads(fz, xs, outs, ws, vs, wv):
           for t, x in zip(list(t1) + list(t2), xs + xs)]
 
 
-def _judged(g, w64, w32s, mine) -> str | None:
-  """float32: pygrad's gradient within GRAD_SLACK32 times the rounding noise at this element, plus GRAD_TOL32
-  relative, where the float64 gradient is finite. The noise is the larger of torch float32's error (against the graph
-  run in float64) and of how much pygrad's own value moves, over runs at the inputs moved 0, 2, 4 and 6 ulps: a
-  gradient of x / x at a small x is rounding noise ~eps / x**2, which either float32 computation may cancel to 0."""
+def _judged(g, w64, w32s=(), mine=(), tol: float = GRAD_TOL) -> str | None:
+  """Where torch's float64 gradient w64 is finite, whether pygrad's g is within tol of it (relative to |w64| and to
+  its largest finite magnitude). float32 (w32s, mine given; tol GRAD_TOL32) adds GRAD_SLACK32 times the rounding
+  noise at this element: the larger of torch float32's error (w32s, against the graph run in float64) and of how much
+  pygrad's own value moves (mine), over runs at the inputs moved 0, 2, 4 and 6 ulps: a gradient of x / x at a small x
+  is rounding noise ~eps / x**2, which either float32 computation may cancel to 0."""
   ok = np.isfinite(w64)
   scale = np.abs(w64[ok]).max(initial=1.0)
-  with np.errstate(invalid="ignore"):
+  with np.errstate(invalid="ignore"):  # (inf - inf)
     noise = np.zeros(w64.shape)
     for w32 in w32s: noise = np.fmax(noise, np.where(np.isfinite(w32), np.abs(w32 - w64), np.inf))
     for m in mine[1:]: noise = np.fmax(noise, np.abs(np.asarray(m, np.float64) - mine[0]))
-    bad = ok & ~(np.abs(g - w64) <= GRAD_SLACK32 * noise + GRAD_TOL32 * (np.abs(w64) + scale))
+    bad = ok & ~(np.abs(g - w64) <= GRAD_SLACK32 * noise + tol * (np.abs(w64) + scale))
   if not bad.any(): return None
   i = tuple(np.argwhere(bad)[0])
+  if not w32s: return f"at {i}: {g[i]!r} vs torch {w64[i]!r}"
   return f"at {i}: {g[i]!r} vs torch float64 {w64[i]!r} (float32 {w32s[0][i]!r}, its error up to {noise[i]:.3g})"
 
 
@@ -541,8 +534,8 @@ def grad_run(seed: int, steps: int = 12, dt=dtypes.float64) -> list[str]:
     for k, (g, w) in enumerate(zip(vals_, want)):
       order, x = 1 + k // len(xs), xs[k % len(xs)]
       g = np.asarray(g, np.float64)
-      why = _grad_close(g, w) if wide is None else _judged(g, want64[k], [r[k] for r in runs],
-                                                            [np.asarray(m[k], np.float64) for m in mine])
+      why = _judged(g, w) if wide is None else _judged(g, want64[k], [r[k] for r in runs],
+                                                            [np.asarray(m[k], np.float64) for m in mine], GRAD_TOL32)
       if why: bad.append(f"seed {seed} order {order} d/d{x.u.arg[3] if x.u.arg else k} ({dt.name}) on {key}: {why}")
   return bad + ([f"  calls: {fz.calls}"] if bad else [])
 
