@@ -10,14 +10,18 @@
 #define Py_LIMITED_API 0x030A0000
 #endif
 #include <Python.h>
+#include <stdint.h>
 
 /* a handle's fields (pyhandle.c's type; uop.py's _id, _op, _dtype, _arg, _tag, _shape, _device, _src, _m) */
 #define PG_HANDLE_FIELDS 9
 enum { PG_H_ID, PG_H_OP, PG_H_DTYPE, PG_H_ARG, PG_H_TAG, PG_H_SHAPE, PG_H_DEVICE, PG_H_SRC, PG_H_META };
+typedef struct pg_reg pg_reg;
 typedef struct {
   PyObject_HEAD
   PyObject *f[PG_HANDLE_FIELDS];
   PyObject *weakrefs;
+  pg_reg *reg;   /* the registry it is published in, while it owns a core reference on node nid; else NULL */
+  int32_t nid;
 } pg_handle;
 
 /* pyhandle.c: the handle base type (a new reference; made on the first call), and the builtin ctor(cls) that
@@ -36,7 +40,27 @@ int pg_py_is_handle_type(PyObject *cls);
 struct pg_store;
 struct pg_store *pg_py_store_of(PyObject *cap);
 void pg_py_lock_take(struct pg_store *st);
-/* pymake.c: makers(cls, handles, reftype, callback), bound to a store's capsule */
+/* pyreg.c: the handle registry (node id -> its live handle, a borrowed pointer), with the GIL held.
+   pg_reg_new: a registry for the store of capsule storecap and handles of class cls (lives as long as the process).
+   pg_reg_live: the live handle of node id (borrowed), or NULL. pg_reg_wrap: the unique handle of node id, taking
+   over the caller's reference on it (dropped if a handle exists, or on failure: NULL with an exception set).
+   pg_reg_unlink: empty h's slot if it holds h (a cleared or dying handle). pg_reg_release: h's core reference
+   queued for release (dropped in batches of PG_REG_BATCH); pg_reg_flush: every queued reference dropped now.
+   pg_reg_capsule / pg_reg_from: the registry in a capsule and back (pg_reg_store: its store); pg_reg_calls(capsule): the tuple of its
+   builtins for uop.py (wrap, lookup, flush) */
+#define PG_REG_BATCH 256
+pg_reg *pg_reg_new(PyObject *storecap, PyTypeObject *cls);
+PyObject *pg_reg_live(const pg_reg *r, int32_t id);
+PyObject *pg_reg_wrap(pg_reg *r, int32_t id, PyObject *op, PyObject *dtype, PyObject *arg, PyObject *tag,
+                      PyObject *shape, PyObject *device, PyObject *meta);
+void pg_reg_unlink(pg_handle *h);
+void pg_reg_release(pg_handle *h);
+void pg_reg_flush(pg_reg *r);
+PyObject *pg_reg_capsule(pg_reg *r);
+pg_reg *pg_reg_from(PyObject *cap);
+struct pg_store *pg_reg_store(const pg_reg *r);
+PyObject *pg_reg_calls(PyObject *cap);
+/* pymake.c: makers(cls), bound to a store's capsule */
 extern PyMethodDef pg_py_makers_def;
 
 #endif

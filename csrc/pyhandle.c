@@ -1,8 +1,9 @@
 /* The base type of the C core's UOp handles: the nine fields of a handle (uop.py's _id, _op, _dtype, _arg, _tag,
    _shape, _device, _src, _m) in a C struct, read and written from Python as member slots like the __slots__ they
    replace, and made in one call by a constructor bound to the UOp class. A Python handle made field by field cost
-   ~200 ns (object.__new__ and nine slot stores); the constructor does it in one allocation. Weak references (the
-   handle registry's) and the cyclic GC work as for any Python object; UOp subclasses this type in Python. */
+   ~200 ns (object.__new__ and nine slot stores); the constructor does it in one allocation. Weak references and
+   the cyclic GC work as for any Python object; UOp subclasses this type in Python. A handle
+   published in the registry (pyreg.c) owns one core reference on its node, released by its dealloc. */
 #include "pyapi.h"
 #include <stddef.h>
 #include <structmember.h>
@@ -19,21 +20,27 @@ static int handle_traverse(PyObject *self, visitproc visit, void *arg) {
   return 0;
 }
 
-/* drop every field (cycle collection, and dealloc) */
+/* drop every field (cycle collection, and dealloc); a cleared handle leaves the registry (pyreg.c), so a lookup
+   makes a new handle rather than find this one without its fields, but keeps its core reference until dealloc */
 static int handle_clear(PyObject *self) {
   pg_handle *h = (pg_handle *)self;
   int i;
+  pg_reg_unlink(h);
   for (i = 0; i < NFIELDS; i++) Py_CLEAR(h->f[i]);
   return 0;
 }
 
-/* weak references first (the registry's callback then runs with the fields intact), then the fields */
+/* out of the registry first (nothing run below -- weak reference callbacks, the fields' deallocs -- can find the
+   dying handle), then weak references, the fields, and last its core reference (queued: pyreg.c) */
 static void handle_dealloc(PyObject *self) {
   PyTypeObject *tp = Py_TYPE(self);
   freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+  pg_handle *h = (pg_handle *)self;
   PyObject_GC_UnTrack(self);
-  if (((pg_handle *)self)->weakrefs) PyObject_ClearWeakRefs(self);
+  pg_reg_unlink(h);
+  if (h->weakrefs) PyObject_ClearWeakRefs(self);
   handle_clear(self);
+  pg_reg_release(h);
   tp_free(self);
   Py_DECREF(tp);
 }
@@ -87,6 +94,7 @@ PyObject *pg_py_handle_new(PyTypeObject *cls, PyObject *id, PyObject *op, PyObje
     Py_INCREF(v[i]);
     h->f[i] = v[i];
   }
+  h->reg = NULL, h->nid = -1;  /* unpublished: pyreg.c publishes it */
   return (PyObject *)h;
 }
 

@@ -1,14 +1,10 @@
-/* The math methods' whole fast path in one call: make the node (pyfast.c's store calls) and, if Python has no
-   handle for it yet, make its handle (pyhandle.c) and publish it in uop.py's registry (node id -> its _Ref, a weak
-   reference whose callback drops the handle's core reference). Done from Python this was a store call, a dict
-   probe, the handle, the weak reference and dict.setdefault: ~500 ns of a ~900 ns method. Each call returns the new
-   handle, or an int for Python to finish: a node id (with the caller's new reference) when the node already has a
-   registry entry, or a negative store code. The calls are bound to a configuration tuple (see pg_py_makers). */
+/* The math methods' whole fast path in one call: make the node (pyfast.c's store calls) and return its unique
+   handle: the live one if Python has it (the new reference dropped at once, under the same store lock), else a new
+   handle published in the registry (pyreg.c). Done from Python this was a store call, a registry probe, the
+   handle, a weak reference and dict.setdefault: ~500 ns of a ~900 ns method. Each call returns the handle, or a
+   negative store code as an int. The calls are bound to a capsule of the registry (see makers). */
 #include "pyapi.h"
 #include "store_impl.h"
-
-/* the configuration: (store capsule, handle class, registry dict, reference type, its callback, "nid") */
-enum { CFG_STORE, CFG_CLS, CFG_HANDLES, CFG_REF, CFG_CALLBACK, CFG_NIDNAME, CFG_N };
 
 /* the int32 field i of handle o, or -1 with TypeError set if o is no complete handle */
 static int field_i32(PyObject *o, int i, int32_t *out) {
@@ -40,63 +36,36 @@ static int arg_i32(PyObject *v, int32_t *out) {
   return 0;
 }
 
-/* drop the reference a make gave (the handle that was to own it was not made) */
-static void drop(pg_store *st, int32_t nid) {
-  pg_py_lock_take(st);
-  pg_store_decref_locked(st, nid);
-  pg_lock_drop(&st->lock);
+/* the store and registry of the capsule the calls are bound to (NULL with an exception set if it is none) */
+static pg_store *cfg_store(PyObject *cap, pg_reg **reg) {
+  if (!(*reg = pg_reg_from(cap))) return NULL;
+  return pg_reg_store(*reg);
 }
 
-/* the handle of the new reference on node nid (see the file comment for what is returned instead) */
-static PyObject *publish(PyObject *cfg, pg_store *st, int32_t nid, PyObject *op, PyObject *dtype, PyObject *arg,
-                         PyObject *shape, PyObject *device, PyObject *meta) {
-  PyObject *handles = PyTuple_GetItem(cfg, CFG_HANDLES), *id, *o, *w, *had;
-  int r;
-  if (nid < 0) return PyLong_FromLong(nid);
-  if (!(id = PyLong_FromLong(nid))) goto fail;
-  if ((r = PyDict_Contains(handles, id)) != 0) {
-    if (r < 0) goto fail_id;
-    return id;  /* an entry: Python's _wrap decides (a live handle, or a dead one to replace) */
+/* the end of a make, with the store's lock held: the live handle of the new reference on nid (dropped), or NULL
+   (a new handle is needed: the caller publishes one) -- the lock is released either way */
+static PyObject *existing_unlock(pg_store *st, pg_reg *reg, int32_t nid) {
+  PyObject *o = nid >= 0 ? pg_reg_live(reg, nid) : NULL;
+  if (o) {
+    pg_store_decref_locked(st, nid);  /* cannot free it: its handle holds a reference */
+    Py_INCREF(o);
   }
-  if (!(o = pg_py_handle_new((PyTypeObject *)PyTuple_GetItem(cfg, CFG_CLS), id, op, dtype, arg, Py_None, shape,
-                             device, meta)))
-    goto fail_id;
-  w = PyObject_CallFunctionObjArgs(PyTuple_GetItem(cfg, CFG_REF), o, PyTuple_GetItem(cfg, CFG_CALLBACK), NULL);
-  if (!w) goto fail_o;
-  if (PyObject_SetAttr(w, PyTuple_GetItem(cfg, CFG_NIDNAME), id) < 0) goto fail_w;
-  /* the allocations above may have run a collection, and its callbacks other threads: look again, then claim
-     with nothing run in between (under the GIL; setdefault where there is no GIL) */
-#ifdef Py_LIMITED_API
-  had = PyDict_GetItemWithError(handles, id);
-  if (!had && PyErr_Occurred()) goto fail_w;
-  if (!had && PyDict_SetItem(handles, id, w) < 0) goto fail_w;
-#else
-  had = PyDict_SetDefault(handles, id, w);
-  if (!had) goto fail_w;
-  if (had == w) had = NULL;
-#endif
-  if (had) {  /* another thread published meanwhile: Python's _wrap takes that one */
-    Py_DECREF(w);  /* first, so no callback runs for o */
-    Py_DECREF(o);
-    return id;
-  }
-  Py_DECREF(w);  /* the registry holds it */
-  Py_DECREF(id);
+  pg_lock_drop(&st->lock);
   return o;
-fail_w:
-  Py_DECREF(w);
-fail_o:
-  Py_DECREF(o);
-fail_id:
-  Py_DECREF(id);
-fail:
-  drop(st, nid);
-  return NULL;
+}
+
+/* the handle of the new reference on node nid, or nid itself if it is a negative store code */
+static PyObject *publish(pg_reg *reg, int32_t nid, PyObject *op, PyObject *dtype, PyObject *arg, PyObject *shape,
+                         PyObject *device, PyObject *meta) {
+  if (nid < 0) return PyLong_FromLong(nid);
+  return pg_reg_wrap(reg, nid, op, dtype, arg, Py_None, shape, device, meta);
 }
 
 /* unary(op, dtype, dtype_id, x): op(x), x's shape, device and meta */
 static PyObject *mk_unary(PyObject *cfg, PyObject *const *args, Py_ssize_t nargs) {
-  pg_store *st = pg_py_store_of(PyTuple_GetItem(cfg, CFG_STORE));
+  pg_reg *reg = NULL;
+  pg_store *st = cfg_store(cfg, &reg);
+  PyObject *o;
   pg_handle *x;
   int32_t op, did, xid, m, nid;
   if (!st) return NULL;
@@ -107,13 +76,15 @@ static PyObject *mk_unary(PyObject *cfg, PyObject *const *args, Py_ssize_t nargs
   x = (pg_handle *)args[3];
   pg_py_lock_take(st);
   nid = pg_store_make_locked(st, op, did, &xid, 1, 0, 0, m);
-  pg_lock_drop(&st->lock);
-  return publish(cfg, st, nid, args[0], args[1], Py_None, x->f[PG_H_SHAPE], x->f[PG_H_DEVICE], x->f[PG_H_META]);
+  if ((o = existing_unlock(st, reg, nid))) return o;
+  return publish(reg, nid, args[0], args[1], Py_None, x->f[PG_H_SHAPE], x->f[PG_H_DEVICE], x->f[PG_H_META]);
 }
 
 /* binary(op, dtype, dtype_id, a, b): op(a, b), a's shape, device and meta */
 static PyObject *mk_binary(PyObject *cfg, PyObject *const *args, Py_ssize_t nargs) {
-  pg_store *st = pg_py_store_of(PyTuple_GetItem(cfg, CFG_STORE));
+  pg_reg *reg = NULL;
+  pg_store *st = cfg_store(cfg, &reg);
+  PyObject *o;
   pg_handle *a;
   int32_t op, did, src[2], m, nid;
   if (!st) return NULL;
@@ -124,14 +95,16 @@ static PyObject *mk_binary(PyObject *cfg, PyObject *const *args, Py_ssize_t narg
   a = (pg_handle *)args[3];
   pg_py_lock_take(st);
   nid = pg_store_make_locked(st, op, did, src, 2, 0, 0, m);
-  pg_lock_drop(&st->lock);
-  return publish(cfg, st, nid, args[0], args[1], Py_None, a->f[PG_H_SHAPE], a->f[PG_H_DEVICE], a->f[PG_H_META]);
+  if ((o = existing_unlock(st, reg, nid))) return o;
+  return publish(reg, nid, args[0], args[1], Py_None, a->f[PG_H_SHAPE], a->f[PG_H_DEVICE], a->f[PG_H_META]);
 }
 
 /* binaryk(op, dtype, dtype_id, a, kdtype_id, karg, kmeta, reversed): op(a, k) or op(k, a) with the CONST k made in
    the same call (pg_store_make2k), a's shape, device and meta */
 static PyObject *mk_binaryk(PyObject *cfg, PyObject *const *args, Py_ssize_t nargs) {
-  pg_store *st = pg_py_store_of(PyTuple_GetItem(cfg, CFG_STORE));
+  pg_reg *reg = NULL;
+  pg_store *st = cfg_store(cfg, &reg);
+  PyObject *o;
   pg_handle *a;
   int32_t op, did, aid, m, kd, ka, km, rev, nid;
   if (!st) return NULL;
@@ -143,13 +116,15 @@ static PyObject *mk_binaryk(PyObject *cfg, PyObject *const *args, Py_ssize_t nar
   a = (pg_handle *)args[3];
   pg_py_lock_take(st);
   nid = pg_store_make2k_locked(st, op, did, aid, kd, ka, km, rev, m);
-  pg_lock_drop(&st->lock);
-  return publish(cfg, st, nid, args[0], args[1], Py_None, a->f[PG_H_SHAPE], a->f[PG_H_DEVICE], a->f[PG_H_META]);
+  if ((o = existing_unlock(st, reg, nid))) return o;
+  return publish(reg, nid, args[0], args[1], Py_None, a->f[PG_H_SHAPE], a->f[PG_H_DEVICE], a->f[PG_H_META]);
 }
 
 /* moved(op, dtype, dtype_id, x, arg, arg_id, shape, meta): op(x) with an arg, of this shape and meta (x's device) */
 static PyObject *mk_moved(PyObject *cfg, PyObject *const *args, Py_ssize_t nargs) {
-  pg_store *st = pg_py_store_of(PyTuple_GetItem(cfg, CFG_STORE));
+  pg_reg *reg = NULL;
+  pg_store *st = cfg_store(cfg, &reg);
+  PyObject *o;
   pg_handle *x;
   int32_t op, did, xid, aid, m, nid;
   if (!st) return NULL;
@@ -160,8 +135,8 @@ static PyObject *mk_moved(PyObject *cfg, PyObject *const *args, Py_ssize_t nargs
   x = (pg_handle *)args[3];
   pg_py_lock_take(st);
   nid = pg_store_make_locked(st, op, did, &xid, 1, aid, 0, m);
-  pg_lock_drop(&st->lock);
-  return publish(cfg, st, nid, args[0], args[1], args[4], args[6], x->f[PG_H_DEVICE], args[7]);
+  if ((o = existing_unlock(st, reg, nid))) return o;
+  return publish(reg, nid, args[0], args[1], args[4], args[6], x->f[PG_H_DEVICE], args[7]);
 }
 
 static PyMethodDef mk_defs[] = {
@@ -174,40 +149,33 @@ static PyMethodDef mk_defs[] = {
 };
 #define NMK ((int)(sizeof mk_defs / sizeof mk_defs[0]))
 
-/* makers(cls, handles, reftype, callback): (unary, binary, binaryk, moved) bound to this store (self, a capsule),
-   the handle class (a subclass of the handle type), the registry dict and how its entries are made */
-static PyObject *makers(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-  PyObject *cfg, *t;
+/* makers(cls): (unary, binary, binaryk, moved, wrap, lookup, flush) for handles of cls (a subclass of the handle
+   type) on this store (self, its capsule): the makers above and the registry's calls (pyreg.c), all bound to one
+   new registry. Called once per process (uop.py): a registry is never freed (see pyreg.c) */
+static PyObject *makers(PyObject *self, PyObject *cls) {
+  PyObject *cap, *calls, *t;
+  pg_reg *reg;
   int i;
-  if (nargs != 4 || !PyType_Check(args[0]) || !PyDict_Check(args[1]) || !PyType_Check(args[2]) ||
-      !PyCallable_Check(args[3]))
-    return PyErr_Format(PyExc_TypeError, "pygrad C core: makers(cls, handles, reftype, callback)");
-  if (!pg_py_is_handle_type(args[0]))
+  if (!pg_py_is_handle_type(cls))
     return PyErr_Format(PyExc_TypeError, "pygrad C core: makers: cls is no subclass of the handle type");
-  if (!(cfg = PyTuple_New(CFG_N))) return NULL;
-  Py_INCREF(self);
-  PyTuple_SetItem(cfg, CFG_STORE, self);
-  for (i = 0; i < 4; i++) {
-    Py_INCREF(args[i]);
-    PyTuple_SetItem(cfg, CFG_CLS + i, args[i]);
-  }
-  {
-    PyObject *name = PyUnicode_InternFromString("nid");
-    if (!name) {
-      Py_DECREF(cfg);
-      return NULL;
+  if (!(reg = pg_reg_new(self, (PyTypeObject *)cls))) return NULL;
+  if (!(cap = pg_reg_capsule(reg))) return NULL;  /* (reg stays: it holds only the store's capsule and cls) */
+  calls = pg_reg_calls(cap);
+  t = calls ? PyTuple_New(NMK + PyTuple_Size(calls)) : NULL;
+  for (i = 0; t && i < NMK + PyTuple_Size(calls); i++) {
+    PyObject *f;
+    if (i < NMK) f = PyCFunction_NewEx(&mk_defs[i], cap, NULL);
+    else {
+      f = PyTuple_GetItem(calls, i - NMK);
+      Py_XINCREF(f);
     }
-    PyTuple_SetItem(cfg, CFG_NIDNAME, name);
-  }
-  t = PyTuple_New(NMK);
-  for (i = 0; t && i < NMK; i++) {
-    PyObject *f = PyCFunction_NewEx(&mk_defs[i], cfg, NULL);
     if (!f) Py_CLEAR(t);
-    else PyTuple_SetItem(t, i, f);
+    else PyTuple_SetItem(t, i, f);  /* steals f */
   }
-  Py_DECREF(cfg);
+  Py_XDECREF(calls);
+  Py_DECREF(cap);  /* the functions hold it */
   return t;
 }
 
-PyMethodDef pg_py_makers_def = {"makers", (PyCFunction)(void (*)(void))makers, METH_FASTCALL,
-                                "makers(cls, handles, reftype, callback): (unary, binary, binaryk, moved)"};
+PyMethodDef pg_py_makers_def = {"makers", makers, METH_O,
+                                "makers(cls): (unary, binary, binaryk, moved, wrap, lookup, flush)"};

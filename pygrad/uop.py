@@ -607,12 +607,46 @@ def _py_moved(op: Ops, dtype: DType, did: int, x: UOp, arg, aid: int, shape: tup
 # The math methods' fast path in one call each (csrc/pymake.c on the C core): make the node and, if Python has no
 # handle for it, make the handle and publish it (see _publish for what comes back otherwise). The C core also makes
 # any handle in one call (csrc/pyhandle.c): ~200 ns field by field from Python.
+def _registered(nid: int) -> bool:
+  """Whether the registry holds a live handle of node nid."""
+  r = _handles.get(nid)
+  return r is not None and r() is not None
+
+
 if CORE.makers is None:
   _hnew = _py_hnew
   _mk_unary, _mk_binary, _mk_binaryk, _mk_moved = _py_unary, _py_binary, _py_binaryk, _py_moved
 else:
-  _hnew = CORE.handle_ctor(UOp)
-  _mk_unary, _mk_binary, _mk_binaryk, _mk_moved = CORE.makers(UOp, _handles, _Ref, _on_dead)
+  # The C core keeps the registry in C (csrc/pyreg.c): each node id's slot holds a borrowed pointer to its live
+  # handle, and a handle's dealloc empties the slot and queues its core reference for release (in the batches of
+  # pygrad/core/release.py, so both cores free nodes in the same order). _handles stays empty; these replace the
+  # Python forms above, which weighed a weak reference object and a dict entry per handle.
+  _hnew = CORE.handle_ctor(UOp)  # (an unpublished handle: no registry entry, no core reference)
+  _mk_unary, _mk_binary, _mk_binaryk, _mk_moved, _cwrap, _lookup, CORE.flush_handles = CORE.makers(UOp)
+
+  def _wrap(nid: int, op: Ops, dtype: DType, arg, tag, shape, device, meta: int) -> UOp:  # noqa: F811
+    """The unique handle of a node the caller holds one new reference on (dropped if a handle exists already)."""
+    o = _cwrap(nid, op, dtype, arg, tag, shape, device, meta)
+    if _md_open: _attach_current(o)
+    return o
+
+  def handle(nid: int) -> UOp:  # noqa: F811
+    """The handle of a live node id (made now if Python has none)."""
+    o = _lookup(nid)
+    if o is not None: return o
+    op, dt, _, aid, tid, mid, _ = _core_info(nid)
+    _core_incref(nid)
+    shape, device = _meta_vals[mid]
+    return _cwrap(nid, _OPS[op], BY_ID[dt], _args_objs[aid], _args_objs[tid] if tid else None, shape, device, mid)
+
+  def adopt(nid: int, op: Ops, dtype: DType, arg, tag, meta: int) -> UOp:  # noqa: F811
+    """handle(nid) for a node whose fields the caller knows, taking over a reference the caller holds on it."""
+    shape, device = _meta_vals[meta]
+    return _cwrap(nid, op, dtype, arg, tag, shape, device, meta)
+
+  def _registered(nid: int) -> bool:  # noqa: F811
+    """Whether the registry holds a live handle of node nid."""
+    return _lookup(nid) is not None
 _KEEP_DTYPE = frozenset({Ops.CAST, Ops.BITCAST, Ops.CONST, Ops.DEFINE_VAR, Ops.BUFFER, Ops.PARAM})
 
 

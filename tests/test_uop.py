@@ -804,9 +804,87 @@ def test_dead_handles_are_released_batched_and_unregistered():
     assert pygrad.live_nodes() == base + 2 * n
     del ys
     assert pygrad.live_nodes() == base + n
-    assert not any(i in pygrad.uop._handles for i in ids)
+    assert not any(pygrad.uop._registered(i) for i in ids)
     del ps
     assert pygrad.live_nodes() == base
+
+
+def test_a_dying_handle_is_never_found_again():
+  """A weak reference callback of a dying handle runs when nothing can reach it: looking its node up from there
+  makes a new handle (never the dying one back), and every node is freed once that one goes too."""
+  import weakref
+  from pygrad.uop import handle
+  base = live_after_gc()
+  x = ph(5)
+  y = x.sin()
+  nid, seen = y._id, []
+
+  def cb(_):
+    h = handle(nid)  # the node is alive (the dying handle's reference is not dropped yet): a fresh handle
+    seen.append((h._id, h.op, h.src[0] is x))
+
+  w = weakref.ref(y, cb)
+  del y
+  assert seen == [(nid, Ops.SIN, True)] and w() is None
+  assert x.sin()._id == nid or not pygrad.uop._registered(nid)
+  del x
+  assert live_after_gc() == base
+
+
+def test_handles_of_every_path_are_one_registry():
+  """Methods, handle(), a loaded graph's roots, the bulk builder's roots and a gradient's results give the one
+  handle of each node: `is` across paths, and live_nodes() back to the baseline once they all go."""
+  import pickle
+  from pygrad.uop import handle
+  base = live_after_gc()
+  x = ph(2, 3, name="paths")
+  y = (x * 2.0).sin() + x
+  assert handle(y._id) is y and handle(y.src[0]._id) is y.src[0]
+  z = pickle.loads(pickle.dumps(y))
+  assert z is y
+  g = y.sum().gradient(x)[0]
+  assert handle(g._id) is g and g is y.sum().gradient(x)[0]
+  from pygrad import serialize
+  assert serialize.loads(serialize.dumps(y)) is y
+  n = 3  # the bulk builder: placeholder-free rows, so the table's nodes are the method-made ones
+  c = UOp.const(1.5)
+  built = serialize.build([int(Ops.CONST), int(Ops.SIN), int(Ops.EXP2)][:n], [F32.id] * n,
+                          np.array([[-1], [0], [1]]), [1.5, None, None])
+  assert built[0] is c.sin().exp2() and built[0].src[0].src[0] is c
+  del y, z, g, c, built
+  del x
+  assert live_after_gc() == base
+
+
+def test_cycles_through_a_handle_are_collected():
+  """A handle reachable from its own arg (a custom gradient closing over the node) is freed by the cyclic
+  collector, and its node with it; a lookup meanwhile finds no half-cleared handle."""
+  base = live_after_gc()
+  for _ in range(50):
+    x = ph(3)
+    box: list = []
+    f = UOp(Ops.SINK, None, (x.sin(),)).call(x, grad_fxn=lambda *a: box)
+    box.append(f)
+    del x, f, box
+  assert live_after_gc() == base
+
+
+def test_deep_chains_of_cached_sources_are_freed():
+  """Dropping the last handle of a long chain whose handles cache their sources (a chain of handle deaths the
+  interpreter defers in its trashcan) frees every node, with lookups of the chain's nodes in between."""
+  from pygrad.uop import handle
+  base = live_after_gc()
+  x = ph(4)
+  y, ids = x, []
+  for _ in range(20000):
+    y = y.sin()
+    _ = y.src  # the handle now holds its source's handle
+    ids.append(y._id)
+  assert handle(ids[100]) is handle(ids[100])
+  del y, _
+  assert live_after_gc() == base + 1
+  del x
+  assert live_after_gc() == base
 
 
 def test_cached_movement_survives_its_arg_id_being_drained():

@@ -175,7 +175,13 @@ class CCore:
       except (OverflowError, TypeError): r = lib.PG_ERR_BADID
       if r: _raise(r, "arg_register", aid)
     self.arg_register = arg_register
-    self.release, self.flush = deferred(decref_many)
+    self.release, pyflush = deferred(decref_many)
+
+    def flush() -> None:  # the Python-side queue, then the C handle registry's (uop.py sets flush_handles)
+      pyflush()
+      f = self.flush_handles
+      if f is not None: f()
+    self.flush = flush
     # fixed-arity makes for the math methods' hot path: the raw C result, a negative code on error (the caller then
     # repeats the call through make, which raises the matching exception)
     self.make1, self.make2, self.make2k = f1, f2, f2k
@@ -188,6 +194,7 @@ class CCore:
   # the handle base type, its constructor maker and the make-and-publish calls (csrc/pyhandle.c, csrc/pymake.c):
   # None where the builtins could not be made (uop.py then uses its Python forms)
   handle_base = handle_ctor = makers = None
+  flush_handles = None  # the handle registry's flush (csrc/pyreg.c), once uop.py made the registry
 
   def info(self, nid: int) -> tuple[int, int, int, int, int, int, int]:
     """(op, dtype, nsrc, arg, tag, meta, pdata) of a node."""
