@@ -2,7 +2,8 @@
 the workloads of the interpreter issue; then the interpreter on all threads against its own single thread: the
 fused expression on 10M float32 for three input distributions (vs numpy eager), and (x*y).sum(1) on 4096^2 against
 the machine's copy bandwidth measured in the same run. Engines alternate inside every repetition; figures are
-medians. Run: python bench/bench_interp.py [--reps N]   (writes bench/results/interp.md)"""
+medians. Run: python bench/bench_interp.py [--reps N] [--only threaded] [--out DIR]   (writes DIR/interp.md,
+bench/results by default; --only threaded prints the all-threads section alone)"""
 from __future__ import annotations
 import os
 for _v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
@@ -11,7 +12,10 @@ for _v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXP
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-import argparse, platform, statistics, time  # noqa: E402
+import argparse, platform, statistics, sys, time  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
+# this checkout's pygrad, not whichever one is installed (an editable install of another worktree would be timed)
+if os.path.isdir(os.path.join(os.path.dirname(HERE), "pygrad")): sys.path.insert(0, os.path.dirname(HERE))
 import numpy as np  # noqa: E402
 
 import pygrad  # noqa: E402
@@ -255,7 +259,14 @@ def threaded(reps: int) -> str:
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--reps", type=int, default=15)
+  ap.add_argument("--only", choices=["all", "threaded"], default="all",
+                  help="threaded: only the all-threads-against-one section (printed, interp.md left as it is)")
+  ap.add_argument("--out", default=os.path.join(HERE, "results"), help="folder for interp.md")
   args = ap.parse_args()
+  print(f"pygrad from {os.path.dirname(pygrad.__file__)}, VM ISA {vmlib.isa_name()}", file=sys.stderr)
+  if args.only == "threaded":
+    print(threaded(args.reps))
+    return
   pygrad.set_num_threads(1)  # the comparison with single-threaded peers; threaded() below uses every core
   peers = _peers()
   rows = []
@@ -292,9 +303,8 @@ def main():
     lines.append(f"| {name} | {k} | {fig:.3f} | {unit} | {rel:.2f}x |")
   text = head + "\n".join(lines) + "\n" + threaded(args.reps)
   print(text)
-  res = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-  os.makedirs(res, exist_ok=True)
-  with open(os.path.join(res, "interp.md"), "w") as f: f.write(text)
+  os.makedirs(args.out, exist_ok=True)
+  with open(os.path.join(args.out, "interp.md"), "w") as f: f.write(text)
 
 
 if __name__ == "__main__":

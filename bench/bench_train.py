@@ -4,10 +4,11 @@ this file. The same as `python -m pygrad bench --only train`.
 
   python bench/bench_train.py [--reps N] [--steps K] [--only mlp,w2]
 """
-import importlib.util, os, sys
+import os, sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-if importlib.util.find_spec("pygrad") is None: sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout
+# this checkout's pygrad, not whichever one is installed (an editable install of another worktree would be timed)
+if os.path.isdir(os.path.join(os.path.dirname(HERE), "pygrad")): sys.path.insert(0, os.path.dirname(HERE))
 
 from pygrad.bench_train import main  # noqa: E402
 
