@@ -139,6 +139,67 @@ static PyObject *mk_moved(PyObject *cfg, PyObject *const *args, Py_ssize_t nargs
   return publish(reg, nid, args[0], args[1], args[4], args[6], x->f[PG_H_DEVICE], args[7]);
 }
 
+/* cached(op, x, arg), bound to (registry capsule, uop.py's movement cache): the movement methods' whole hit path.
+   arg is an exact tuple of non-negative ints (a shape or an order) other than x's shape, and the cache (see uop.py's
+   _moved) holds (op, x's meta, x's dtype, arg) -> (shape, meta, arg id, dtype id): make the node and return its
+   handle. None for anything else -- another arg, a miss, a store code (a drained arg id) -- and the caller takes
+   the general path (uop.movement), which raises the precise errors. A void dtype is never in the cache. */
+static PyObject *mk_cached(PyObject *cfg, PyObject *const *args, Py_ssize_t nargs) {
+  PyObject *cap = PyTuple_GetItem(cfg, 0), *cache = PyTuple_GetItem(cfg, 1), *arg, *key, *hit, *o;
+  pg_handle *x;
+  pg_reg *reg = NULL;
+  pg_store *st;
+  Py_ssize_t i, n;
+  int32_t op, xid, hv[3], nid;
+  int eq;
+  if (!cap || !cache || !(st = cfg_store(cap, &reg))) return NULL;
+  if (nargs != 3) return PyErr_Format(PyExc_TypeError, "pygrad C core: cached takes 3 arguments");
+  x = (pg_handle *)args[1], arg = args[2];
+  if (!PyTuple_CheckExact(arg) || !pg_py_is_handle(args[1]) || !x->f[PG_H_DTYPE] || !x->f[PG_H_SHAPE] ||
+      !x->f[PG_H_META] || !x->f[PG_H_DEVICE])
+    Py_RETURN_NONE;
+  n = PyTuple_Size(arg);
+  for (i = 0; i < n; i++) {
+    PyObject *e = PyTuple_GetItem(arg, i);
+    if (!PyLong_CheckExact(e) || PyLong_AsLong(e) < 0) {
+      PyErr_Clear();  /* (an int too large for a long) */
+      Py_RETURN_NONE;
+    }
+  }
+  if ((eq = PyObject_RichCompareBool(arg, x->f[PG_H_SHAPE], Py_EQ)) != 0) {
+    if (eq < 0) return NULL;
+    Py_RETURN_NONE;
+  }
+  if (!(key = PyTuple_Pack(4, args[0], x->f[PG_H_META], x->f[PG_H_DTYPE], arg))) return NULL;
+  hit = PyDict_GetItemWithError(cache, key);  /* borrowed */
+  Py_DECREF(key);
+  if (!hit) {
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+  }
+  if (!PyTuple_CheckExact(hit) || PyTuple_Size(hit) != 4) Py_RETURN_NONE;
+  Py_INCREF(hit);  /* held across the calls below (a collection could clear the cache) */
+  for (i = 0; i < 3; i++)
+    if (arg_i32(PyTuple_GetItem(hit, i + 1), &hv[i]) < 0) goto fail_hit;  /* meta, arg id, dtype id */
+  if (arg_i32(args[0], &op) < 0 || field_i32(args[1], PG_H_ID, &xid) < 0) goto fail_hit;
+  pg_py_lock_take(st);
+  nid = pg_store_make_locked(st, op, hv[2], &xid, 1, hv[1], 0, hv[0]);
+  if ((o = existing_unlock(st, reg, nid))) goto done;
+  if (nid < 0) {
+    o = Py_None;
+    Py_INCREF(o);
+    goto done;
+  }
+  o = pg_reg_wrap(reg, nid, args[0], x->f[PG_H_DTYPE], arg, Py_None, PyTuple_GetItem(hit, 0), x->f[PG_H_DEVICE],
+                  PyTuple_GetItem(hit, 1));
+done:
+  Py_DECREF(hit);
+  return o;
+fail_hit:
+  Py_DECREF(hit);
+  return NULL;
+}
+
 static PyMethodDef mk_defs[] = {
   {"unary", (PyCFunction)(void (*)(void))mk_unary, METH_FASTCALL, "unary(op, dtype, dtype_id, x)"},
   {"binary", (PyCFunction)(void (*)(void))mk_binary, METH_FASTCALL, "binary(op, dtype, dtype_id, a, b)"},
@@ -149,9 +210,25 @@ static PyMethodDef mk_defs[] = {
 };
 #define NMK ((int)(sizeof mk_defs / sizeof mk_defs[0]))
 
-/* makers(cls): (unary, binary, binaryk, moved, wrap, lookup, flush) for handles of cls (a subclass of the handle
-   type) on this store (self, its capsule): the makers above and the registry's calls (pyreg.c), all bound to one
-   new registry. Called once per process (uop.py): a registry is never freed (see pyreg.c) */
+static PyMethodDef cached_def = {"cached", (PyCFunction)(void (*)(void))mk_cached, METH_FASTCALL,
+                                 "cached(op, x, arg): the cached movement of x, or None"};
+
+/* cached_maker(cache), bound to the registry capsule: cached (above) bound to it and to the movement cache */
+static PyObject *cached_maker(PyObject *cap, PyObject *cache) {
+  PyObject *cfg, *f;
+  if (!PyDict_Check(cache)) return PyErr_Format(PyExc_TypeError, "pygrad C core: cached_maker(cache): a dict");
+  if (!(cfg = PyTuple_Pack(2, cap, cache))) return NULL;
+  f = PyCFunction_NewEx(&cached_def, cfg, NULL);
+  Py_DECREF(cfg);
+  return f;
+}
+
+static PyMethodDef cached_maker_def = {"cached_maker", cached_maker, METH_O,
+                                       "cached_maker(cache): the movement methods' hit path over this cache"};
+
+/* makers(cls): (unary, binary, binaryk, moved, cached_maker, wrap, lookup, flush) for handles of cls (a subclass
+   of the handle type) on this store (self, its capsule): the makers above and the registry's calls (pyreg.c), all
+   bound to one new registry. Called once per process (uop.py): a registry is never freed (see pyreg.c) */
 static PyObject *makers(PyObject *self, PyObject *cls) {
   PyObject *cap, *calls, *t;
   pg_reg *reg;
@@ -161,12 +238,13 @@ static PyObject *makers(PyObject *self, PyObject *cls) {
   if (!(reg = pg_reg_new(self, (PyTypeObject *)cls))) return NULL;
   if (!(cap = pg_reg_capsule(reg))) return NULL;  /* (reg stays: it holds only the store's capsule and cls) */
   calls = pg_reg_calls(cap);
-  t = calls ? PyTuple_New(NMK + PyTuple_Size(calls)) : NULL;
-  for (i = 0; t && i < NMK + PyTuple_Size(calls); i++) {
+  t = calls ? PyTuple_New(NMK + 1 + PyTuple_Size(calls)) : NULL;
+  for (i = 0; t && i < NMK + 1 + PyTuple_Size(calls); i++) {
     PyObject *f;
     if (i < NMK) f = PyCFunction_NewEx(&mk_defs[i], cap, NULL);
+    else if (i == NMK) f = PyCFunction_NewEx(&cached_maker_def, cap, NULL);
     else {
-      f = PyTuple_GetItem(calls, i - NMK);
+      f = PyTuple_GetItem(calls, i - NMK - 1);
       Py_XINCREF(f);
     }
     if (!f) Py_CLEAR(t);
@@ -178,4 +256,4 @@ static PyObject *makers(PyObject *self, PyObject *cls) {
 }
 
 PyMethodDef pg_py_makers_def = {"makers", makers, METH_O,
-                                "makers(cls): (unary, binary, binaryk, moved, wrap, lookup, flush)"};
+                                "makers(cls): (unary, binary, binaryk, moved, cached_maker, wrap, lookup, flush)"};

@@ -2,7 +2,7 @@
 tanh, sigmoid, relu, abs, minimum, mean, softmax, matmul, ...) decompose into primitives. Methods broadcast their
 operands numpy-style (RESHAPE + EXPAND) and turn Python scalars into () constants of the other operand's dtype."""
 from __future__ import annotations
-import functools, math
+import functools, math, sys
 from typing import TYPE_CHECKING, Any, Callable, cast
 from .ops import Ops
 from .dtype import DType, dtypes, promote, sum_acc_dtype
@@ -11,16 +11,17 @@ if TYPE_CHECKING:  # the methods' annotations name the class they are mixed into
   from .uop import UOp
 else:
   UOp = None  # bound by uop.py once the class exists, as are the node makers below
-_alu2 = _const = _movement = _node = None
+_alu2 = _const = _movement = _node = _cached = _uop = None
 _LN2, _INV_LN2 = math.log(2), 1 / math.log(2)
 _IOTA = tuple(tuple(range(n)) for n in range(9))  # identity orders (a permute by one is the node itself)
 _SAME_WIDTH_INT = {2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}  # the int dtype of a float's width (bitcasts)
 
 
-def _bind(cls, alu2, const, movement, node, unary_method, binary_method) -> None:
+def _bind(cls, alu2, const, movement, node, unary_method, binary_method, cached) -> None:
   """Bind the node makers, and make the single-node methods (marked by _unary/_binary) with uop.py's factories."""
-  global UOp, _alu2, _const, _movement, _node
-  UOp, _alu2, _const, _movement, _node = cls, alu2, const, movement, node
+  global UOp, _alu2, _const, _movement, _node, _cached, _uop
+  UOp, _alu2, _const, _movement, _node, _cached = cls, alu2, const, movement, node, cached
+  _uop = sys.modules[cls.__module__]  # its metadata state (uop.py imports this module: no import back)
   for name, v in list(vars(MathMixin).items()):
     if type(v) is _Single:
       setattr(MathMixin, name, unary_method(v.op) if v.reverse is None else binary_method(v.op, v.reverse))
@@ -465,10 +466,15 @@ class MathMixin:
   def square(self) -> UOp: return self * self
 
   # ---- movement ----
-  # the common calls (one exact tuple, or ints; no -1; non-negative axes) skip the normalisation of the others
+  # the common calls (one exact tuple, or ints; no -1; non-negative axes) skip the normalisation of the others, and
+  # a repeated one (its validity cached by uop.movement) is one call: _cached gives the node, or None for the rest
   def reshape(self, *shape) -> UOp:
-    if len(shape) == 1 and type(shape[0]) is tuple: shape = shape[0]
-    else: shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+    if len(shape) == 1:
+      shape = shape[0] if type(shape[0]) is tuple else tuple(shape[0]) if isinstance(shape[0], (tuple, list)) else shape
+    r = _cached(_RESHAPE, self, shape)
+    if r is not None:
+      if _uop._md_open: _uop._attach_current(r)
+      return r
     for d in shape:  # inline: the common all-int shape pays one loop, no call
       if type(d) is not int:
         shape = _dims(Ops.RESHAPE, shape)
@@ -480,8 +486,12 @@ class MathMixin:
       shape = tuple(self.numel // known if s == -1 else s for s in shape)
     return self if shape == self._shape else _movement(_RESHAPE, self, shape)
   def expand(self, *shape) -> UOp:
-    if len(shape) == 1 and type(shape[0]) is tuple: shape = shape[0]
-    else: shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+    if len(shape) == 1:
+      shape = shape[0] if type(shape[0]) is tuple else tuple(shape[0]) if isinstance(shape[0], (tuple, list)) else shape
+    r = _cached(_EXPAND, self, shape)
+    if r is not None:
+      if _uop._md_open: _uop._attach_current(r)
+      return r
     for d in shape:  # inline: the common all-int shape pays one loop, no call
       if type(d) is not int:
         shape = _dims(Ops.EXPAND, shape)
@@ -490,8 +500,12 @@ class MathMixin:
       shape = tuple(o if n == -1 else n for o, n in zip(self._shape, shape))
     return self if shape == self._shape else _movement(_EXPAND, self, shape)
   def permute(self, *order) -> UOp:
-    if len(order) == 1 and type(order[0]) is tuple: order = order[0]
-    else: order = tuple(order[0]) if len(order) == 1 and isinstance(order[0], (tuple, list)) else tuple(order)
+    if len(order) == 1:
+      order = order[0] if type(order[0]) is tuple else tuple(order[0]) if isinstance(order[0], (tuple, list)) else order
+    r = _cached(_PERMUTE, self, order)
+    if r is not None:
+      if _uop._md_open: _uop._attach_current(r)
+      return r
     n = len(self._shape)
     for o in order:
       if type(o) is not int or o < 0:

@@ -213,9 +213,11 @@ def alu2k(op: Ops, a: UOp, value, reverse: int) -> UOp | None:
   return _wrap(nid, op, out, None, None, a._shape, a._device, m)
 
 
-# (op, source meta, arg) -> (shape, meta, arg id): the validity functions' results and the interned arg, bounded.
-# An all-int tuple arg (a shape or an order) is its own key: all-int tuples are equal only when their ints are, so
-# the key stays type-strict; any other arg is keyed by its argkey (which never equals an all-int tuple).
+# (op, source meta, source dtype, arg) -> (shape, meta, arg id, dtype id): the validity functions' results and the
+# interned arg, bounded. An all-int tuple arg (a shape or an order) is its own key: all-int tuples are equal only
+# when their ints are, so the key stays type-strict; any other arg is keyed by its argkey (which never equals an
+# all-int tuple). A void source is never cached (its movement is an error), so a hit needs no dtype check: the
+# movement methods' hit path (_cached: csrc/pymake.c on the C core) is the key, the lookup and the make.
 _moved: dict = {}
 _MOVED_LIMIT = 8192
 ARGS.on_wrap.append(_moved.clear)  # its arg ids are not counted: after a generation wraps one may name another arg
@@ -237,7 +239,7 @@ def movement(op: Ops, x: UOp, arg) -> UOp:
   if ak is None:
     try: ak = argkey(arg)
     except TypeError: return UOp(op, None, (x,), arg)
-  ck = (op, x._m, ak)
+  ck = (op, x._m, d, ak)
   hit = _moved.get(ck)
   if hit is not None:
     nid = _mk_moved(op, d, d.id, x, arg, hit[2], hit[0], hit[1])
@@ -260,7 +262,7 @@ def movement(op: Ops, x: UOp, arg) -> UOp:
     ARGS.forget(aid)
   if nid < 0: return UOp(op, None, (x,), arg)
   if len(_moved) >= _MOVED_LIMIT: _moved.clear()
-  _moved[ck] = (shape, meta, aid)
+  _moved[ck] = (shape, meta, aid, d.id)
   return _wrap(nid, op, d, arg, None, shape, dev, meta)
 
 
@@ -604,6 +606,21 @@ def _py_moved(op: Ops, dtype: DType, did: int, x: UOp, arg, aid: int, shape: tup
   return _publish(nid, op, dtype, arg, shape, x._device, meta)
 
 
+def _py_cached(op: Ops, x: UOp, arg):
+  """The movement methods' hit path: op(x, arg) for an arg of non-negative ints other than x's shape whose result
+  _moved holds, else None (the caller takes movement())."""
+  if type(arg) is not tuple: return None
+  for e in arg:
+    if type(e) is not int or e < 0: return None
+  if arg == x._shape: return None
+  d = x._dtype
+  hit = _moved.get((op, x._m, d, arg))
+  if hit is None: return None
+  r = _mk_moved(op, d, hit[3], x, arg, hit[2], hit[0], hit[1])
+  if type(r) is UOp or r < 0: return r if type(r) is UOp else None
+  return _wrap(r, op, d, arg, None, hit[0], x._device, hit[1])
+
+
 # The math methods' fast path in one call each (csrc/pymake.c on the C core): make the node and, if Python has no
 # handle for it, make the handle and publish it (see _publish for what comes back otherwise). The C core also makes
 # any handle in one call (csrc/pyhandle.c): ~200 ns field by field from Python.
@@ -616,13 +633,16 @@ def _registered(nid: int) -> bool:
 if CORE.makers is None:
   _hnew = _py_hnew
   _mk_unary, _mk_binary, _mk_binaryk, _mk_moved = _py_unary, _py_binary, _py_binaryk, _py_moved
+  _cached = _py_cached
 else:
   # The C core keeps the registry in C (csrc/pyreg.c): each node id's slot holds a borrowed pointer to its live
   # handle, and a handle's dealloc empties the slot and queues its core reference for release (in the batches of
   # pygrad/core/release.py, so both cores free nodes in the same order). _handles stays empty; these replace the
   # Python forms above, which weighed a weak reference object and a dict entry per handle.
   _hnew = CORE.handle_ctor(UOp)  # (an unpublished handle: no registry entry, no core reference)
-  _mk_unary, _mk_binary, _mk_binaryk, _mk_moved, _cwrap, _lookup, CORE.flush_handles = CORE.makers(UOp)
+  _mk_unary, _mk_binary, _mk_binaryk, _mk_moved, _cached_maker, _cwrap, _lookup, CORE.flush_handles = \
+    CORE.makers(UOp)
+  _cached = _cached_maker(_moved)
 
   def _wrap(nid: int, op: Ops, dtype: DType, arg, tag, shape, device, meta: int) -> UOp:  # noqa: F811
     """The unique handle of a node the caller holds one new reference on (dropped if a handle exists already)."""
@@ -712,7 +732,7 @@ _UNARY_OK, _BINARY_OUT = _tables()
 from . import mathops as _mathops  # noqa: E402
 _META0 = META.get((), None)
 from .fastmethods import unary_method, binary_method  # noqa: E402
-_mathops._bind(UOp, alu2, const, movement, node, unary_method, binary_method)
+_mathops._bind(UOp, alu2, const, movement, node, unary_method, binary_method, _cached)
 if CORE.programs:  # multi-node methods instantiate cached programs in one C call (pygrad/templates.py)
   from . import templates as _templates  # noqa: E402
   _templates.install(UOp)

@@ -887,6 +887,27 @@ def test_deep_chains_of_cached_sources_are_freed():
   assert live_after_gc() == base
 
 
+def test_repeated_movements_take_the_one_call_path_with_every_guarantee():
+  """A repeated reshape/expand/permute is one call (uop._cached: csrc/pymake.c on the C core) giving the same node
+  as the general path, whatever form the arg takes; anything it does not cover is None (the general path then
+  answers or raises); a hit inside a metadata block gets the block's metadata; a void node never hits."""
+  from pygrad import uop as U
+  x, e = ph(4, 3), ph(1, 3)
+  r, p, x2 = x.reshape((3, 4)), x.permute((1, 0)), e.expand((4, 3))
+  assert U._cached(Ops.RESHAPE, x, (3, 4)) is r and U._cached(Ops.PERMUTE, x, (1, 0)) is p
+  assert x.reshape(3, 4) is r and x.reshape([3, 4]) is r and x.reshape((np.int64(3), 4)) is r and x.reshape(-1, 4) is r
+  assert x.permute(1, 0) is p and x.permute((-1, 0)) is p and e.expand(4, 3) is x2 and e.expand((4, -1)) is x2
+  for arg in ((3, -4), (3, 4.0), [3, 4], (4, 3), (2, 6), 5):
+    assert U._cached(Ops.RESHAPE, x, arg) is None
+  assert U._cached(Ops.RESHAPE, ph(4, 3, dtype=I32), (3, 4)) is None  # another dtype: its own entry
+  with pygrad.metadata("moved"):
+    assert x.reshape((3, 4)) is r and [m.name for m in r.metadata] == ["moved"]
+  s = UOp.sink(x)
+  with pytest.raises((TypeError, ValueError)): s.reshape((1,))
+  with pytest.raises(ValueError): x.reshape((5, 4))
+  with pytest.raises(ValueError): x.permute((0, 0))
+
+
 def test_cached_movement_survives_its_arg_id_being_drained():
   """movement() caches the interned arg id with the validity result; once the last node naming that arg is freed
   and the interner drains the id, the next identical reshape/permute interns the arg again (both cores)."""
