@@ -62,5 +62,7 @@ struct pg_store *pg_reg_store(const pg_reg *r);
 PyObject *pg_reg_calls(PyObject *cap);
 /* pymake.c: makers(cls), bound to a store's capsule */
 extern PyMethodDef pg_py_makers_def;
+/* pyforeign.c: foreign_rows(cfg, todo, k, m), the pygrad -> tinygrad conversion's loop over plain rows */
+extern PyMethodDef pg_py_foreign_rows_def;
 
 #endif

@@ -334,3 +334,65 @@ def test_metadata_crosses_both_ways():
     g = y.gradient(x)[0]
   names = {m.name for u in g.uop.toposort() for m in (all_metadata.get(u) or ()) if m.backward}
   assert "__mul__" in names
+
+
+def test_c_loop_of_the_way_out_makes_what_python_makes(monkeypatch):
+  """csrc/pyforeign.c makes the plain rows of the way out (typed ALU, CAST, BITCAST) in C: the gradient it gives back
+  is the Python loop's, node for node (tinygrad's own hash-consed nodes) and metadata for metadata."""
+  from tinygrad.uop.ops import all_metadata
+  from pygrad.core import CORE
+  if CORE.foreign_rows is None: pytest.skip("the pure-Python core has no C loop (the Python loop is what runs)")
+
+  def grads(fast, graph):
+    monkeypatch.setattr(CORE, "foreign_rows", fast)
+    root, rg, targets = graph
+    g = pt.compute_gradient(root, rg, targets)
+    return [g[t] for t in targets]
+
+  def listing(gs):  # every node of the gradients, in order, with its metadata (the inputs' nodes told apart)
+    ts = TUOp.sink(*gs).toposort()
+    ix = {u: i for i, u in enumerate(ts)}
+    return [(u.op, u.dtype, u.arg if u.op is not TOps.BUFFER else None, tuple(ix[s] for s in u.src),
+             tuple((m.name, m.backward) for m in all_metadata.get(u) or ())) for u in ts]
+
+  fast = CORE.foreign_rows
+  calls = []
+  graph = _bench_graph("W1", 6)
+  with_c = grads(lambda *a: calls.append(1) or fast(*a), graph)
+  assert calls
+  assert all(a is b for a, b in zip(with_c, grads(None, graph)))  # the same graph again: the same nodes
+  # a graph like it with other inputs: the Python loop makes nodes of its own, with the same metadata
+  got = listing(with_c)
+  assert sum(1 for x in got if x[4]) > len(got) // 2
+  assert got == listing(grads(None, _bench_graph("W1", 6)))
+
+
+def test_c_loop_of_the_way_out_checks_its_arguments():
+  """Bad arguments to the C loop are Python exceptions, never a crash."""
+  from pygrad.core import CORE
+  from tinygrad.uop.ops import UOpMetaClass
+  f = CORE.foreign_rows
+  if f is None: pytest.skip("the pure-Python core has no C loop")
+  cast = (0, TOps.CAST, 0, TOps.BITCAST)
+
+  def cfg(out=None, op=(1,), start=(0, 0), src=(), cache=None, cls=TUOp, cst=cast, md=None):
+    out = [None] if out is None else out
+    return (out, list(op), [0], [0], list(start), list(src), [0], (), (), (), UOpMetaClass.ucache if cache is None
+            else cache, cls, cst, md, None, {})
+  with pytest.raises(TypeError): f(cfg(), None, 0)
+  with pytest.raises(TypeError): f((1, 2), None, 0, 1)
+  with pytest.raises(TypeError): f(cfg(out=(None,)), None, 0, 1)
+  with pytest.raises(TypeError): f(cfg(op=(1, 2)), None, 0, 1)  # columns of different lengths
+  with pytest.raises(TypeError): f(cfg(cache=[]), None, 0, 1)
+  with pytest.raises(TypeError): f(cfg(cls=1), None, 0, 1)
+  with pytest.raises(TypeError): f(cfg(cst=(1,)), None, 0, 1)
+  with pytest.raises(TypeError): f(cfg(md=[]), None, 0, 1)
+  with pytest.raises(IndexError): f(cfg(), None, 0, 2)
+  with pytest.raises(IndexError): f(cfg(), [5], 0, 1)
+  with pytest.raises(TypeError): f(cfg(), (0,), 0, 1)
+  assert f(cfg(), None, 0, 1) == 0  # a row it has no table entry for: left to Python
+  # a row whose source row is out of range, and one whose start points past the source column
+  tables = lambda c: c[:7] + ((None, TOps.ADD), (tdtypes.float32,)) + c[9:]  # noqa: E731
+  with pytest.raises(IndexError): f(tables(cfg(start=(0, 1), src=(7,))), None, 0, 1)
+  with pytest.raises(TypeError): f(tables(cfg(start=(0, 3), src=(0,))), None, 0, 1)
+  with pytest.raises(TypeError): f(tables(cfg(start=(0, 1), src=("x",))), None, 0, 1)

@@ -23,7 +23,8 @@ class PyCore:
   slot with the next generation, so the counts stay as many as the ids alive at once, and an id held across its
   drain reads as gone whether or not its slot holds a later id now."""
   name = "python"
-  handle_base = handle_ctor = makers = None  # the C core's handle type and calls (uop.py has Python forms)
+  # the C core's handle type and calls (uop.py and the tinygrad interop have Python forms)
+  handle_base = handle_ctor = makers = foreign_rows = None
   arg_slot_bits = 24  # csrc/tables.h's PG_ARG_SLOT_BITS
 
   def __init__(self):

@@ -59,7 +59,22 @@ class _Out:
       need = CORE.toposort([r._id for r in roots], True, list(known))
       need = need.numpy() if hasattr(need, "numpy") else np.array(need, np.int64)  # the C core's Ids, or a list
       todo = np.flatnonzero(np.isin(ids, need) & ~isk).tolist()
-    for i in todo:
+    # the C core's loop makes the plain rows (typed ALU, CAST, BITCAST) as the branches below do, and stops at any
+    # other row, which the Python loop makes; with tinygrad's checked constructor in use, Python makes every row
+    fast, pos, end = CORE.foreign_rows if direct else None, 0, len(todo)
+    if fast is not None:
+      if md:
+        for p in np.unique(pdata).tolist():
+          if p: mds[p] = self._md(p)
+      cfg = (out, opl, dtl, tagl, stl, srcl, pdl, _TALU_T, _TDT_T, _WEAK_T, ucache, TUOp,
+             (_CAST, _TCAST, _BITCAST, _TBITCAST), mdata if md else None, mdrm, mds)
+      tl = todo if type(todo) is list else None
+    while pos < end:
+      if fast is not None:
+        pos = fast(cfg, tl, pos, end)
+        if pos >= end: break
+      i = todo[pos]
+      pos += 1
       o = opl[i]
       fresh = False  # t made here, so it has no metadata yet
       if o in talu and not tagl[i]:  # the hot path: an ALU op (sources inline for the usual one or two)
@@ -272,4 +287,8 @@ def _trop(o) -> TOps:
 
 
 _TCAST, _TBITCAST = TOps.CAST, TOps.BITCAST
+# the C loop's tables (csrc/pyforeign.c): pygrad op -> tinygrad ALU op, dtype id -> tinygrad dtype (None: none)
+_TALU_T = tuple(_TALU_I.get(o) for o in range(max(_TALU_I) + 1))
+_TDT_T = tuple(_TDT_I.get(d) for d in range(max(_TDT_I) + 1))
+_WEAK_T = tuple(_WEAK)
 _SLOT0 = -(1 << 48)  # below tinygrad's own slots (counters from 0, and -id(buffer) for adopted storage)

@@ -1,0 +1,227 @@
+/* The inner loop of pygrad -> tinygrad conversion (pygrad/interop/tinygrad_out.py) as one CPython builtin: the rows
+   of an exported node table that are plain elementwise ops are made into a foreign IR's hash-consed nodes, as the
+   Python loop makes them, without its per-row bytecode. The foreign IR is described by the caller (a cache dict from
+   key tuples (op, dtype, src, arg, None) to weak references, the node class, op and dtype tables), so nothing here
+   names tinygrad. The loop stops at the first row it does not make (a tag, an op it has no entry for, a source not
+   made yet, operands that are all weak) and returns its position: Python makes that row, then calls again. Metadata
+   (a dict from weak references to tuples) is set as the Python loop sets it. Every argument is checked: a wrong one
+   raises TypeError/IndexError, never crashes. */
+#include "pyapi.h"
+
+/* cfg: (out, op, dt, tag, start, src, pdata, alu, dtypes, weak, cache, cls, cast, mdata, mdrm, mds)
+   out: list, the foreign node of each row (None: not made); op, dt, tag, start, src, pdata: lists of ints (the
+   exported columns; start has one more item than rows); alu: tuple, pygrad op -> foreign op or None; dtypes: tuple,
+   dtype id -> foreign dtype or None; weak: tuple of the foreign dtypes an operand may have without typing the op;
+   cache: the hash-consing dict; cls: the node class; cast: (pygrad CAST, foreign CAST, pygrad BITCAST, foreign
+   BITCAST); mdata: the metadata dict or None; mdrm: its weak references' callback; mds: dict pdata -> metadata. */
+enum { C_OUT, C_OP, C_DT, C_TAG, C_START, C_SRC, C_PDATA, C_ALU, C_DTYPES, C_WEAK, C_CACHE, C_CLS, C_CAST, C_MDATA,
+       C_MDRM, C_MDS, C_N };
+
+typedef struct {
+  PyObject *out, *op, *dt, *tag, *start, *src, *pdata, *alu, *dtypes, *weak, *cache, *cls, *mdata, *mdrm, *mds;
+  long cast_op, bitcast_op;
+  PyObject *tcast, *tbitcast;
+  Py_ssize_t n;  /* rows */
+  ternaryfunc make;  /* type.__call__: the node class's own construction (its __init__), not its metaclass's */
+} cfg_t;
+
+static PyObject *dtype_name;
+
+/* item i of list l as a long; -2 with an exception set if it is none */
+static int list_long(PyObject *l, Py_ssize_t i, long *v) {
+  PyObject *o = PyList_GetItem(l, i);
+  if (!o) return -1;
+  *v = PyLong_AsLong(o);
+  return *v == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+static int bad(const char *what) {
+  PyErr_Format(PyExc_TypeError, "pygrad C core: foreign rows: %s", what);
+  return -1;
+}
+
+static int read_cfg(PyObject *t, cfg_t *c) {
+  PyObject *cast;
+  Py_ssize_t i;
+  if (!PyTuple_Check(t) || PyTuple_Size(t) != C_N) return bad("the configuration is no tuple of 16");
+  c->out = PyTuple_GetItem(t, C_OUT), c->op = PyTuple_GetItem(t, C_OP), c->dt = PyTuple_GetItem(t, C_DT);
+  c->tag = PyTuple_GetItem(t, C_TAG), c->start = PyTuple_GetItem(t, C_START), c->src = PyTuple_GetItem(t, C_SRC);
+  c->pdata = PyTuple_GetItem(t, C_PDATA), c->alu = PyTuple_GetItem(t, C_ALU), c->dtypes = PyTuple_GetItem(t, C_DTYPES);
+  c->weak = PyTuple_GetItem(t, C_WEAK), c->cache = PyTuple_GetItem(t, C_CACHE), c->cls = PyTuple_GetItem(t, C_CLS);
+  c->mdata = PyTuple_GetItem(t, C_MDATA), c->mdrm = PyTuple_GetItem(t, C_MDRM), c->mds = PyTuple_GetItem(t, C_MDS);
+  cast = PyTuple_GetItem(t, C_CAST);
+  if (!PyList_Check(c->out) || !PyList_Check(c->op) || !PyList_Check(c->dt) || !PyList_Check(c->tag) ||
+      !PyList_Check(c->start) || !PyList_Check(c->src) || !PyList_Check(c->pdata))
+    return bad("out and the columns must be lists");
+  c->n = PyList_Size(c->out);
+  if (PyList_Size(c->op) != c->n || PyList_Size(c->dt) != c->n || PyList_Size(c->tag) != c->n ||
+      PyList_Size(c->pdata) != c->n || PyList_Size(c->start) != c->n + 1)
+    return bad("the columns' lengths differ");
+  if (!PyTuple_Check(c->alu) || !PyTuple_Check(c->dtypes) || !PyTuple_Check(c->weak)) return bad("tables must be tuples");
+  if (!PyDict_Check(c->cache)) return bad("the cache must be a dict");
+  if (!PyType_Check(c->cls)) return bad("cls must be a class");
+  if (c->mdata != Py_None && (!PyDict_Check(c->mdata) || !PyDict_Check(c->mds))) return bad("mdata and mds: dicts");
+  if (!PyTuple_Check(cast) || PyTuple_Size(cast) != 4) return bad("cast must be a tuple of 4");
+  c->cast_op = PyLong_AsLong(PyTuple_GetItem(cast, 0));
+  if (c->cast_op == -1 && PyErr_Occurred()) return -1;
+  c->bitcast_op = PyLong_AsLong(PyTuple_GetItem(cast, 2));
+  if (c->bitcast_op == -1 && PyErr_Occurred()) return -1;
+  c->tcast = PyTuple_GetItem(cast, 1), c->tbitcast = PyTuple_GetItem(cast, 3);
+  for (i = 0; i < PyTuple_Size(c->weak); i++)
+    if (!PyTuple_GetItem(c->weak, i)) return -1;
+  c->make = (ternaryfunc)PyType_GetSlot(&PyType_Type, Py_tp_call);
+  if (!c->make) return bad("type has no call");
+  return 0;
+}
+
+/* the entry of table t (a tuple) at i, borrowed, or NULL (no error) if i is out of it or the entry is None */
+static PyObject *entry(PyObject *t, long i) {
+  PyObject *o;
+  if (i < 0 || i >= PyTuple_Size(t)) return NULL;
+  o = PyTuple_GetItem(t, i);
+  return o == Py_None ? NULL : o;
+}
+
+/* 1 if node x's dtype is one of the weak ones, 0 if not, -1 with an exception set */
+static int is_weak(const cfg_t *c, PyObject *x) {
+  PyObject *d = PyObject_GetAttr(x, dtype_name);
+  Py_ssize_t i, n = PyTuple_Size(c->weak);
+  int r = 0;
+  if (!d) return -1;
+  for (i = 0; i < n && !r; i++) r = PyTuple_GetItem(c->weak, i) == d;
+  Py_DECREF(d);
+  return r;
+}
+
+/* the hash-consed node of key (a new reference; *fresh set if made here), or NULL with an exception set */
+static PyObject *node_of(const cfg_t *c, PyObject *key, int *fresh) {
+  PyObject *w = PyDict_GetItemWithError(c->cache, key), *t;
+  *fresh = 0;
+  if (w) {
+    Py_INCREF(w);  /* calling it may run code that drops the cache's entry */
+    t = PyObject_CallNoArgs(w);
+    Py_DECREF(w);
+    if (!t) return NULL;
+    if (t != Py_None) return t;
+    Py_DECREF(t);
+  } else if (PyErr_Occurred()) return NULL;
+  if (!(t = c->make(c->cls, key, NULL))) return NULL;
+  if (!(w = PyWeakref_NewRef(t, NULL)) || PyDict_SetItem(c->cache, key, w) < 0) {
+    Py_XDECREF(w);
+    Py_DECREF(t);
+    return NULL;
+  }
+  Py_DECREF(w);
+  *fresh = 1;
+  return t;
+}
+
+/* metadata of row i onto node t, as the Python loop sets it: unless t has some already (a node made before);
+   1 if set or none is due, 0 if pdata has no entry in mds (Python sets it), -1 with an exception set */
+static int set_md(const cfg_t *c, Py_ssize_t i, PyObject *t, int fresh) {
+  long p;
+  PyObject *pk, *m, *w;
+  int r;
+  if (c->mdata == Py_None) return 1;
+  if (list_long(c->pdata, i, &p) < 0) return -1;
+  if (!p) return 1;
+  if (!(pk = PyLong_FromLong(p))) return -1;
+  m = PyDict_GetItemWithError(c->mds, pk);
+  Py_DECREF(pk);
+  if (!m) return PyErr_Occurred() ? -1 : 0;
+  if (!fresh) {
+    if (!(w = PyWeakref_NewRef(t, NULL))) return -1;
+    r = PyDict_Contains(c->mdata, w);
+    Py_DECREF(w);
+    if (r) return r < 0 ? -1 : 1;
+  }
+  if (!(w = PyWeakref_NewRef(t, c->mdrm == Py_None ? NULL : c->mdrm))) return -1;
+  r = PyDict_SetItem(c->mdata, w, m);
+  Py_DECREF(w);
+  return r < 0 ? -1 : 1;
+}
+
+/* row i made: 1, not made here (Python makes it): 0, -1 with an exception set */
+static int one_row(const cfg_t *c, Py_ssize_t i) {
+  long o, d, tag, a, b, j;
+  PyObject *top, *tdt, *src = NULL, *key = NULL, *t, *x;
+  Py_ssize_t k, ns;
+  int typed = 0, fresh, r;
+  if (list_long(c->tag, i, &tag) < 0 || list_long(c->op, i, &o) < 0 || list_long(c->dt, i, &d) < 0) return -1;
+  if (tag) return 0;
+  if (!(tdt = entry(c->dtypes, d))) return 0;
+  top = entry(c->alu, o);
+  if (!top && o != c->cast_op && o != c->bitcast_op) return 0;
+  if (list_long(c->start, i, &a) < 0 || list_long(c->start, i + 1, &b) < 0) return -1;
+  if (a < 0 || b < a || b > PyList_Size(c->src)) return bad("start out of the source column");
+  ns = (Py_ssize_t)(b - a);
+  if (ns < 1 || (!top && ns != 1)) return 0;
+  if (!(src = PyTuple_New(ns))) return -1;
+  for (k = 0; k < ns; k++) {
+    if (list_long(c->src, a + k, &j) < 0) goto fail;
+    if (j < 0 || j >= c->n) {
+      PyErr_SetString(PyExc_IndexError, "pygrad C core: foreign rows: a source row out of range");
+      goto fail;
+    }
+    x = PyList_GetItem(c->out, j);
+    if (x == Py_None) goto later;  /* made by Python, lazily */
+    if (top && !typed) {
+      if ((r = is_weak(c, x)) < 0) goto fail;
+      typed = !r;
+    }
+    Py_INCREF(x);
+    PyTuple_SetItem(src, k, x);  /* steals x */
+  }
+  if (top && !typed) goto later;  /* every operand weak: the foreign IR's promotion decides (Python) */
+  key = top ? PyTuple_Pack(5, top, tdt, src, Py_None, Py_None)
+            : PyTuple_Pack(5, o == c->cast_op ? c->tcast : c->tbitcast, tdt, src, tdt, Py_None);
+  Py_CLEAR(src);
+  if (!key || !(t = node_of(c, key, &fresh))) goto fail;
+  Py_DECREF(key);
+  if ((r = set_md(c, i, t, fresh)) < 0) {
+    Py_DECREF(t);
+    return -1;
+  }
+  if (PyList_SetItem(c->out, i, t) < 0) return -1;  /* steals t */
+  return r ? 1 : 0;  /* metadata left to Python: it sees the node made (out[i]) and sets it */
+later:
+  Py_DECREF(src);
+  return 0;
+fail:
+  Py_XDECREF(src);
+  Py_XDECREF(key);
+  return -1;
+}
+
+/* rows(cfg, todo, k, m): makes rows todo[k], todo[k+1], ... (todo a list of row indices, or None: row k is row k)
+   until position m or the first row it does not make; returns that position */
+static PyObject *foreign_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  cfg_t c;
+  PyObject *todo;
+  Py_ssize_t k, m;
+  long i;
+  int r;
+  (void)self;
+  if (nargs != 4) return PyErr_Format(PyExc_TypeError, "pygrad C core: foreign rows takes 4 arguments");
+  if (!dtype_name && !(dtype_name = PyUnicode_InternFromString("dtype"))) return NULL;
+  if (read_cfg(args[0], &c) < 0) return NULL;
+  todo = args[1];
+  if (todo != Py_None && !PyList_Check(todo)) return PyErr_Format(PyExc_TypeError, "pygrad C core: todo: a list");
+  k = PyLong_AsSsize_t(args[2]);
+  if (k == -1 && PyErr_Occurred()) return NULL;
+  m = PyLong_AsSsize_t(args[3]);
+  if (m == -1 && PyErr_Occurred()) return NULL;
+  if (k < 0 || m > (todo == Py_None ? c.n : PyList_Size(todo)))
+    return PyErr_Format(PyExc_IndexError, "pygrad C core: foreign rows: positions out of range");
+  for (; k < m; k++) {
+    if (todo == Py_None) i = (long)k;
+    else if (list_long(todo, k, &i) < 0) return NULL;
+    if (i < 0 || i >= c.n) return PyErr_Format(PyExc_IndexError, "pygrad C core: foreign rows: a row out of range");
+    if ((r = one_row(&c, (Py_ssize_t)i)) < 0) return NULL;
+    if (!r) break;
+  }
+  return PyLong_FromSsize_t(k);
+}
+
+PyMethodDef pg_py_foreign_rows_def = {"foreign_rows", (PyCFunction)(void (*)(void))foreign_rows, METH_FASTCALL,
+                                      "foreign_rows(cfg, todo, k, m): see csrc/pyforeign.c"};
