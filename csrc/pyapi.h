@@ -64,5 +64,7 @@ PyObject *pg_reg_calls(PyObject *cap);
 extern PyMethodDef pg_py_makers_def;
 /* pyforeign.c: foreign_rows(cfg, todo, k, m), the pygrad -> tinygrad conversion's loop over plain rows */
 extern PyMethodDef pg_py_foreign_rows_def;
+/* pywalk.c: foreign_walk(cfg, root), the tinygrad -> pygrad conversion's walk */
+extern PyMethodDef pg_py_foreign_walk_def;
 
 #endif

@@ -57,7 +57,8 @@ static int read_cfg(PyObject *t, cfg_t *c) {
   if (PyList_Size(c->op) != c->n || PyList_Size(c->dt) != c->n || PyList_Size(c->tag) != c->n ||
       PyList_Size(c->pdata) != c->n || PyList_Size(c->start) != c->n + 1)
     return bad("the columns' lengths differ");
-  if (!PyTuple_Check(c->alu) || !PyTuple_Check(c->dtypes) || !PyTuple_Check(c->weak)) return bad("tables must be tuples");
+  if (!PyTuple_Check(c->alu) || !PyTuple_Check(c->dtypes) || !PyTuple_Check(c->weak))
+    return bad("tables must be tuples");
   if (!PyDict_Check(c->cache)) return bad("the cache must be a dict");
   if (!PyType_Check(c->cls)) return bad("cls must be a class");
   if (c->mdata != Py_None && (!PyDict_Check(c->mdata) || !PyDict_Check(c->mds))) return bad("mdata and mds: dicts");

@@ -396,3 +396,58 @@ def test_c_loop_of_the_way_out_checks_its_arguments():
   with pytest.raises(IndexError): f(tables(cfg(start=(0, 1), src=(7,))), None, 0, 1)
   with pytest.raises(TypeError): f(tables(cfg(start=(0, 3), src=(0,))), None, 0, 1)
   with pytest.raises(TypeError): f(tables(cfg(start=(0, 1), src=("x",))), None, 0, 1)
+
+
+@pytest.mark.parametrize("model", MODELS + ["W1", "W2"], ids=lambda f: getattr(f, "__name__", f))
+def test_c_walk_of_the_way_in_converts_what_python_converts(model):
+  """csrc/pywalk.c walks the tinygrad graph and makes the usual nodes' rows in C: the pygrad graph is the Python
+  walk's, node for node (pygrad's hash-consing gives the same nodes), metadata included, whole graphs and the part
+  above compute_gradient's targets."""
+  import pygrad.interop.tinygrad_in as pin
+  fast = pin._FWALK[0]
+  if fast is None: pytest.skip("the pure-Python core has no C walk (the Python walk is what runs)")
+  if isinstance(model, str): root, rg, targets = _bench_graph(model, 3)
+  else:
+    r, params = model()
+    root, targets = r.uop, [p.uop for p in params]
+    rg = root.const_like(1.0)
+  calls = []
+
+  def both(f):
+    try:
+      pin._FWALK[0] = lambda *a: calls.append(1) or fast(*a)
+      c = f()
+      pin._FWALK[0] = None
+      return c, f()
+    finally:
+      pin._FWALK[0] = fast
+
+  def nodes(cin):  # the table's rows as pygrad nodes, with their metadata
+    return [(u, u.metadata) for u in (pygrad.UOp.sink(*cin.keep) if cin.keep else pygrad.UOp.sink()).toposort()]
+
+  c, py = both(lambda: pt.from_tinygrad(root))
+  assert c is py and [u.metadata for u in c.toposort()] == [u.metadata for u in py.toposort()]
+  c, py = both(lambda: pt.convert_in(root, rg, targets))
+  assert c[1:3] == py[1:3] and c[3] == py[3]
+  assert nodes(c[0]) == nodes(py[0])
+  assert calls
+
+
+def test_c_walk_of_the_way_in_checks_its_arguments():
+  """Bad arguments to the C walk are Python exceptions, never a crash."""
+  import pygrad.interop.tinygrad_in as pin
+  f = pin._FWALK[0]
+  if f is None: pytest.skip("the pure-Python core has no C walk")
+  cin = pin._In()
+  x = Tensor.empty(2, device=DEV).uop
+  cin._walk(x)  # the configuration made
+  good = cin._wcfg
+  with pytest.raises(TypeError): f(good)
+  with pytest.raises(TypeError): f(good[:-1], x)
+  ops = {good.index(o) for o in (TOps.PARAM, TOps.RESHAPE, TOps.PERMUTE, TOps.WHERE)}  # compared by identity only
+  for i in range(len(good)):  # each other entry of the wrong kind
+    if good[i] is None or i in ops: continue
+    with pytest.raises(TypeError): f(good[:i] + (1,) + good[i + 1:], x * 2.0)
+  f(good, x)  # converted already: nothing to do
+  with pytest.raises(TypeError, match="tuple"):  # value sources must be a tuple
+    f(good[:21] + (lambda u: [],) + good[22:], TUOp(TOps.SINK, src=(x * 3.0,)))

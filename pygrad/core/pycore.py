@@ -24,7 +24,7 @@ class PyCore:
   drain reads as gone whether or not its slot holds a later id now."""
   name = "python"
   # the C core's handle type and calls (uop.py and the tinygrad interop have Python forms)
-  handle_base = handle_ctor = makers = foreign_rows = None
+  handle_base = handle_ctor = makers = foreign_rows = foreign_walk = None
   arg_slot_bits = 24  # csrc/tables.h's PG_ARG_SLOT_BITS
 
   def __init__(self):

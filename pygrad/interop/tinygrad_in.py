@@ -5,6 +5,7 @@ import numpy as np
 from pygrad import UOp, Metadata
 from pygrad.uop import handle
 from pygrad.serialize import _build
+from pygrad.core import CORE
 from .tinygrad_tables import AddrSpace, ParamArg, TOps, TUOp, _AFTER, _ALU_I, _ASSIGN, _BCAST, _BITCAST, _BOOL, \
   _BUFFER, _CALL, _CAST, _CMP, _CONST, _CONTIGUOUS, _COPY, _DEFINE_VAR, _DT, _DTI, _EXPAND, _EXPANDOP, _FLIP, \
   _FUNCTION, _GETTUPLE, _INFO, _MD_IN, _MOVE, _NOOP, _NOWANT, _OP, _PAD, _PARAM, _PERMUTE, _REDUCE, _REDUCEOP, \
@@ -16,6 +17,8 @@ _wref = weakref.ref
 _SHN = "_RECURSIVE_PROPERTY__shape"  # where tinygrad caches a node's _shape (read directly: its property is a frame)
 # ops whose sources are all values (the rest: _value_srcs)
 _PLAIN = frozenset(_ALU_I) | frozenset(_SAME_I) | {TOps.REDUCE, TOps.CAST, TOps.BITCAST, TOps.PERMUTE, TOps.FLIP}
+_WEAK_SET = frozenset(_WEAK)
+_FWALK = [CORE.foreign_walk]  # the C core's walk (csrc/pywalk.c); None: the pure-Python core (tests swap it)
 
 
 def _md_in(md: tuple) -> tuple:
@@ -84,6 +87,7 @@ class _In:
     self.mdon = len(_tg_metadata) > 0
     self.shapes: dict = {}  # shape (or other int tuple arg) -> its one object in this conversion
     self.tsh: dict = {}     # tinygrad node -> its _shape (tinygrad's is a property computed in Python)
+    self._wcfg = None       # the C walk's configuration (csrc/pywalk.c), made on first use
 
   def _row(self, op: int, dt: int, src: tuple, arg=None, tag=None) -> int:
     rows = self.rows
@@ -146,16 +150,22 @@ class _In:
 
   def _walk(self, root: TUOp) -> None:
     """Post-order over value sources; each node on a target path (every node, without targets) is converted when
-    its sources are done. Weak, device-less and opaque nodes are made when a converted user asks for them. The usual
-    node, a typed ALU op, is converted inline (the per-node Python work is most of a conversion's time)."""
-    live, memo, targets, known, one, puts, mdd, rows, tsh = self.live, self.memo, self.targets, self.known, \
-      self._one, self.puts, self.md, self.rows, self.tsh
+    its sources are done. Weak, device-less and opaque nodes are made when a converted user asks for them. The C
+    core walks (csrc/pywalk.c: the usual nodes' rows made there as _node makes them, the others by _node) unless
+    nodes of an earlier conversion are `known`."""
+    if self.known is None and _FWALK[0] is not None:
+      if self._wcfg is None:
+        self._wcfg = (self.live, self.memo, self.targets, self.rows, self.puts, self.md, self.tsh, self.shapes,
+                      _PLAIN, _SHAPED_MOVE, _ALU_I, _DTI, _CMP, _WEAK_SET, TOps.PARAM, TOps.RESHAPE, TOps.PERMUTE,
+                      (_RESHAPE, _PERMUTE, _BOOL, _EXPANDOP, _BCAST), _SHN, self._node, self._meta, _value_srcs,
+                      _tg_metadata.data if self.mdon else None, _MD_IN1, _DT, TOps.WHERE)
+      _FWALK[0](self._wcfg, root)
+      return
+    live, memo, targets, known, node, meta = self.live, self.memo, self.targets, self.known, self._node, self._meta
     mdget = _tg_metadata.data.get if self.mdon else None  # the WeakKeyDictionary's dict: its get is a Python frame
-    md1, reshape, permute, shape_of, canon = _MD_IN1, TOps.RESHAPE, TOps.PERMUTE, self._shape, self._canon
-    plain, weak, alu, dti, cmp, get, bcast, smove = _PLAIN, _WEAK, _ALU_I, _DTI, _CMP, self._get, self._bcast, \
-      _SHAPED_MOVE
+    plain, weak, smove = _PLAIN, _WEAK, _SHAPED_MOVE
     stack: list = [(root, None)]
-    pop, push, append = stack.pop, stack.append, rows.append
+    pop, push = stack.pop, stack.append
     while stack:
       u, vs = pop()
       if u in live: continue
@@ -177,44 +187,52 @@ class _In:
             below = True
             break
       live[u] = below or u in targets
-      if not below or u in memo: continue
-      dt = u.dtype
-      if dt in weak: continue
-      op = u.op
-      a = alu.get(op)
-      if a is not None and (d := dti.get(dt)) is not None:  # the hot path: a typed ALU op (vs is u.src)
-        shape = u.__dict__.get(_SHN, _NOWANT)
-        if shape is _NOWANT: shape = u._shape
-        srcs = []
-        for s in vs:
-          if s.dtype in weak: r = get(s, _operand_want(u, None))
-          else:
-            r = memo.get(s)
-            if r is None: r = get(s)
-          ss = tsh.get(s)
-          if ss is None:
-            ss = s.__dict__.get(_SHN, _NOWANT)
-            tsh[s] = ss = s._shape if ss is _NOWANT else ss
-          srcs.append(bcast(r, ss, shape) if ss and ss is not shape and ss != shape else r)
-        append((a, _BOOL if op in cmp else d, tuple(srcs), None, None))
-        r = memo[u] = len(rows) - 1
-      elif (op is reshape or op is permute) and dt in dti:  # the next most frequent: as _movement does
-        s = vs[0]
-        x = memo.get(s)
-        if x is None: x = get(s)
-        append((_RESHAPE, rows[x][1], (x,), shape_of(u), None) if op is reshape else
-               (_PERMUTE, rows[x][1], (x,), canon(tuple(u.arg)), None))
-        r = memo[u] = len(rows) - 1
-      else: r = memo[u] = one(u, None)
-      puts.append((r, u))
-      if mdget is not None and (md := mdget(_wref(u))):
-        if len(md) == 1:  # the usual: _md_in's lookup inline
-          m = md[0]
-          m = md1.get((m.name, m.backward))
-          if m is None: m = _md_in(md)
-        else: m = _md_in(md)
-        cur = mdd.get(r)
-        mdd[r] = m if cur is None else cur + tuple(x for x in m if x not in cur)
+      if not below or u in memo or u.dtype in weak: continue
+      r = node(u, vs)
+      self.puts.append((r, u))
+      if mdget is not None and (md := mdget(_wref(u))): meta(r, md)
+
+  def _node(self, u: TUOp, vs: tuple) -> int:
+    """The row of a node the walk converts (typed, its value sources vs visited), remembered in memo. The usual
+    node, a typed ALU op, is converted inline (the per-node Python work is most of a conversion's time)."""
+    memo, rows, tsh, weak, get = self.memo, self.rows, self.tsh, _WEAK, self._get
+    op, dt = u.op, u.dtype
+    a = _ALU_I.get(op)
+    if a is not None and (d := _DTI.get(dt)) is not None:  # the hot path: a typed ALU op (vs is u.src)
+      shape = u.__dict__.get(_SHN, _NOWANT)
+      if shape is _NOWANT: shape = u._shape
+      srcs = []
+      for s in vs:
+        if s.dtype in weak: r = get(s, _operand_want(u, None))
+        else:
+          r = memo.get(s)
+          if r is None: r = get(s)
+        ss = tsh.get(s)
+        if ss is None:
+          ss = s.__dict__.get(_SHN, _NOWANT)
+          tsh[s] = ss = s._shape if ss is _NOWANT else ss
+        srcs.append(self._bcast(r, ss, shape) if ss and ss is not shape and ss != shape else r)
+      rows.append((a, _BOOL if op in _CMP else d, tuple(srcs), None, None))
+      r = memo[u] = len(rows) - 1
+    elif (op is TOps.RESHAPE or op is TOps.PERMUTE) and dt in _DTI:  # the next most frequent: as _movement does
+      s = vs[0]
+      x = memo.get(s)
+      if x is None: x = get(s)
+      rows.append((_RESHAPE, rows[x][1], (x,), self._shape(u), None) if op is TOps.RESHAPE else
+                  (_PERMUTE, rows[x][1], (x,), self._canon(tuple(u.arg)), None))
+      r = memo[u] = len(rows) - 1
+    else: r = memo[u] = self._one(u, None)
+    return r
+
+  def _meta(self, r: int, md: tuple) -> None:
+    """Row r's metadata from a tinygrad node's (merged into what the row has: two nodes may become one row)."""
+    if len(md) == 1:  # the usual: _md_in's lookup inline
+      m = md[0]
+      m = _MD_IN1.get((m.name, m.backward))
+      if m is None: m = _md_in(md)
+    else: m = _md_in(md)
+    cur = self.md.get(r)
+    self.md[r] = m if cur is None else cur + tuple(x for x in m if x not in cur)
 
   def _put(self, u: TUOp, r: int, want=None) -> None:
     self.memo[(u, want) if u.dtype in _WEAK else u] = r

@@ -1,0 +1,461 @@
+/* The walk of tinygrad -> pygrad conversion (pygrad/interop/tinygrad_in.py, _In._walk) as one CPython builtin: a
+   post-order over a foreign graph's value sources (an explicit stack, never recursion), marking which nodes lie on a
+   path to a target, and making the node table's rows of the usual nodes (an elementwise op whose operands are
+   converted, typed and of its shape; a reshape or permute of a converted node) as the Python walk makes them. Every
+   other node is made by a Python callback, which is the Python walk's own code for a node. The foreign IR is
+   described by the caller's tables (no tinygrad name is known here). Every argument is checked: a wrong one raises
+   TypeError, never crashes. */
+#include "pyapi.h"
+#include <stdlib.h>
+
+/* cfg: (live, memo, targets, rows, puts, mdd, tsh, shapes, plain, smove, alu, dti, cmp, weak, param, reshape,
+   permute, ints, shn, node, meta, vsrc, mdata, md1, dt, where)
+   live: dict node -> whether it is on a path to a target (every node visited); memo: dict node -> its row; targets:
+   a set, or None (every node is converted); rows, puts: lists the rows and (row, node) pairs are appended to; mdd:
+   dict row -> metadata; tsh: dict node -> its shape; shapes: dict shape or axes -> the one object of it; plain,
+   smove: sets of ops whose value sources are all sources, the first source; alu: dict op -> the row's op; dti: dict
+   dtype -> the row's dtype; cmp: set of ops whose result is bool; weak: set of weak dtypes; param, reshape, permute:
+   those ops; ints: (RESHAPE, PERMUTE, bool dtype, EXPAND, broadcast tag) of the rows; shn: the name of the node's
+   cached shape in its __dict__; node(u, vs) -> row or None: the Python walk's making of u; meta(row, md): its
+   metadata step; vsrc(u): the value sources of a node of another op; mdata: dict weakref(node) -> metadata tuple,
+   or None; md1: dict (name, backward) -> the metadata of a 1-tuple; dt: dict dtype -> pygrad dtype (a weak operand
+   converted in the dtype of its op, or of its typed operands for a comparison or WHERE, is memo's (operand, that
+   dtype)); where: the op whose first source is its condition. */
+enum { W_LIVE, W_MEMO, W_TARGETS, W_ROWS, W_PUTS, W_MDD, W_TSH, W_SHAPES, W_PLAIN, W_SMOVE, W_ALU, W_DTI, W_CMP,
+       W_WEAK, W_PARAM, W_RESHAPE, W_PERMUTE, W_INTS, W_SHN, W_NODE, W_META, W_VSRC, W_MDATA, W_MD1, W_DT, W_WHERE,
+       W_N };
+
+typedef struct {
+  PyObject *f[W_N];
+  PyObject *r_reshape, *r_permute, *r_bool, *r_expand, *r_btag;
+} walk_t;
+
+static PyObject *s_op, *s_src, *s_dtype, *s_arg, *s_dict, *s_name, *s_backward;
+
+static int bad(const char *what) {
+  PyErr_Format(PyExc_TypeError, "pygrad C core: foreign walk: %s", what);
+  return -1;
+}
+
+static int intern_names(void) {
+  if (s_backward) return 0;
+  if (!(s_op = PyUnicode_InternFromString("op")) || !(s_src = PyUnicode_InternFromString("src")) ||
+      !(s_dtype = PyUnicode_InternFromString("dtype")) || !(s_arg = PyUnicode_InternFromString("arg")) ||
+      !(s_dict = PyUnicode_InternFromString("__dict__")) || !(s_name = PyUnicode_InternFromString("name")) ||
+      !(s_backward = PyUnicode_InternFromString("backward")))
+    return -1;
+  return 0;
+}
+
+static int read_cfg(PyObject *t, walk_t *w) {
+  int i;
+  PyObject *ints;
+  if (!PyTuple_Check(t) || PyTuple_Size(t) != W_N) return bad("the configuration is no tuple of 26");
+  for (i = 0; i < W_N; i++) w->f[i] = PyTuple_GetItem(t, i);
+  if (!PyDict_Check(w->f[W_LIVE]) || !PyDict_Check(w->f[W_MEMO]) || !PyDict_Check(w->f[W_MDD]) ||
+      !PyDict_Check(w->f[W_TSH]) || !PyDict_Check(w->f[W_SHAPES]) || !PyDict_Check(w->f[W_ALU]) ||
+      !PyDict_Check(w->f[W_DTI]) || !PyDict_Check(w->f[W_MD1]) || !PyDict_Check(w->f[W_DT]))
+    return bad("live, memo, mdd, tsh, shapes, alu, dti, md1 and dt must be dicts");
+  if (w->f[W_MDATA] != Py_None && !PyDict_Check(w->f[W_MDATA])) return bad("mdata must be a dict or None");
+  if (!PyList_Check(w->f[W_ROWS]) || !PyList_Check(w->f[W_PUTS])) return bad("rows and puts must be lists");
+  if (!PyAnySet_Check(w->f[W_PLAIN]) || !PyAnySet_Check(w->f[W_SMOVE]) || !PyAnySet_Check(w->f[W_CMP]) ||
+      !PyAnySet_Check(w->f[W_WEAK]) || (w->f[W_TARGETS] != Py_None && !PyAnySet_Check(w->f[W_TARGETS])))
+    return bad("plain, smove, cmp, weak and targets must be sets");
+  if (!PyCallable_Check(w->f[W_NODE]) || !PyCallable_Check(w->f[W_META]) || !PyCallable_Check(w->f[W_VSRC]))
+    return bad("node, meta and vsrc must be callables");
+  if (!PyUnicode_Check(w->f[W_SHN])) return bad("shn must be a str");
+  ints = w->f[W_INTS];
+  if (!PyTuple_Check(ints) || PyTuple_Size(ints) != 5) return bad("ints must be a tuple of 5");
+  w->r_reshape = PyTuple_GetItem(ints, 0), w->r_permute = PyTuple_GetItem(ints, 1);
+  w->r_bool = PyTuple_GetItem(ints, 2);
+  w->r_expand = PyTuple_GetItem(ints, 3), w->r_btag = PyTuple_GetItem(ints, 4);
+  return 0;
+}
+
+/* o's cached shape (a borrowed reference from its __dict__ or tsh), NULL if it has none cached (no error set), or
+   NULL with an error set */
+static PyObject *cached_shape(const walk_t *w, PyObject *o, int remember) {
+  PyObject *sh = PyDict_GetItemWithError(w->f[W_TSH], o), *d;
+  if (sh || PyErr_Occurred()) return sh;
+  if (!(d = PyObject_GetAttr(o, s_dict))) {
+    PyErr_Clear();
+    return NULL;
+  }
+  sh = PyDict_Check(d) ? PyDict_GetItemWithError(d, w->f[W_SHN]) : NULL;
+  if (sh && remember && PyDict_SetItem(w->f[W_TSH], o, sh) < 0) sh = NULL;
+  Py_DECREF(d);  /* sh stays alive: the node's __dict__ (and tsh) hold it */
+  return sh;
+}
+
+/* the row (a new reference) appended to the table for row x as `row` (a new reference, stolen), NULL with an
+   exception set */
+static PyObject *append(const walk_t *w, PyObject *row) {
+  int r;
+  if (!row) return NULL;
+  r = PyList_Append(w->f[W_ROWS], row);
+  Py_DECREF(row);
+  return r < 0 ? NULL : PyLong_FromSsize_t(PyList_Size(w->f[W_ROWS]) - 1);
+}
+
+/* row x (its dtype that of its table row), of shape ss, made explicit at `shape` as the Python walk's _bcast does:
+   a RESHAPE prepending 1s, then an EXPAND, both tagged. A new reference, or NULL with an exception set */
+static PyObject *bcast(const walk_t *w, PyObject *x, PyObject *ss, PyObject *shape) {
+  PyObject *xrow, *d, *src, *r, *pad, *s2;
+  Py_ssize_t k = PyTuple_Size(shape) - PyTuple_Size(ss), i;
+  int eq;
+  if (!(xrow = PyList_GetItem(w->f[W_ROWS], PyLong_AsSsize_t(x)))) return NULL;
+  if (!PyTuple_Check(xrow) || PyTuple_Size(xrow) != 5) {
+    bad("a row is no tuple of 5");
+    return NULL;
+  }
+  d = PyTuple_GetItem(xrow, 1);
+  Py_INCREF(x);
+  r = x;
+  if (k > 0) {
+    if (!(pad = PyTuple_New(k))) goto fail;
+    for (i = 0; i < k; i++) {
+      PyObject *one = PyLong_FromLong(1);
+      if (!one) {
+        Py_DECREF(pad);
+        goto fail;
+      }
+      PyTuple_SetItem(pad, i, one);
+    }
+    s2 = PySequence_Concat(pad, ss);
+    Py_DECREF(pad);
+    if (!s2) goto fail;
+    if (!(src = PyTuple_Pack(1, r))) {
+      Py_DECREF(s2);
+      goto fail;
+    }
+    Py_DECREF(r);
+    r = append(w, PyTuple_Pack(5, w->r_reshape, d, src, s2, w->r_btag));
+    Py_DECREF(src);
+    if (!r) {
+      Py_DECREF(s2);
+      return NULL;
+    }
+    eq = PyObject_RichCompareBool(s2, shape, Py_EQ);
+    Py_DECREF(s2);
+    if (eq < 0) goto fail;
+    if (eq) return r;
+  }
+  if (!(src = PyTuple_Pack(1, r))) goto fail;
+  Py_DECREF(r);
+  r = append(w, PyTuple_Pack(5, w->r_expand, d, src, shape, w->r_btag));
+  Py_DECREF(src);
+  return r;
+fail:
+  Py_DECREF(r);
+  return NULL;
+}
+
+/* the pygrad dtype (borrowed; Py_None: none) the weak operands of u (an elementwise op of typed dtype dt, value
+   sources vs) are converted in, as the Python walk's _operand_want(u, None); NULL with an exception set */
+static PyObject *operand_want(const walk_t *w, PyObject *op, PyObject *dt, PyObject *vs, int cmp) {
+  PyObject *got;
+  Py_ssize_t i, n = PyTuple_Size(vs);
+  if (cmp || op == w->f[W_WHERE]) {
+    for (i = op == w->f[W_WHERE] ? 1 : 0; i < n; i++) {
+      PyObject *sd = PyObject_GetAttr(PyTuple_GetItem(vs, i), s_dtype);
+      int r;
+      if (!sd) return NULL;
+      r = PySet_Contains(w->f[W_WEAK], sd);
+      got = r == 0 ? PyDict_GetItemWithError(w->f[W_DT], sd) : NULL;
+      Py_DECREF(sd);
+      if (r < 0 || (!got && PyErr_Occurred())) return NULL;
+      if (r == 0) return got ? got : Py_None;
+    }
+    return Py_None;
+  }
+  got = PyDict_GetItemWithError(w->f[W_DT], dt);
+  return got ? got : PyErr_Occurred() ? NULL : Py_None;
+}
+
+/* the row of u (an int, new reference) made inline, Py_None (new reference) if u is not a usual node (the Python
+   callback makes it), NULL with an exception set */
+static PyObject *inline_row(const walk_t *w, PyObject *u, PyObject *op, PyObject *dt, PyObject *vs) {
+  PyObject *a, *d, *srcs = NULL, *row = NULL, *shape, *ri, *want = NULL, *xs[3], *sss[3];
+  Py_ssize_t i, n;
+  int r, cmp;
+  if ((a = PyDict_GetItemWithError(w->f[W_ALU], op)) != NULL) {
+    if (!(d = PyDict_GetItemWithError(w->f[W_DTI], dt))) goto none;
+    if (!(shape = cached_shape(w, u, 0))) goto none;
+    if ((cmp = PySet_Contains(w->f[W_CMP], op)) < 0) return NULL;
+    if (cmp) d = w->r_bool;
+    n = PyTuple_Size(vs);
+    if (n < 1 || n > 3) goto none;
+    for (i = 0; i < n; i++) {  /* every operand's row and shape first: nothing is appended unless all are known */
+      PyObject *s = PyTuple_GetItem(vs, i), *sd, *x, *ss;
+      if (!s) return NULL;
+      if (!(sd = PyObject_GetAttr(s, s_dtype))) return NULL;
+      r = PySet_Contains(w->f[W_WEAK], sd);
+      Py_DECREF(sd);
+      if (r < 0) return NULL;
+      if (r) {  /* a weak operand: converted already in the dtype it takes here, or Python converts it */
+        PyObject *k;
+        if (!want && !(want = operand_want(w, op, dt, vs, cmp))) return NULL;
+        if (!(k = PyTuple_Pack(2, s, want))) return NULL;
+        x = PyDict_GetItemWithError(w->f[W_MEMO], k);
+        Py_DECREF(k);
+      } else x = PyDict_GetItemWithError(w->f[W_MEMO], s);
+      if (!x) goto none_or_fail;
+      if (!(ss = cached_shape(w, s, 1))) goto none_or_fail;
+      if (ss != shape && ss != Py_None) {  /* a shape of its own: the same, () or a broadcast */
+        if (!PyTuple_Check(ss) || !PyTuple_Check(shape) || PyTuple_Size(ss) > PyTuple_Size(shape)) goto none;
+        if (!PyTuple_Size(ss) || (r = PyObject_RichCompareBool(ss, shape, Py_EQ)) == 1) ss = NULL;
+        else if (r < 0) return NULL;
+      } else ss = NULL;
+      xs[i] = x, sss[i] = ss;
+    }
+    if (!(srcs = PyTuple_New(n))) return NULL;
+    for (i = 0; i < n; i++) {
+      PyObject *x = sss[i] ? bcast(w, xs[i], sss[i], shape) : (Py_INCREF(xs[i]), xs[i]);
+      if (!x) goto fail;
+      PyTuple_SetItem(srcs, i, x);
+    }
+    row = PyTuple_Pack(5, a, d, srcs, Py_None, Py_None);
+  } else if (PyErr_Occurred()) return NULL;
+  else if (op == w->f[W_RESHAPE] || op == w->f[W_PERMUTE]) {
+    PyObject *x, *xrow, *arg, *sdt;
+    if (!PyDict_GetItemWithError(w->f[W_DTI], dt)) goto none_or_fail;
+    if (!PyTuple_Check(vs) || PyTuple_Size(vs) < 1) goto none;
+    if (!(x = PyDict_GetItemWithError(w->f[W_MEMO], PyTuple_GetItem(vs, 0)))) goto none_or_fail;
+    if (!PyLong_Check(x) || !(xrow = PyList_GetItem(w->f[W_ROWS], PyLong_AsSsize_t(x)))) {
+      PyErr_Clear();
+      goto none;
+    }
+    if (!PyTuple_Check(xrow) || PyTuple_Size(xrow) != 5) goto none;
+    sdt = PyTuple_GetItem(xrow, 1);
+    if (op == w->f[W_RESHAPE]) {
+      PyObject *sh = cached_shape(w, u, 0);
+      if (!sh || sh == Py_None) goto none_or_fail;
+      arg = PyDict_GetItemWithError(w->f[W_SHAPES], sh);
+    } else {
+      PyObject *ua = PyObject_GetAttr(u, s_arg);
+      if (!ua) return NULL;
+      arg = PyTuple_Check(ua) ? PyDict_GetItemWithError(w->f[W_SHAPES], ua) : NULL;
+      Py_DECREF(ua);  /* arg, if found, is the shapes dict's own object */
+    }
+    if (!arg) goto none_or_fail;
+    if (!(srcs = PyTuple_Pack(1, x))) return NULL;
+    row = PyTuple_Pack(5, op == w->f[W_RESHAPE] ? w->r_reshape : w->r_permute, sdt, srcs, arg, Py_None);
+  } else goto none;
+  Py_CLEAR(srcs);
+  if (!row) return NULL;
+  r = PyList_Append(w->f[W_ROWS], row);
+  Py_DECREF(row);
+  if (r < 0) return NULL;
+  if (!(ri = PyLong_FromSsize_t(PyList_Size(w->f[W_ROWS]) - 1))) return NULL;
+  if (PyDict_SetItem(w->f[W_MEMO], u, ri) < 0) {
+    Py_DECREF(ri);
+    return NULL;
+  }
+  return ri;
+none_or_fail:
+  if (PyErr_Occurred()) goto fail;
+none:
+  Py_XDECREF(srcs);
+  Py_RETURN_NONE;
+fail:
+  Py_XDECREF(srcs);
+  return NULL;
+}
+
+/* u's metadata onto row ri, as the Python walk does: the usual 1-tuple whose pygrad form is known, onto a row with
+   none yet, here; anything else through the callback. 0, or -1 with an exception set */
+static int put_meta(const walk_t *w, PyObject *u, PyObject *ri) {
+  PyObject *ref, *md, *m0, *nm = NULL, *bw = NULL, *key = NULL, *m, *res;
+  int r;
+  if (w->f[W_MDATA] == Py_None) return 0;
+  if (!(ref = PyWeakref_NewRef(u, NULL))) {
+    PyErr_Clear();  /* not weakly referable: it has no metadata */
+    return 0;
+  }
+  md = PyDict_GetItemWithError(w->f[W_MDATA], ref);
+  Py_DECREF(ref);
+  if (!md) return PyErr_Occurred() ? -1 : 0;
+  if ((r = PyObject_IsTrue(md)) <= 0) return r;
+  Py_INCREF(md);
+  if (PyTuple_Check(md) && PyTuple_Size(md) == 1 && !PyDict_GetItemWithError(w->f[W_MDD], ri) && !PyErr_Occurred()) {
+    m0 = PyTuple_GetItem(md, 0);
+    if ((nm = PyObject_GetAttr(m0, s_name)) && (bw = PyObject_GetAttr(m0, s_backward)) &&
+        (key = PyTuple_Pack(2, nm, bw))) {
+      m = PyDict_GetItemWithError(w->f[W_MD1], key);
+      Py_DECREF(nm), Py_DECREF(bw), Py_DECREF(key);
+      if (m) {
+        r = PyDict_SetItem(w->f[W_MDD], ri, m);
+        Py_DECREF(md);
+        return r;
+      }
+    } else {
+      Py_XDECREF(nm), Py_XDECREF(bw);
+    }
+    if (PyErr_Occurred()) {
+      Py_DECREF(md);
+      return -1;
+    }
+  }
+  if (PyErr_Occurred()) {
+    Py_DECREF(md);
+    return -1;
+  }
+  res = PyObject_CallFunctionObjArgs(w->f[W_META], ri, md, NULL);
+  Py_DECREF(md);
+  if (!res) return -1;
+  Py_DECREF(res);
+  return 0;
+}
+
+/* the value sources of u (a new reference to a tuple), or NULL with an exception set */
+static PyObject *value_srcs(const walk_t *w, PyObject *u, PyObject *op) {
+  PyObject *src, *vs;
+  int r;
+  if ((r = PySet_Contains(w->f[W_PLAIN], op)) != 0) vs = r < 0 ? NULL : PyObject_GetAttr(u, s_src);
+  else if ((r = PySet_Contains(w->f[W_SMOVE], op)) != 0) {
+    if (r < 0 || !(src = PyObject_GetAttr(u, s_src))) return NULL;
+    vs = PyTuple_Check(src) ? PyTuple_GetSlice(src, 0, 1) : NULL;
+    Py_DECREF(src);
+    if (!vs && !PyErr_Occurred()) bad("a node's src is no tuple");
+  } else vs = PyObject_CallFunctionObjArgs(w->f[W_VSRC], u, NULL);
+  if (vs && !PyTuple_Check(vs)) {
+    Py_DECREF(vs);
+    bad("value sources must be a tuple");
+    return NULL;
+  }
+  return vs;
+}
+
+/* the second visit of u (its value sources vs all visited): on a target path or not, and its row. 0 or -1 */
+static int finish(const walk_t *w, PyObject *u, PyObject *vs) {
+  PyObject *op = NULL, *dt = NULL, *ri = NULL, *pair;
+  int below, r = -1, t;
+  Py_ssize_t i;
+  if (!(op = PyObject_GetAttr(u, s_op))) return -1;
+  if (w->f[W_TARGETS] == Py_None) below = 1;
+  else {
+    below = op == w->f[W_PARAM];
+    for (i = 0; !below && i < PyTuple_Size(vs); i++) {
+      PyObject *l = PyDict_GetItemWithError(w->f[W_LIVE], PyTuple_GetItem(vs, i));
+      if (!l) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_KeyError, "pygrad C core: foreign walk: a source not visited");
+        goto out;
+      }
+      if ((t = PyObject_IsTrue(l)) < 0) goto out;
+      below = t;
+    }
+  }
+  t = below;
+  if (!t && (t = PySet_Contains(w->f[W_TARGETS], u)) < 0) goto out;
+  if (PyDict_SetItem(w->f[W_LIVE], u, t ? Py_True : Py_False) < 0) goto out;
+  r = 0;
+  if (!below) goto out;
+  if ((t = PyDict_Contains(w->f[W_MEMO], u)) != 0) {
+    r = t < 0 ? -1 : 0;
+    goto out;
+  }
+  r = -1;
+  if (!(dt = PyObject_GetAttr(u, s_dtype))) goto out;
+  if ((t = PySet_Contains(w->f[W_WEAK], dt)) != 0) {
+    r = t < 0 ? -1 : 0;
+    goto out;
+  }
+  if (!(ri = inline_row(w, u, op, dt, vs))) goto out;
+  if (ri == Py_None) {  /* the Python walk's own code makes it (and its memo entry) */
+    Py_DECREF(ri);
+    if (!(ri = PyObject_CallFunctionObjArgs(w->f[W_NODE], u, vs, NULL))) goto out;
+    if (ri == Py_None) {
+      r = 0;
+      goto out;
+    }
+  }
+  if (!(pair = PyTuple_Pack(2, ri, u))) goto out;
+  t = PyList_Append(w->f[W_PUTS], pair);
+  Py_DECREF(pair);
+  if (t < 0) goto out;
+  r = put_meta(w, u, ri);
+out:
+  Py_XDECREF(op);
+  Py_XDECREF(dt);
+  Py_XDECREF(ri);
+  return r;
+}
+
+typedef struct {
+  PyObject *u, *vs;  /* owned; vs NULL on the first visit */
+} frame;
+
+/* walk(cfg, root): the walk from root; None, or an exception */
+static PyObject *foreign_walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  walk_t w;
+  frame *st = NULL, *grown;
+  size_t n = 0, cap = 0;
+  PyObject *ret = NULL;
+  (void)self;
+  if (nargs != 2) return PyErr_Format(PyExc_TypeError, "pygrad C core: foreign walk takes 2 arguments");
+  if (intern_names() < 0 || read_cfg(args[0], &w) < 0) return NULL;
+  cap = 64;
+  if (!(st = malloc(cap * sizeof *st))) return PyErr_NoMemory();
+  Py_INCREF(args[1]);
+  st[n].u = args[1], st[n].vs = NULL, n++;
+  while (n) {
+    frame f = st[--n];
+    int r = PyDict_Contains(w.f[W_LIVE], f.u);
+    if (r != 0) {
+      Py_DECREF(f.u);
+      Py_XDECREF(f.vs);
+      if (r < 0) goto done;
+      continue;
+    }
+    if (f.vs) {
+      r = finish(&w, f.u, f.vs);
+      Py_DECREF(f.u);
+      Py_DECREF(f.vs);
+      if (r < 0) goto done;
+      continue;
+    }
+    {
+      PyObject *op = PyObject_GetAttr(f.u, s_op), *vs;
+      Py_ssize_t i, k;
+      vs = op ? value_srcs(&w, f.u, op) : NULL;
+      Py_XDECREF(op);
+      if (!vs) {
+        Py_DECREF(f.u);
+        goto done;
+      }
+      k = PyTuple_Size(vs);
+      if (n + 1 + (size_t)k > cap) {
+        size_t c2 = cap;
+        while (n + 1 + (size_t)k > c2) c2 *= 2;
+        if (c2 > ((size_t)-1) / sizeof *st || !(grown = realloc(st, c2 * sizeof *st))) {
+          Py_DECREF(f.u);
+          Py_DECREF(vs);
+          PyErr_NoMemory();
+          goto done;
+        }
+        st = grown, cap = c2;
+      }
+      st[n].u = f.u, st[n].vs = vs, n++;  /* the frame's references move onto the stack */
+      for (i = k - 1; i >= 0; i--) {
+        PyObject *s = PyTuple_GetItem(vs, i);
+        if ((r = PyDict_Contains(w.f[W_LIVE], s)) < 0) goto done;
+        if (r) continue;
+        Py_INCREF(s);
+        st[n].u = s, st[n].vs = NULL, n++;
+      }
+    }
+  }
+  Py_INCREF(Py_None);
+  ret = Py_None;
+done:
+  while (n) {
+    n--;
+    Py_DECREF(st[n].u);
+    Py_XDECREF(st[n].vs);
+  }
+  free(st);
+  return ret;
+}
+
+PyMethodDef pg_py_foreign_walk_def = {"foreign_walk", (PyCFunction)(void (*)(void))foreign_walk, METH_FASTCALL,
+                                      "foreign_walk(cfg, root): see csrc/pywalk.c"};
