@@ -54,7 +54,7 @@ def _tensor(v, dt):
 class Node:
   """A pygrad node, its torch twin (None when torch is absent or the peer is not comparable here) and the nodes the
   call that made it read."""
-  def __init__(self, u, t, srcs=()): self.u, self.t, self.srcs, self.scale, self.zero = u, t, tuple(srcs), None, None
+  def __init__(self, u, t, srcs=()): self.u, self.t, self.srcs, self.scale, self.prod = u, t, tuple(srcs), None, None
 
 
 def _values(rng, shape, dt, smooth=False):
@@ -227,8 +227,8 @@ class Fuzz:
     if name == "prod" and dtypes.is_float(a.u.dtype) and a.u.ndim:
       # a known limit (README "Defined semantics"): a float product of finite entries one of which is 0 is 0, but
       # where the others' partial products overflow it is NaN (0 * inf) in some orders: the VM's lanes, torch's
-      # vectors, numpy's loop each take their own. run() marks the groups whose exact product is 0 (Node.zero)
-      n.zero = (a, axes, keep)
+      # vectors, numpy's loop each take their own. run() finds the groups whose exact product is 0 (_zero_groups)
+      n.prod = (a, axes, keep)
     return n
 
   @staticmethod
@@ -344,22 +344,23 @@ def compare(a, b, dt, exact: bool, zero_sign: bool = True, tol_dt=None) -> str |
   return f"at {i}: {a[i]!r} vs {b[i]!r}"
 
 
-def _zero_groups(n: Node, value) -> None:
-  """Node.zero of a float prod: from (its source, axes, keepdim) to where its exact value is 0 (a zero entry, every
-  entry finite), given value(source node): the numpy engine's value of it."""
-  src, axes, keep = n.zero
+def _zero_groups(n: Node, value):
+  """Where a float prod n (Node.prod: its source, axes, keepdim) is exactly 0 (a zero entry, every entry finite),
+  given value(source node): the numpy engine's value of it; None for any other node."""
+  if n.prod is None: return None
+  src, axes, keep = n.prod
   with np.errstate(all="ignore"):
     v = np.asarray(value(src), np.float64)
-    n.zero = (v == 0).any(axis=axes, keepdims=keep) & np.isfinite(v).all(axis=axes, keepdims=keep)
+    return (v == 0).any(axis=axes, keepdims=keep) & np.isfinite(v).all(axis=axes, keepdims=keep)
 
 
-def _known_prod(a, ref, n: Node):
-  """a, with ref's value where n is a float prod whose exact value is 0 and a is NaN and ref 0, or the other way
-  round (see Fuzz._reduce: the order-dependent overflow of a product with a zero entry, a known limit)."""
-  if n.zero is None: return a
+def _known_prod(a, ref, zero):
+  """a, with ref's value where a float prod's exact value is 0 (zero, from _zero_groups) and a is NaN and ref 0, or
+  the other way round (see Fuzz._reduce: the order-dependent overflow of a product with a zero entry, a known limit)."""
+  if zero is None: return a
   a, ref = np.asarray(a), np.asarray(ref)
   with np.errstate(all="ignore"):
-    known = n.zero & ((np.isnan(a) & (ref == 0)) | ((a == 0) & np.isnan(ref)))
+    known = zero & ((np.isnan(a) & (ref == 0)) | ((a == 0) & np.isnan(ref)))
   if not known.any(): return a  # (the same object: the caller checks)
   KNOWN[0] += int(known.sum())
   return np.where(known, ref, a).astype(a.dtype)
@@ -388,8 +389,7 @@ def run(seed: int, steps: int = 12) -> list[str]:
   if bad: return bad + [f"  calls: {fz.calls}"]
   ref = res[("numpy", 1)]
   at = {id(n): i for i, n in enumerate(nodes)}
-  for n in nodes:
-    if n.zero is not None: _zero_groups(n, lambda s: ref[at[id(s)]] if id(s) in at else fz.inputs[s.u])
+  zeros = [_zero_groups(n, lambda s: ref[at[id(s)]] if id(s) in at else fz.inputs[s.u]) for n in nodes]
   same_as_torch = {id(n): n.t is not None for n in fz.pool[:len(fz.inputs)]}
   split: set = set()  # nodes at or after a known prod difference between the engines: their values may differ
   apart: set = set()  # nodes whose VM value is not the numpy engine's bit for bit (an inexact graph's rounding)
@@ -399,7 +399,7 @@ def run(seed: int, steps: int = 12) -> list[str]:
     after, srcs_apart = id(n) in split, any(id(s) in apart for s in n.srcs)
     for key, vals in res.items():
       if key == ("numpy", 1) or after: continue
-      v = _known_prod(vals[i], ref[i], n)
+      v = _known_prod(vals[i], ref[i], zeros[i])
       if v is not vals[i]: split.add(id(n))
       why = compare(v, ref[i], o.dtype, ex, tol_dt=tdt)
       # sources apart within tolerance: a call that magnifies it is not to blame (seed 42221: a float32 sum 1.131298e32
@@ -415,7 +415,7 @@ def run(seed: int, steps: int = 12) -> list[str]:
       bad.append(f"seed {seed} node {i} ({fz.calls[i]}): torch shape {tv.shape} vs {o.shape}")
       continue
     if not dtypes.is_float(o.dtype): tv = tv.astype(ref[i].dtype)
-    tk = _known_prod(tv, ref[i], n)
+    tk = _known_prod(tv, ref[i], zeros[i])
     if tk is not tv: continue  # (not the same as torch's: later calls are not blamed)
     if compare(ref[i], tv, o.dtype, True, zero_sign=False) is None:
       # a zero of the other sign is no finding here (README: +0 is above -0 in max, relu included, where torch keeps
