@@ -553,6 +553,9 @@ typedef struct loop_job {
   char *ws;
   const vm_isa *isa;
   int64_t wsstride, rows, inner, block, ntg;  /* rows per independent block; tile groups a block splits into */
+  uint8_t *zf;  /* a float product's second run (vm_prodz.c): flags per output from offset zlo; else NULL */
+  int64_t zlo;
+  char *ztile;  /* that run's copy of a tile's values, T of them */
 } loop_job;
 
 /* the outer index of row r: an odometer position over dims [0, nd) */
@@ -632,10 +635,15 @@ static void loop_part(const loop_job *j, char *ws, int64_t r0, int64_t r1, int64
           if (dot) {
             const vm_ins *in = &k->ins[k->nins - 1];
             isa->red_dot(s->stype, ptr[in->a] + rr * nc * es, ptr[in->b] + rr * nc * es, nc, ob + o * es);
-          } else if (s->st[nd] == 0) {
-            isa->red_row(rop, s->stype, vals + rr * nc * es, nc, ob + o * es);
           } else {
-            isa->red_vert(rop, s->stype, vals + rr * nc * es, nc, ob + (o + c0 * s->st[nd]) * es, s->st[nd]);
+            const char *rv = vals + rr * nc * es;
+            int64_t oo = s->st[nd] == 0 ? o : o + c0 * s->st[nd];
+            if (j->zf) {
+              vm_prodz_tile(s->stype, rv, nc, j->ztile, j->zf + (oo - j->zlo), s->st[nd]);
+              rv = j->ztile;
+            }
+            if (s->st[nd] == 0) isa->red_row(rop, s->stype, rv, nc, ob + oo * es);
+            else isa->red_vert(rop, s->stype, rv, nc, ob + oo * es, s->st[nd]);
           }
           odo_next(ridx, k->shape, nd);
         }
@@ -689,10 +697,10 @@ static int dim_shared(const vm_kernel *k, int d) {
 static int run_loop(const vm_kernel *k, char *const *bufp, char *ws, int64_t wsstride, int32_t nthreads,
                     const vm_isa *isa) {
   int nd = k->ndim - 1, d;
-  int64_t work, units, chunk;
+  int64_t work, units, chunk, span;
   loop_job j;
   j.k = k; j.bufp = bufp; j.ws = ws; j.isa = isa; j.wsstride = wsstride;
-  j.inner = k->shape[nd]; j.rows = 1; j.block = 1; j.ntg = 1;
+  j.inner = k->shape[nd]; j.rows = 1; j.block = 1; j.ntg = 1; j.zf = NULL; j.zlo = 0; j.ztile = NULL;
   for (d = 0; d < nd; d++) j.rows *= k->shape[d];
   if (k->redop) red_outputs(k, bufp[k->stores[0].buf], 0);
   if (j.rows == 0 || j.inner == 0) return 0;
@@ -709,6 +717,18 @@ static int run_loop(const vm_kernel *k, char *const *bufp, char *ws, int64_t wss
     chunk = (units + 4 * (int64_t)nthreads - 1) / (4 * (int64_t)nthreads);
     if (chunk * (work / units) < PAR_MIN_WORK / 2) chunk = (PAR_MIN_WORK / 2 + work / units) / (work / units + 1);
     vm_pool_for(units, chunk, loop_task, &j, nthreads);
+  }
+  if (k->redop == VR_MUL && (k->stores[0].stype == VT_F32 || k->stores[0].stype == VT_F64) &&
+      vm_prodz_nan(k, bufp[k->stores[0].buf], &j.zlo, &span)) {
+    /* a NaN product: run again, single-threaded, noting zeros (vm_prodz.c); rare, so not worth a fast path */
+    j.zf = (uint8_t *)calloc((size_t)span, 1);
+    j.ztile = (char *)malloc((size_t)k->T * 8);
+    if (!j.zf || !j.ztile) { free(j.zf); free(j.ztile); return PG_ERR_NOMEM; }
+    red_outputs(k, bufp[k->stores[0].buf], 0);
+    loop_part(&j, ws, 0, j.rows, 0, j.inner);
+    vm_prodz_fix(k, bufp[k->stores[0].buf], j.zf, j.zlo);
+    free(j.zf);
+    free(j.ztile);
   }
   if (k->redop && k->post) red_outputs(k, bufp[k->stores[0].buf], k->post);
   return 0;

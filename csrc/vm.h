@@ -97,6 +97,13 @@ typedef struct vm_isa {
 typedef void (*vm_task)(void *ctx, int64_t lo, int64_t hi, int32_t worker);
 void vm_pool_for(int64_t n, int64_t chunk, vm_task fn, void *ctx, int32_t maxw);
 
+/* vm_prodz.c: a float product's exact zero (0 * an overflowed partial product is NaN): whether reduction kernel k
+   left a NaN output in base (and the span [lo, lo + span) of its output offsets); a tile row's n values copied to dst
+   with zeros replaced by +-1, noting in flags f (stride fs elements: 0 when they all reduce into one output) zeros,
+   inf/NaN entries and the sign parity; the outputs that met a zero then set to +-0, or NaN beside an inf/NaN entry */
+int vm_prodz_nan(const vm_kernel *k, const char *base, int64_t *lo, int64_t *span);
+void vm_prodz_tile(int32_t ct, const char *v, int64_t n, char *dst, uint8_t *f, int64_t fs);
+void vm_prodz_fix(const vm_kernel *k, char *base, const uint8_t *zf, int64_t lo);
 /* vm_transpose.c: d[r][c] (rows nc apart) = s[c * si + r * so], r < nr, c < nc, elements of esize (4 or 8) bytes */
 void vm_transpose_copy(const char *src, int64_t si, int64_t so, char *dst, int64_t nr, int64_t nc, int64_t esize);
 const vm_isa *vm_isa_current(void);

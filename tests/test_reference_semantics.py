@@ -793,3 +793,54 @@ def test_cos_gradients_equal_torchs(engine):
   assert _ulps(got[0], t1.detach().numpy(), np.float64).max() <= 4  # -sin(x) near its zeros: relative accuracy
   for g, t in zip(got[1:], [t2, t3]):
     np.testing.assert_allclose(g, t.detach().numpy(), rtol=1e-12, atol=4e-16)
+
+
+def _zero_product_rows(npdt, n, rows, rng):
+  """Rows of n entries whose partial products overflow (up to 255, or 1e300 in float64) with zeros of either sign
+  placed early, midway or last; a row with an inf beside its zero, one with a NaN, and rows of entries near 1 whose
+  product is finite and has no zero."""
+  big = 1e300 if npdt == np.float64 else 255.0
+  a = rng.uniform(big / 2, big, (rows, n)) * rng.choice([-1.0, 1.0], (rows, n))
+  for r in range(rows - 4):
+    for c in rng.choice(n, 1 + r % 3, replace=False) if r % 4 else [n - 1]:
+      a[r, c] = rng.choice([0.0, -0.0])
+  a[rows - 4, [3, n // 2]] = [np.inf, 0.0]
+  a[rows - 3, [n - 2, 5]] = [np.nan, 0.0]
+  a[rows - 2:] = rng.uniform(0.999, 1.001, (2, n)) * rng.choice([-1.0, 1.0], (2, n))
+  return a
+
+
+def _exact_product(a64, axis):
+  """The product of float64 entries as exact arithmetic rounds it at a zero: NaN with a NaN entry or an inf beside a
+  zero, else +-0 (the sign parity) where a zero is; elsewhere (rows near 1 here) the float64 product."""
+  zero, nonfinite = (a64 == 0).any(axis), (~np.isfinite(a64)).any(axis)
+  neg = np.logical_xor.reduce(np.signbit(a64), axis=axis)
+  with np.errstate(all="ignore"): p = np.prod(a64, axis=axis)
+  return np.where(zero, np.where(nonfinite, np.nan, np.where(neg, -0.0, 0.0)), p), zero
+
+
+@pytest.mark.parametrize("engine,threads", DIV_RUNS, ids=lambda v: str(v))
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float64, dtypes.float16], ids=lambda d: d.name)
+def test_a_float_product_with_a_zero_entry_is_zero_where_the_others_overflow(dt, engine, threads):
+  # the VM's lanes (and its running product between tiles) and numpy's loop overflowed to inf before they met the
+  # zero: inf * 0 gave NaN where the product is 0 (fuzzpeers seed 20027, 1,023 float32 entries up to 255); an inf
+  # or NaN entry beside the zero still gives NaN. Rows (one output per row), columns (an output per element, the
+  # running product), every axis, a strided source, a fused expression, long rows over many tiles.
+  rng = np.random.default_rng(20027)
+  npdt = np.float32 if dt is dtypes.float16 else dt.np  # float16 entries: values up to 255 stay exact
+  a = _zero_product_rows(npdt, 1023, 12, rng).astype(dt.np)
+  b = _zero_product_rows(npdt, 9000, 8, rng).astype(dt.np)
+  x, y = UOp.placeholder(a.shape, dt), UOp.placeholder(b.shape, dt)
+  xt = UOp.placeholder(a.T.shape, dt)
+  x3 = UOp.placeholder((4, 3, 1023), dt)
+  outs = [x.prod(1), xt.prod(0), xt.permute((1, 0)).prod(1), y.prod(1), (x * -1.0).prod(1), x3.prod((0, 2)),
+          x.prod(1, keepdim=True).reshape(12)]
+  got = _run(outs, {x: a, y: b, xt: np.ascontiguousarray(a.T), x3: a.reshape(4, 3, 1023)}, engine, threads)
+  a64, b64 = a.astype(np.float64), b.astype(np.float64)
+  wants = [_exact_product(a64, 1), _exact_product(a64, 1), _exact_product(a64, 1), _exact_product(b64, 1),
+           _exact_product(a64 * -1.0, 1), _exact_product(a64.reshape(4, 3, 1023).transpose(1, 0, 2).reshape(3, -1), 1),
+           _exact_product(a64, 1)]
+  for i, (g, (w, zero)) in enumerate(zip(got, wants)):
+    g = np.asarray(g, np.float64).reshape(w.shape)
+    assert _bits_equal(g[zero], w[zero]), (i, g[zero], w[zero])
+    np.testing.assert_allclose(g[~zero], w[~zero], rtol=2e-2 if dt is dtypes.float16 else 1e-5, err_msg=str(i))

@@ -294,12 +294,26 @@ def divide(dt: DType, a, b) -> np.ndarray:
   return fin(np.divide(wide(a, dt), wide(b, dt)), dt)
 
 
+def _exact_zero_product(x: np.ndarray, r: np.ndarray, axes: tuple) -> np.ndarray:
+  """A float product r of x over axes with its exact zeros: entries one of which is 0 multiply to 0 (its sign the
+  product of the signs) unless one is inf or NaN, though numpy's loop may overflow to inf before it meets the zero
+  and give inf * 0 = NaN. Only NaN results are looked at again (the VM does the same: csrc/vm_prodz.c)."""
+  nan = np.isnan(r)
+  if not nan.any(): return r
+  zero = np.logical_or.reduce(x == 0, axis=axes, keepdims=True)
+  nonfinite = np.logical_or.reduce(~np.isfinite(x), axis=axes, keepdims=True)
+  neg = np.logical_xor.reduce(np.signbit(x), axis=axes, keepdims=True)
+  return np.where(nan & zero & ~nonfinite, np.where(neg, -0.0, 0.0).astype(r.dtype), r)
+
+
 def reduce_value(op: Ops, dt: DType, x: np.ndarray, axes) -> np.ndarray:
   """REDUCE_AXIS (ADD, MUL or MAX over `axes`, kept as size-1 dims) of a value of dtype dt: accumulated in the
   compute type, rounded once at the end; over zero elements 0, 1 or the dtype's lowest value."""
   x = wide(x, dt)
   if op is Ops.ADD: r = np.sum(x, axis=tuple(axes), keepdims=True, dtype=x.dtype)
-  elif op is Ops.MUL: r = np.prod(x, axis=tuple(axes), keepdims=True, dtype=x.dtype)
+  elif op is Ops.MUL:
+    r = np.prod(x, axis=tuple(axes), keepdims=True, dtype=x.dtype)
+    if dtypes.is_float(dt): r = _exact_zero_product(x, r, tuple(axes))
   else:
     r = np.maximum.reduce(x, axis=tuple(axes), keepdims=True, initial=lowest(dt))
     if dtypes.is_float(dt):  # a zero maximum is +0 if any +0 is among the values (IEEE 754-2019, as the VM)
