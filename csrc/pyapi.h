@@ -60,8 +60,17 @@ PyObject *pg_reg_capsule(pg_reg *r);
 pg_reg *pg_reg_from(PyObject *cap);
 struct pg_store *pg_reg_store(const pg_reg *r);
 PyObject *pg_reg_calls(PyObject *cap);
-/* pymake.c: makers(cls), bound to a store's capsule */
+/* pymake.c: makers(cls), bound to a store's capsule; the end of a make with the store's lock held: the live handle
+   of the new reference on nid (the reference dropped), or NULL (the caller publishes a handle) -- the lock released */
 extern PyMethodDef pg_py_makers_def;
+PyObject *pg_mk_existing_unlock(struct pg_store *st, pg_reg *reg, int32_t nid);
+/* pymeth.c: the math methods in C: the handle type's number slots, and (install, md) bound to a registry capsule */
+PyObject *pg_meth_nb_add(PyObject *a, PyObject *b);
+PyObject *pg_meth_nb_mul(PyObject *a, PyObject *b);
+PyObject *pg_meth_nb_and(PyObject *a, PyObject *b);
+PyObject *pg_meth_nb_or(PyObject *a, PyObject *b);
+PyObject *pg_meth_nb_xor(PyObject *a, PyObject *b);
+PyObject *pg_meth_calls(PyObject *cap);
 /* pyforeign.c: foreign_rows(cfg, todo, k, m), the pygrad -> tinygrad conversion's loop over plain rows */
 extern PyMethodDef pg_py_foreign_rows_def;
 /* pywalk.c: foreign_walk(cfg, root), the tinygrad -> pygrad conversion's walk */

@@ -64,6 +64,11 @@ static PyType_Slot handle_slots[] = {
   {Py_tp_traverse, (void *)handle_traverse},
   {Py_tp_clear, (void *)handle_clear},
   {Py_tp_members, (void *)handle_members},
+  {Py_nb_add, (void *)pg_meth_nb_add},  /* a + b, a * b, ... in C (pymeth.c) */
+  {Py_nb_multiply, (void *)pg_meth_nb_mul},
+  {Py_nb_and, (void *)pg_meth_nb_and},
+  {Py_nb_or, (void *)pg_meth_nb_or},
+  {Py_nb_xor, (void *)pg_meth_nb_xor},
   {Py_tp_doc, (void *)"The fields of a node's handle (the base of pygrad.UOp on the C core)."},
   {0, NULL},
 };

@@ -44,7 +44,7 @@ static pg_store *cfg_store(PyObject *cap, pg_reg **reg) {
 
 /* the end of a make, with the store's lock held: the live handle of the new reference on nid (dropped), or NULL
    (a new handle is needed: the caller publishes one) -- the lock is released either way */
-static PyObject *existing_unlock(pg_store *st, pg_reg *reg, int32_t nid) {
+PyObject *pg_mk_existing_unlock(pg_store *st, pg_reg *reg, int32_t nid) {
   PyObject *o = nid >= 0 ? pg_reg_live(reg, nid) : NULL;
   if (o) {
     pg_store_decref_locked(st, nid);  /* cannot free it: its handle holds a reference */
@@ -76,7 +76,7 @@ static PyObject *mk_unary(PyObject *cfg, PyObject *const *args, Py_ssize_t nargs
   x = (pg_handle *)args[3];
   pg_py_lock_take(st);
   nid = pg_store_make_locked(st, op, did, &xid, 1, 0, 0, m);
-  if ((o = existing_unlock(st, reg, nid))) return o;
+  if ((o = pg_mk_existing_unlock(st, reg, nid))) return o;
   return publish(reg, nid, args[0], args[1], Py_None, x->f[PG_H_SHAPE], x->f[PG_H_DEVICE], x->f[PG_H_META]);
 }
 
@@ -95,7 +95,7 @@ static PyObject *mk_binary(PyObject *cfg, PyObject *const *args, Py_ssize_t narg
   a = (pg_handle *)args[3];
   pg_py_lock_take(st);
   nid = pg_store_make_locked(st, op, did, src, 2, 0, 0, m);
-  if ((o = existing_unlock(st, reg, nid))) return o;
+  if ((o = pg_mk_existing_unlock(st, reg, nid))) return o;
   return publish(reg, nid, args[0], args[1], Py_None, a->f[PG_H_SHAPE], a->f[PG_H_DEVICE], a->f[PG_H_META]);
 }
 
@@ -116,7 +116,7 @@ static PyObject *mk_binaryk(PyObject *cfg, PyObject *const *args, Py_ssize_t nar
   a = (pg_handle *)args[3];
   pg_py_lock_take(st);
   nid = pg_store_make2k_locked(st, op, did, aid, kd, ka, km, rev, m);
-  if ((o = existing_unlock(st, reg, nid))) return o;
+  if ((o = pg_mk_existing_unlock(st, reg, nid))) return o;
   return publish(reg, nid, args[0], args[1], Py_None, a->f[PG_H_SHAPE], a->f[PG_H_DEVICE], a->f[PG_H_META]);
 }
 
@@ -135,7 +135,7 @@ static PyObject *mk_moved(PyObject *cfg, PyObject *const *args, Py_ssize_t nargs
   x = (pg_handle *)args[3];
   pg_py_lock_take(st);
   nid = pg_store_make_locked(st, op, did, &xid, 1, aid, 0, m);
-  if ((o = existing_unlock(st, reg, nid))) return o;
+  if ((o = pg_mk_existing_unlock(st, reg, nid))) return o;
   return publish(reg, nid, args[0], args[1], args[4], args[6], x->f[PG_H_DEVICE], args[7]);
 }
 
@@ -184,7 +184,7 @@ static PyObject *mk_cached(PyObject *cfg, PyObject *const *args, Py_ssize_t narg
   if (arg_i32(args[0], &op) < 0 || field_i32(args[1], PG_H_ID, &xid) < 0) goto fail_hit;
   pg_py_lock_take(st);
   nid = pg_store_make_locked(st, op, hv[2], &xid, 1, hv[1], 0, hv[0]);
-  if ((o = existing_unlock(st, reg, nid))) goto done;
+  if ((o = pg_mk_existing_unlock(st, reg, nid))) goto done;
   if (nid < 0) {
     o = Py_None;
     Py_INCREF(o);
@@ -226,9 +226,9 @@ static PyObject *cached_maker(PyObject *cap, PyObject *cache) {
 static PyMethodDef cached_maker_def = {"cached_maker", cached_maker, METH_O,
                                        "cached_maker(cache): the movement methods' hit path over this cache"};
 
-/* makers(cls): (unary, binary, binaryk, moved, cached_maker, wrap, lookup, flush) for handles of cls (a subclass
-   of the handle type) on this store (self, its capsule): the makers above and the registry's calls (pyreg.c), all
-   bound to one new registry. Called once per process (uop.py): a registry is never freed (see pyreg.c) */
+/* makers(cls): (unary, binary, binaryk, moved, cached_maker, wrap, lookup, flush, install, md) for handles of cls (a
+   subclass of the handle type) on this store (self, its capsule): the makers above, the registry's calls (pyreg.c)
+   and the methods' installer (pymeth.c), all bound to one new registry. Called once per process (uop.py): a registry is never freed (see pyreg.c) */
 static PyObject *makers(PyObject *self, PyObject *cls) {
   PyObject *cap, *calls, *t;
   pg_reg *reg;
@@ -238,6 +238,12 @@ static PyObject *makers(PyObject *self, PyObject *cls) {
   if (!(reg = pg_reg_new(self, (PyTypeObject *)cls))) return NULL;
   if (!(cap = pg_reg_capsule(reg))) return NULL;  /* (reg stays: it holds only the store's capsule and cls) */
   calls = pg_reg_calls(cap);
+  if (calls) {
+    PyObject *meth = pg_meth_calls(cap), *both = meth ? PySequence_Concat(calls, meth) : NULL;
+    Py_XDECREF(meth);
+    Py_DECREF(calls);
+    calls = both;
+  }
   t = calls ? PyTuple_New(NMK + 1 + PyTuple_Size(calls)) : NULL;
   for (i = 0; t && i < NMK + 1 + PyTuple_Size(calls); i++) {
     PyObject *f;
@@ -256,4 +262,4 @@ static PyObject *makers(PyObject *self, PyObject *cls) {
 }
 
 PyMethodDef pg_py_makers_def = {"makers", makers, METH_O,
-                                "makers(cls): (unary, binary, binaryk, moved, cached_maker, wrap, lookup, flush)"};
+                                "makers(cls): (unary, binary, binaryk, moved, cached_maker, wrap, lookup, flush, install, md)"};

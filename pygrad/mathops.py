@@ -17,14 +17,19 @@ _IOTA = tuple(tuple(range(n)) for n in range(9))  # identity orders (a permute b
 _SAME_WIDTH_INT = {2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}  # the int dtype of a float's width (bitcasts)
 
 
-def _bind(cls, alu2, const, movement, node, unary_method, binary_method, cached) -> None:
-  """Bind the node makers, and make the single-node methods (marked by _unary/_binary) with uop.py's factories."""
+def _bind(cls, alu2, const, movement, node, unary_method, binary_method, cached) -> list:
+  """Bind the node makers, and make the single-node methods (marked by _unary/_binary) with uop.py's factories;
+  returns them as (name, op, reverse, method) (uop.py puts their fast paths in C on the C core)."""
   global UOp, _alu2, _const, _movement, _node, _cached, _uop
   UOp, _alu2, _const, _movement, _node, _cached = cls, alu2, const, movement, node, cached
   _uop = sys.modules[cls.__module__]  # its metadata state (uop.py imports this module: no import back)
+  made = []
   for name, v in list(vars(MathMixin).items()):
     if type(v) is _Single:
-      setattr(MathMixin, name, unary_method(v.op) if v.reverse is None else binary_method(v.op, v.reverse))
+      fn = unary_method(v.op) if v.reverse is None else binary_method(v.op, v.reverse)
+      setattr(MathMixin, name, fn)
+      made.append((name, v.op, v.reverse, fn))
+  return made
 
 
 def _index(what: str, v) -> int:

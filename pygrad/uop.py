@@ -73,6 +73,7 @@ def metadata(name: str, caller: str | None = None):
     caller = f"{fr.filename}:{fr.lineno}"
   with _md_lock:
     _md_open += 1
+    if _meth_md is not None: _meth_md(_md_open)  # the C methods (csrc/pymeth.c) take the Python path meanwhile
   tok = _md_var.set((Metadata(name, caller),))
   try:
     yield
@@ -80,6 +81,7 @@ def metadata(name: str, caller: str | None = None):
     _md_var.reset(tok)
     with _md_lock:
       _md_open -= 1
+      if _meth_md is not None: _meth_md(_md_open)
 
 
 def _make(op: Ops, dtype: DType, src: tuple, arg, tag, shape, device) -> UOp:
@@ -630,6 +632,7 @@ def _registered(nid: int) -> bool:
   return r is not None and r() is not None
 
 
+_meth_md = None
 if CORE.makers is None:
   _hnew = _py_hnew
   _mk_unary, _mk_binary, _mk_binaryk, _mk_moved = _py_unary, _py_binary, _py_binaryk, _py_moved
@@ -640,8 +643,8 @@ else:
   # pygrad/core/release.py, so both cores free nodes in the same order). _handles stays empty; these replace the
   # Python forms above, which weighed a weak reference object and a dict entry per handle.
   _hnew = CORE.handle_ctor(UOp)  # (an unpublished handle: no registry entry, no core reference)
-  _mk_unary, _mk_binary, _mk_binaryk, _mk_moved, _cached_maker, _cwrap, _lookup, CORE.flush_handles = \
-    CORE.makers(UOp)
+  _mk_unary, _mk_binary, _mk_binaryk, _mk_moved, _cached_maker, _cwrap, _lookup, CORE.flush_handles, \
+    _meth_install, _meth_md = CORE.makers(UOp)
   _cached = _cached_maker(_moved)
 
   def _wrap(nid: int, op: Ops, dtype: DType, arg, tag, shape, device, meta: int) -> UOp:  # noqa: F811
@@ -732,7 +735,34 @@ _UNARY_OK, _BINARY_OUT = _tables()
 from . import mathops as _mathops  # noqa: E402
 _META0 = META.get((), None)
 from .fastmethods import unary_method, binary_method  # noqa: E402
-_mathops._bind(UOp, alu2, const, movement, node, unary_method, binary_method, _cached)
+_made = _mathops._bind(UOp, alu2, const, movement, node, unary_method, binary_method, _cached)
+
+
+def _methods_in_c(made) -> None:
+  """The C core: the single-node methods' fast paths in C (csrc/pymeth.c) -- `a + b`, `a * b`, `&`, `|`, `^` as the
+  handle type's number slots, the named ones as method descriptors set on UOp -- each falling back to the Python
+  method made above for anything off its fast path."""
+  ndt = max(d.id for d in BY_ID) + 1
+  dts = tuple(next((d for d in BY_ID if d.id == i), None) for i in range(ndt))
+  rev = {name: fn for name, op, r, fn in made if r}
+  specs = []
+  for name, op, r, fn in made:
+    if r: continue
+    if r is None:
+      ok = _UNARY_OK.get(op, frozenset())
+      outs = tuple(i if d is not None and d in ok else -1 for i, d in enumerate(dts))
+      specs.append((0, name, op, op.value, outs, fn, None))
+      continue
+    table = _BINARY_OUT.get(op, _NONE)
+    outs = tuple(table[d].id if d is not None and d in table else -1 for i, d in enumerate(dts))
+    if name in ("__add__", "__mul__", "__and__", "__or__", "__xor__"):
+      specs.append((2, name, op, op.value, outs, fn, rev.get("__r" + name[2:])))
+    elif not name.startswith("__"): specs.append((1, name, op, op.value, outs, fn, None))
+  for name, descr in _meth_install(UOp, dts, tuple(specs)).items(): setattr(UOp, name, descr)
+
+
+if _meth_md is not None: _methods_in_c(_made)
+del _made
 if CORE.programs:  # multi-node methods instantiate cached programs in one C call (pygrad/templates.py)
   from . import templates as _templates  # noqa: E402
   _templates.install(UOp)

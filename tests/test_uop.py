@@ -982,6 +982,32 @@ def test_single_node_methods_keep_the_generic_errors():
   assert (a + i).dtype is F32 and (i * 2.5).dtype is F32 and (i * 2).dtype is I32
 
 
+def test_single_node_methods_called_every_way():
+  """The methods give the same node called on the class, reflected or in place, and refuse what is no operand (on
+  the C core they are C functions: the handle type's number slots and method descriptors on UOp)."""
+  a, b, p, q = ph(2, 3), ph(2, 3), ph(4, dtype=BOOL), ph(4, dtype=BOOL)
+  assert UOp.__add__(a, b) is a + b and UOp.__radd__(a, b) is b + a and UOp.sin(a) is a.sin()
+  assert UOp.maximum(a, b) is a.maximum(b) and UOp.__mul__(a, 2.0) is a * 2.0 and UOp.__rmul__(a, 2.0) is 2.0 * a
+  assert (p & q) is UOp(Ops.AND, None, (p, q)) and (p | q).op is Ops.OR and (True ^ p).src[1] is p
+  c = a
+  c += b
+  assert c is a + b
+  c *= b
+  assert c is (a + b) * b and sum([a, b]) is (0.0 + a) + b
+  with pytest.raises(TypeError): a + object()
+  with pytest.raises(TypeError): object() * a
+  with pytest.raises(TypeError, match="operand"): a.maximum("x")
+
+
+def test_metadata_reaches_the_single_node_methods():
+  """Nodes made by `+`, `*`, `&` and the named methods inside a metadata block carry its metadata, and only there."""
+  a, b, p = ph(7), ph(7), ph(7, dtype=BOOL)
+  with pygrad.metadata("blk"):
+    made = [a + b, a * b, a.sin(), a.maximum(b), p & p, a * 3.0, a.reshape((7, 1))]
+  assert all(y.metadata and y.metadata[0].name == "blk" for y in made)
+  assert not (a + a).metadata and not a.exp2().metadata
+
+
 def test_float_constant_ids_survive_being_drained():
   """The binary methods remember a float constant's interned arg id without holding it: once every node naming the
   constant is freed and the interner drains (and reuses) the id, `x * k` interns k again (both cores)."""
