@@ -159,6 +159,22 @@ int pg_prog_run(pg_store *st, const pg_prog *p, const int32_t *inputs, int32_t n
   return r;
 }
 
+int32_t pg_prog_run1_locked(pg_store *st, const pg_prog *p, const int32_t *inputs, int32_t ninputs) {
+  int32_t stackvals[128], *vals = stackvals, out[PG_PROG_MAXOUT], i;
+  int r = 0;
+  if (!st || !p || p->st != st || ninputs != p->nin || (ninputs && !inputs) || p->nout != 1) return PG_ERR_ARG;
+  for (i = 0; i < ninputs; i++)
+    if (!pg_node_live(st, inputs[i])) return PG_ERR_BADID;
+  if (p->nin + p->ninstr > 128) {
+    vals = (int32_t *)malloc((size_t)(p->nin + p->ninstr) * sizeof *vals);
+    if (!vals) return PG_ERR_NOMEM;
+  }
+  r = pg_prog_inst_locked(st, p->code, inputs, vals, out);
+  if (vals != stackvals) free(vals);
+  if (r) return r;
+  return out[0] < 0 ? PG_ERR_ARG : out[0];
+}
+
 /* pg_prog_run of a one-output program over one or two inputs: the new id (one reference), or an error code
    (also when the program's output is -1). Fixed arity spares Python building arrays. */
 int32_t pg_prog_run1(pg_store *st, const pg_prog *p, int32_t in0) {

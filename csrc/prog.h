@@ -29,4 +29,8 @@ int pg_prog_inst_locked(pg_store *st, const int32_t *prog, const int32_t *inputs
    holds nothing) */
 int pg_prog_hold_locked(pg_store *st, const int32_t *prog, int hold);
 
+/* pg_prog_run of a one-output program with st->lock held (st must be the program's store): the new id with one
+   reference, or an error code (also for a -1 output or an input that is not live) */
+int32_t pg_prog_run1_locked(pg_store *st, const struct pg_prog *p, const int32_t *inputs, int32_t ninputs);
+
 #endif

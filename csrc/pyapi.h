@@ -71,6 +71,16 @@ PyObject *pg_meth_nb_and(PyObject *a, PyObject *b);
 PyObject *pg_meth_nb_or(PyObject *a, PyObject *b);
 PyObject *pg_meth_nb_xor(PyObject *a, PyObject *b);
 PyObject *pg_meth_calls(PyObject *cap);
+/* pymeth.c, for pytmpl.c: the registry while no metadata block is open (else NULL), whether o is a fast-path
+   operand (an exact UOp published in it), and the id of a DType object (-1 if none) */
+pg_reg *pg_meth_reg(void);
+int pg_meth_usable(PyObject *o);
+int pg_meth_dtype_id(PyObject *d);
+/* pytmpl.c: templates.py's hit path in C: the handle type's number slots for -, / and @, and (prog, install) */
+PyObject *pg_tmpl_nb_sub(PyObject *a, PyObject *b);
+PyObject *pg_tmpl_nb_div(PyObject *a, PyObject *b);
+PyObject *pg_tmpl_nb_matmul(PyObject *a, PyObject *b);
+PyObject *pg_tmpl_calls(PyObject *storecap);
 /* pyforeign.c: foreign_rows(cfg, todo, k, m), the pygrad -> tinygrad conversion's loop over plain rows */
 extern PyMethodDef pg_py_foreign_rows_def;
 /* pywalk.c: foreign_walk(cfg, root), the tinygrad -> pygrad conversion's walk */

@@ -69,6 +69,9 @@ static PyType_Slot handle_slots[] = {
   {Py_nb_and, (void *)pg_meth_nb_and},
   {Py_nb_or, (void *)pg_meth_nb_or},
   {Py_nb_xor, (void *)pg_meth_nb_xor},
+  {Py_nb_subtract, (void *)pg_tmpl_nb_sub},  /* a - b, a / b, a @ b: templates' hit path in C (pytmpl.c) */
+  {Py_nb_true_divide, (void *)pg_tmpl_nb_div},
+  {Py_nb_matrix_multiply, (void *)pg_tmpl_nb_matmul},
   {Py_tp_doc, (void *)"The fields of a node's handle (the base of pygrad.UOp on the C core)."},
   {0, NULL},
 };

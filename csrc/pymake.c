@@ -139,6 +139,24 @@ static PyObject *mk_moved(PyObject *cfg, PyObject *const *args, Py_ssize_t nargs
   return publish(reg, nid, args[0], args[1], args[4], args[6], x->f[PG_H_DEVICE], args[7]);
 }
 
+/* leaf(op, dtype, dtype_id, arg, arg_id, shape, device, meta): a node of no sources with this arg (a placeholder's
+   BUFFER: the node and its handle in one call, as for the methods) */
+static PyObject *mk_leaf(PyObject *cfg, PyObject *const *args, Py_ssize_t nargs) {
+  pg_reg *reg = NULL;
+  pg_store *st = cfg_store(cfg, &reg);
+  PyObject *o;
+  int32_t op, did, aid, m, nid;
+  if (!st) return NULL;
+  if (nargs != 8) return PyErr_Format(PyExc_TypeError, "pygrad C core: leaf takes 8 arguments");
+  if (arg_i32(args[0], &op) < 0 || arg_i32(args[2], &did) < 0 || arg_i32(args[4], &aid) < 0 ||
+      arg_i32(args[7], &m) < 0)
+    return NULL;
+  pg_py_lock_take(st);
+  nid = pg_store_make_locked(st, op, did, NULL, 0, aid, 0, m);
+  if ((o = pg_mk_existing_unlock(st, reg, nid))) return o;
+  return publish(reg, nid, args[0], args[1], args[3], args[5], args[6], args[7]);
+}
+
 /* cached(op, x, arg), bound to (registry capsule, uop.py's movement cache): the movement methods' whole hit path.
    arg is an exact tuple of non-negative ints (a shape or an order) other than x's shape, and the cache (see uop.py's
    _moved) holds (op, x's meta, x's dtype, arg) -> (shape, meta, arg id, dtype id): make the node and return its
@@ -207,6 +225,8 @@ static PyMethodDef mk_defs[] = {
    "binaryk(op, dtype, dtype_id, a, kdtype_id, karg, kmeta, reversed)"},
   {"moved", (PyCFunction)(void (*)(void))mk_moved, METH_FASTCALL,
    "moved(op, dtype, dtype_id, x, arg, arg_id, shape, meta)"},
+  {"leaf", (PyCFunction)(void (*)(void))mk_leaf, METH_FASTCALL,
+   "leaf(op, dtype, dtype_id, arg, arg_id, shape, device, meta)"},
 };
 #define NMK ((int)(sizeof mk_defs / sizeof mk_defs[0]))
 
@@ -226,9 +246,10 @@ static PyObject *cached_maker(PyObject *cap, PyObject *cache) {
 static PyMethodDef cached_maker_def = {"cached_maker", cached_maker, METH_O,
                                        "cached_maker(cache): the movement methods' hit path over this cache"};
 
-/* makers(cls): (unary, binary, binaryk, moved, cached_maker, wrap, lookup, flush, install, md) for handles of cls (a
-   subclass of the handle type) on this store (self, its capsule): the makers above, the registry's calls (pyreg.c)
-   and the methods' installer (pymeth.c), all bound to one new registry. Called once per process (uop.py): a registry is never freed (see pyreg.c) */
+/* makers(cls): (unary, binary, binaryk, moved, leaf, cached_maker, wrap, lookup, flush, install, md, tmpl_install, prog)
+   for handles of cls (a subclass of the handle type) on this store (self, its capsule): the makers above, the
+   registry's calls (pyreg.c), the methods' installer (pymeth.c), all bound to one new registry, and the templated
+   methods' installer and program maker (pytmpl.c), bound to the store. Called once per process (uop.py): a registry is never freed (see pyreg.c) */
 static PyObject *makers(PyObject *self, PyObject *cls) {
   PyObject *cap, *calls, *t;
   pg_reg *reg;
@@ -239,10 +260,13 @@ static PyObject *makers(PyObject *self, PyObject *cls) {
   if (!(cap = pg_reg_capsule(reg))) return NULL;  /* (reg stays: it holds only the store's capsule and cls) */
   calls = pg_reg_calls(cap);
   if (calls) {
-    PyObject *meth = pg_meth_calls(cap), *both = meth ? PySequence_Concat(calls, meth) : NULL;
+    PyObject *meth = pg_meth_calls(cap), *tmpl = pg_tmpl_calls(self), *both = NULL, *all = NULL;
+    if (meth && tmpl && (both = PySequence_Concat(calls, meth))) all = PySequence_Concat(both, tmpl);
     Py_XDECREF(meth);
+    Py_XDECREF(tmpl);
+    Py_XDECREF(both);
     Py_DECREF(calls);
-    calls = both;
+    calls = all;
   }
   t = calls ? PyTuple_New(NMK + 1 + PyTuple_Size(calls)) : NULL;
   for (i = 0; t && i < NMK + 1 + PyTuple_Size(calls); i++) {
@@ -262,4 +286,4 @@ static PyObject *makers(PyObject *self, PyObject *cls) {
 }
 
 PyMethodDef pg_py_makers_def = {"makers", makers, METH_O,
-                                "makers(cls): (unary, binary, binaryk, moved, cached_maker, wrap, lookup, flush, install, md)"};
+                                "makers(cls): (unary, binary, binaryk, moved, leaf, cached_maker, wrap, lookup, flush, install, md, tmpl_install, prog)"};

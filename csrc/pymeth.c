@@ -135,6 +135,10 @@ static PyObject *number(int k, PyObject *a, PyObject *b) {
   return call(m->rev, b, a);
 }
 
+pg_reg *pg_meth_reg(void) { return M_md ? NULL : M_reg; }
+int pg_meth_usable(PyObject *o) { return M_reg && usable(o); }
+int pg_meth_dtype_id(PyObject *d) { return dt_index(d); }
+
 PyObject *pg_meth_nb_add(PyObject *a, PyObject *b) { return number(0, a, b); }
 PyObject *pg_meth_nb_mul(PyObject *a, PyObject *b) { return number(1, a, b); }
 PyObject *pg_meth_nb_and(PyObject *a, PyObject *b) { return number(2, a, b); }

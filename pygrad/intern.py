@@ -69,6 +69,11 @@ class Interner:
     if aid is None: aid = self._new(k, x)
     return aid
 
+  def get_new(self, k, x) -> int:
+    """get_key(k, x) for an x that is most likely new (a placeholder's arg, its uid fresh): no probe before the
+    locked one."""
+    return self._new(k, x)
+
   def get_many(self, xs, keys=None) -> list[int]:
     """[get(x) for x in xs] (keys: their argkeys, if the caller has them). An object that is itself the interned one
     (passed again to pygrad.build, or loaded again) is found by identity, without its key: ~30x cheaper for a

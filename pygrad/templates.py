@@ -74,8 +74,10 @@ def _record(key, fn, self, args, kw, ins):
   ids = [p._id for p in phs]
   if out._id in ids:  # the body returned an operand as it is
     e = (None, ids.index(out._id))
-  else:
-    e = (compile_program(phs, [out]), out.op, out.dtype, out.arg, out.tag, out.shape, out.device, out._m)
+  else:  # (the program twice: a cffi one for the calls below, a capsule for the C methods' hit path)
+    words = program(phs, [out])
+    e = (CORE.prog_new(words), out.op, out.dtype, out.arg, out.tag, out.shape, out.device, out._m,
+         _uop._prog_cap(words) if _uop._prog_cap is not None else None)
   _entries[key] = e
   return e
 
@@ -103,7 +105,7 @@ def templated(kind: str, fn):
       e = _entries.get(key)
       if type(e) is tuple and e[0] is not None:
         nid = _run2(e[0], self._id, args[0]._id) if args else _run1(e[0], self._id)
-        if nid >= 0: return _wrap(nid, *e[1:])
+        if nid >= 0: return _wrap(nid, *e[1:8])
     if not _state["on"] or (_uop._md_open and _uop._md_get() is not None) or self._dtype.kind == "v":
       return fn(self, *args, **kw)
     key, ins = [kind, self.dtype.id, self._m], [self]
@@ -138,7 +140,7 @@ def templated(kind: str, fn):
     elif n == 2: nid = _run2(p, self._id, ins[1]._id)
     else: nid = _run(p, [u._id for u in ins])
     if nid < 0: return fn(self, *args, **kw)  # cannot happen for live operands; the direct path says what is wrong
-    return _wrap(nid, *e[1:])
+    return _wrap(nid, *e[1:8])
   method.__name__, method.__qualname__, method.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
   method.__wrapped__ = fn
   return method
@@ -150,8 +152,28 @@ METHODS = ("_bin", "__sub__", "__rsub__", "__truediv__", "__rtruediv__", "neg", 
            "softmax", "log_softmax", "matmul", "__matmul__", "__le__", "__ge__")
 
 
+# the methods whose hit path is C on the C core (csrc/pytmpl.c): those often called with no argument or one node;
+# -, / and @ as the handle type's number slots (with their reflected methods)
+C_METHODS = ("relu", "matmul", "neg", "minimum", "cos", "exp", "log", "floor", "sign", "abs", "sigmoid", "tanh")
+C_SLOTS = {"__sub__": "__rsub__", "__truediv__": "__rtruediv__", "__matmul__": "__rmatmul__"}
+
+
+def _python_method(cls, name: str):
+  """cls's method name, passing over the C handle type (its number slots' wrappers call the class's methods)."""
+  return next(vars(k)[name] for k in cls.__mro__ if name in vars(k) and k is not CORE.handle_base)
+
+
 def install(cls) -> None:
   """Route cls's multi-node math methods through templates."""
   for name in METHODS:
-    fn = getattr(cls, name)
+    fn = _python_method(cls, name)
     setattr(cls, name, templated(name, getattr(fn, "__wrapped__", fn)))
+  if _uop._tmpl_install is None: return
+  # the C core: the hit path of C_METHODS and C_SLOTS in C, each calling the templated method above otherwise
+  specs = [(0, n, n, vars(cls)[n], None) for n in C_METHODS]
+  for n, r in C_SLOTS.items():
+    specs.append((2, n, n, vars(cls)[n], _python_method(cls, r)))
+  for n, descr in _uop._tmpl_install(cls, _entries, _state, tuple(specs)).items(): setattr(cls, n, descr)
+  for n, r in C_SLOTS.items():  # so that the handle type's number slots (csrc/pyhandle.c) are the class's
+    for k in (n, r):
+      if k in vars(cls): delattr(cls, k)

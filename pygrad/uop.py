@@ -21,7 +21,7 @@ _core_release = CORE.release
 _make1, _make2, _make2k = CORE.make1, CORE.make2, CORE.make2k
 _ERR_GONE = -3  # a core make's code for an arg id drained meanwhile (csrc/pygrad.h PG_ERR_ARG_GONE)
 _args_get, _args_objs, _meta_get, _meta_vals, _meta_ids = ARGS.get, ARGS.objs, META.get, META.vals, META.ids
-_args_key = ARGS.get_key
+_args_key, _args_new = ARGS.get_key, ARGS.get_new
 _new_handle, _claim = object.__new__, _handles.setdefault
 _OPS = tuple(Ops)
 _VOID = dtypes.void
@@ -276,13 +276,14 @@ def _buffer(dtype: DType, arg: tuple, shape: tuple, device: str, name) -> UOp:
   if meta is None: meta = _meta_get(shape, device)
   k = (tuple, (int, arg[0]), argkey(shape), (str, device), (type(name), name))  # == argkey(arg)
   while True:
-    aid = _args_key(k, arg)
-    try:
-      nid = _core_make(_BUFFER, dtype.id, (), aid, 0, meta)
-      break
-    except ArgGone:
-      ARGS.forget(aid)
-  return _wrap(nid, _BUFFER, dtype, arg, None, shape, device, meta)
+    aid = _args_new(k, arg)  # (new: its uid is)
+    r = _mk_leaf(_BUFFER, dtype, dtype.id, arg, aid, shape, device, meta)  # the node and its handle in one call
+    if type(r) is UOp:
+      if _md_open: _attach_current(r)
+      return r
+    if r >= 0: return _wrap(r, _BUFFER, dtype, arg, None, shape, device, meta)
+    if r != _ERR_GONE: return UOp(_BUFFER, dtype, (), arg)  # the generic path raises the precise error
+    ARGS.forget(aid)
 
 
 def node(op: Ops, src: tuple, arg) -> UOp:
@@ -608,6 +609,12 @@ def _py_moved(op: Ops, dtype: DType, did: int, x: UOp, arg, aid: int, shape: tup
   return _publish(nid, op, dtype, arg, shape, x._device, meta)
 
 
+def _py_leaf(op: Ops, dtype: DType, did: int, arg, aid: int, shape: tuple, device, meta: int):
+  try: nid = _core_make(op, did, (), aid, 0, meta)
+  except ArgGone: return _ERR_GONE  # the pure core raises where the C core returns the code
+  return _publish(nid, op, dtype, arg, shape, device, meta)
+
+
 def _py_cached(op: Ops, x: UOp, arg):
   """The movement methods' hit path: op(x, arg) for an arg of non-negative ints other than x's shape whose result
   _moved holds, else None (the caller takes movement())."""
@@ -632,10 +639,10 @@ def _registered(nid: int) -> bool:
   return r is not None and r() is not None
 
 
-_meth_md = None
+_meth_md = _tmpl_install = _prog_cap = None  # (the C core's, below)
 if CORE.makers is None:
   _hnew = _py_hnew
-  _mk_unary, _mk_binary, _mk_binaryk, _mk_moved = _py_unary, _py_binary, _py_binaryk, _py_moved
+  _mk_unary, _mk_binary, _mk_binaryk, _mk_moved, _mk_leaf = _py_unary, _py_binary, _py_binaryk, _py_moved, _py_leaf
   _cached = _py_cached
 else:
   # The C core keeps the registry in C (csrc/pyreg.c): each node id's slot holds a borrowed pointer to its live
@@ -643,8 +650,8 @@ else:
   # pygrad/core/release.py, so both cores free nodes in the same order). _handles stays empty; these replace the
   # Python forms above, which weighed a weak reference object and a dict entry per handle.
   _hnew = CORE.handle_ctor(UOp)  # (an unpublished handle: no registry entry, no core reference)
-  _mk_unary, _mk_binary, _mk_binaryk, _mk_moved, _cached_maker, _cwrap, _lookup, CORE.flush_handles, \
-    _meth_install, _meth_md = CORE.makers(UOp)
+  _mk_unary, _mk_binary, _mk_binaryk, _mk_moved, _mk_leaf, _cached_maker, _cwrap, _lookup, CORE.flush_handles, \
+    _meth_install, _meth_md, _tmpl_install, _prog_cap = CORE.makers(UOp)
   _cached = _cached_maker(_moved)
 
   def _wrap(nid: int, op: Ops, dtype: DType, arg, tag, shape, device, meta: int) -> UOp:  # noqa: F811
@@ -759,6 +766,10 @@ def _methods_in_c(made) -> None:
       specs.append((2, name, op, op.value, outs, fn, rev.get("__r" + name[2:])))
     elif not name.startswith("__"): specs.append((1, name, op, op.value, outs, fn, None))
   for name, descr in _meth_install(UOp, dts, tuple(specs)).items(): setattr(UOp, name, descr)
+  # -, / and @ are number slots of the handle type too (csrc/pytmpl.c: templates.py's hit path); until templates
+  # installs its methods there they call MathMixin's
+  _tmpl_install(UOp, None, None, tuple((2, n, n, getattr(MathMixin, n), getattr(MathMixin, "__r" + n[2:]))
+                                       for n in ("__sub__", "__truediv__", "__matmul__")))
 
 
 if _meth_md is not None: _methods_in_c(_made)

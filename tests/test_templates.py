@@ -87,6 +87,20 @@ def test_templated_call_is_the_direct_node(T, name, fn, specs):
   same_node(T, lambda: fn(*ys), calls=1)
 
 
+def test_templated_methods_called_every_way(T):
+  """Called on the class, reflected, with a scalar or with keywords the templated methods give the same node (on
+  the C core their hit path is C: method descriptors and the handle type's number slots for -, / and @)."""
+  x, w, a = UOp.placeholder((3, 4)), UOp.placeholder((4, 5)), UOp.placeholder((3, 4))
+  for _ in range(3):
+    y = x @ w
+    assert UOp.__matmul__(x, w) is y and UOp.__rmatmul__(w, x) is y and x.matmul(w) is y and UOp.matmul(x, w) is y
+    assert UOp.__sub__(x, a) is x - a and UOp.__rsub__(a, x) is x - a and (2.0 - x) is UOp.__rsub__(x, 2.0)
+    assert x / a is UOp.__truediv__(x, a) and (1.0 / x) is UOp.__rtruediv__(x, 1.0) and x.relu() is UOp.relu(x)
+    assert x.minimum(a) is UOp.minimum(x, a) and x.minimum(2.0) is direct(T, lambda: x.minimum(2.0))
+  for bad in (lambda: x.relu(1), lambda: x.relu(bogus=1), lambda: x @ "w", lambda: "w" @ x, lambda: x - "a"):
+    with pytest.raises(TypeError): bad()
+
+
 def test_same_node_twice_as_operand(T):
   x = UOp.placeholder((4, 4))
   same_node(T, lambda: x @ x)
