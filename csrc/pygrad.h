@@ -121,6 +121,18 @@ int64_t pg_regalloc(int64_t n, const int8_t *nsrc, const int32_t *src, int64_t s
 int64_t pg_kernel_walk(int64_t n, const int32_t *nsrc, const int64_t *off, const int32_t *src, int64_t src_len,
                        const uint8_t *flags, int64_t top, int32_t top_leaf, int32_t *memo, int32_t *out, int64_t out_cap,
                        int32_t *out_src, int64_t src_cap);
+/* kwalk_moves.c: the same walk through movement ops (pending views as cells, kept in a pg_kwm across one plan's
+   walks), for any kernel */
+#define PG_KW_MOVE 8
+#define PG_KW_FULL -31
+typedef struct pg_kwm pg_kwm;
+pg_kwm *pg_kwm_new(void);
+void pg_kwm_free(pg_kwm *st);
+int64_t pg_kwm_cells(const pg_kwm *st, int64_t from, int32_t *out, int64_t cap);
+int64_t pg_kernel_walk_moves(pg_kwm *st, int64_t n, const int32_t *nsrc, const int64_t *off, const int32_t *src,
+                             int64_t src_len, const uint8_t *flags, const int32_t *mvclass, const int32_t *shape,
+                             int64_t top, int32_t top_leaf, int32_t *out, int64_t out_cap, int32_t *out_src,
+                             int64_t src_cap, int64_t max_cells, int64_t *keys, int64_t *info);
 
 /* ---- plan_users.c: the planner's users count and fused-value sweeps (pygrad/engine/planner.py, _Graph) ---- */
 #define PG_PU_ALU 2

@@ -166,8 +166,9 @@ def _fused_shared(nodes: list[PNode]) -> bytearray:
 
 _GRAPH_MIN_NODES = 4096  # graphs from which the planner's sweeps run in C over arrays
 _WALK_MIN_NODES, _WALK_PER_JOB = 4096, 64  # plans whose kernels average this many nodes walk them in C
+_SMALL_KERNEL = 64  # kernels of at most this many walk entries have their KNodes made one by one (_knodes_small)
 _LAZY_MOVES = 64  # a graph with more than one movement op in this many nodes has its LazyNodes made at once
-_KW_LEAF, _KW_ALU, _KW_SCALAR = 1, 2, 4  # csrc/pygrad.h's PG_KW_* flags
+_KW_LEAF, _KW_ALU, _KW_SCALAR, _KW_MOVE = 1, 2, 4, 8  # csrc/pygrad.h's PG_KW_* flags
 _PU_ALU, _PU_ALU_MOVE, _PU_OUTPUT = 2, 8, 16  # and PG_PU_*
 _G_SRC, _G_OP, _G_DTYPE, _G_OPCODE, _G_IDX, _G_VIEW, _G_SHAPE, _G_OUT, _G_ID = (attrgetter(a) for a in (
   "src", "op", "dtype", "opcode", "idx", "view", "shape", "is_output", "id"))
@@ -247,7 +248,8 @@ class _Graph:
     canon: dict = {}
     shapes = [nodes[i].shape for i in first.tolist()]
     self.scalar = np.array([not sh for sh in shapes], bool)[inv]  # (per node: shape ())
-    sid = np.array([canon.setdefault(sh, len(canon)) for sh in shapes], np.int32)[inv]
+    sid = self.sid = np.array([canon.setdefault(sh, len(canon)) for sh in shapes], np.int32)[inv]
+    self.sid_shapes = list(canon)  # (shape id -> the shape)
     users, fused = np.empty(n, np.int32), np.empty(n, np.uint8)
     cp = self.ffi.from_buffer
     rc = self.lib.pg_plan_users(n, cp("int32_t[]", self.nsrc), cp("int64_t[]", self.off), cp("int32_t[]", self.src),
@@ -283,7 +285,29 @@ class _Walk:
     scalar = getattr(g, "scalar", None)
     if scalar is None: scalar = np.fromiter(map(not_, map(_G_SHAPE, nodes)), bool, n)
     flags |= scalar.astype(np.uint8) * _KW_SCALAR
+    moves = np.flatnonzero((g.ops & (_PU_ALU | _PU_ALU_MOVE)) == _PU_ALU_MOVE)  # the movement ops
+    flags[moves] |= _KW_MOVE
     self.flags = flags
+    self.moves = len(moves) > 0  # (else every kernel takes csrc/kwalk.c's walk, with its dense memo)
+    if self.moves:
+      # a movement's class: equal (op, arg), equal class, as _build_py's cells key them; shape ids for broadcasts
+      classes: dict = {}
+      mvclass = np.full(n, -1, np.int32)
+      mvclass[moves] = [classes.setdefault((nd.op.name, tuple(nd.arg) if nd.op is Ops.FLIP else nd.arg), len(classes))
+                        for nd in map(nodes.__getitem__, moves.tolist())]
+      self.mv = list(classes)  # class -> (op name, arg)
+      sid = getattr(g, "sid", None)
+      if sid is None:
+        canon: dict = {}
+        sid = np.fromiter((canon.setdefault(nd.shape, len(canon)) for nd in nodes), np.int32, n)
+        g.sid, g.sid_shapes = sid, list(canon)
+      self.mvclass, self.sid, self.sid_shapes = mvclass, sid, g.sid_shapes
+      self.info, self.pycells = np.zeros(2, np.int64), []  # pycells: the plan's cells as _build_py's (cells())
+      self.max_cells = n + 64
+      self.keys = np.empty(2 * n + self.max_cells, np.int64)  # (an entry per (node, cell): 2n, see out below)
+      st = g.lib.pg_kwm_new()
+      if st == g.ffi.NULL: raise MemoryError("pygrad planner: no memory for the kernel walk's state")
+      self.kwm = g.ffi.gc(st, g.lib.pg_kwm_free)
     self.memo = np.full(2 * n, -1, np.int32)
     self.out, self.out_src = np.empty(6 * n, np.int32), np.empty(6 * n, np.int32)
     self._lib, cp = g.lib, g.ffi.from_buffer
@@ -291,16 +315,45 @@ class _Walk:
                   cp("uint8_t[]", self.flags))
     self._mem = (cp("int32_t[]", self.memo), cp("int32_t[]", self.out), len(self.out) // 3,
                  cp("int32_t[]", self.out_src), len(self.out_src))
+    if self.moves:
+      self._margs = (*self._args, cp("int32_t[]", self.mvclass), cp("int32_t[]", self.sid))
+      self._mmem = (cp("int32_t[]", self.out), len(self.out) // 3, cp("int32_t[]", self.out_src), len(self.out_src),
+                    self.max_cells, cp("int64_t[]", self.keys), cp("int64_t[]", self.info))
 
   def run(self, top: int, top_leaf: bool):
-    """(entries as a flat int array: node, bc, leaf per entry; the ALU entries' operands as entry numbers), or
-    (None, None) when the kernel has a movement op."""
-    m = self._lib.pg_kernel_walk(self.n, *self._args, top, int(top_leaf), *self._mem)
-    if m == self._lib.PG_KW_MOVES: return None, None
+    """(entries as a flat int array, or a list for a small kernel: node, cell + 1 (0: no pending movement), leaf
+    per entry; the ALU entries' operands as entry numbers; the cells, as _build_py's) or (None, None, None) when
+    the C walk leaves the kernel to _build_py (csrc/kwalk.c: it has a movement op; kwalk_moves.c: it passes the
+    buffers). Without movements in the graph, the cells are this kernel's: cell 0 is the broadcast to its shape
+    (None is returned for them); with them, they are the plan's (`pycells`, one list for every kernel)."""
+    lib = self._lib
+    if not self.moves:
+      m = lib.pg_kernel_walk(self.n, *self._args, top, int(top_leaf), *self._mem)
+      if m == lib.PG_KW_MOVES: return None, None, None
+      if m < 0: raise RuntimeError(f"pygrad planner: the kernel walk failed ({m})")
+      ent = self.out[:3 * m].copy()
+      nsrc = int(self.nsrc[ent[0::3]][ent[2::3] == 0].sum())
+      return ent, self.out_src[:nsrc].copy(), None
+    m = lib.pg_kernel_walk_moves(self.kwm, self.n, *self._margs, top, int(top_leaf), *self._mmem)
+    if m == lib.PG_KW_MOVES or m == lib.PG_KW_FULL: return None, None, None
+    if m == lib.PG_ERR_NOMEM: raise MemoryError("pygrad planner: no memory for a kernel's walk")
     if m < 0: raise RuntimeError(f"pygrad planner: the kernel walk failed ({m})")
-    ent = self.out[:3 * m].copy()
-    nsrc = int(self.nsrc[ent[0::3]][ent[2::3] == 0].sum())
-    return ent, self.out_src[:nsrc].copy()
+    nsrc, ncell = self.info.tolist()
+    if ncell > len(self.pycells): self._new_cells(ncell)
+    if m <= _SMALL_KERNEL:  # (_knodes_small reads lists)
+      return self.out[:3 * m].tolist(), self.out_src[:nsrc].tolist(), self.pycells
+    return self.out[:3 * m].copy(), self.out_src[:nsrc].copy(), self.pycells
+
+  def _new_cells(self, ncell: int) -> None:
+    """The cells the walks made since the last call, as _build_py's: (movement (op name, arg) or ("BCAST", shape),
+    parent cell or None)."""
+    k = ncell - len(self.pycells)
+    flat = np.empty(2 * k, np.int32)
+    got = self._lib.pg_kwm_cells(self.kwm, len(self.pycells), self.g.ffi.from_buffer("int32_t[]", flat), k)
+    if got != k: raise RuntimeError(f"pygrad planner: the walk's cells were not read ({got} of {k})")
+    mv, shapes, fl = self.mv, self.sid_shapes, flat.tolist()
+    self.pycells += [(mv[c] if c >= 0 else ("BCAST", shapes[-2 - c]), p if p >= 0 else None)
+                     for c, p in zip(fl[0::2], fl[1::2])]
 
 
 def _alu_knodes(g: _Graph, kn_of: np.ndarray, ent: np.ndarray, at: np.ndarray) -> None:
@@ -356,10 +409,13 @@ class Planner:
     for n in (nodes if graph is None else map(nodes.__getitem__, graph.visit)): self._visit(n)
     self.outputs = [map_nested(o, self._output) for o in shaped_outputs]
     # large kernels (few jobs for many nodes) are walked in C (csrc/kwalk.c) over the graph as arrays
+    # (small kernels too: _build_c makes their KNodes from the walk's entries, reading every node: made at once)
     self.walk = None
-    if len(nodes) >= _WALK_MIN_NODES and len(nodes) >= _WALK_PER_JOB * len(self.jobs):
-      self.walk = _Walk(graph or _Graph(nodes), nodes)
-    elif type(nodes) is LazyNodes: nodes.all()  # every kernel is walked in Python, reading its nodes: made at once
+    if len(nodes) >= _WALK_MIN_NODES: self.walk = _Walk(graph or _Graph(nodes), nodes)
+    if type(nodes) is LazyNodes and len(nodes) < _WALK_PER_JOB * len(self.jobs): nodes.all()
+    # (a list indexed without LazyNodes' method call when every node is made)
+    self.flat = nodes._made if type(nodes) is LazyNodes and None not in nodes._made else nodes
+    self.vmemo: dict = {}  # (view key, cell) -> the view with the cell's movements applied (_knodes_small)
     self.jobs.sort(key=lambda j: j[0])
     for j in self.jobs: j[2]()
     self.jobs = []  # its closures hold the planner: dropped, the plan is freed by reference counting
@@ -520,7 +576,7 @@ class Planner:
 
   def _build(self, top: PNode, kshape, expand_top: bool):
     """(knodes in dependency order, top's KNode) computing `top` over index space kshape: _build_c's when the plan
-    walks in C and the kernel has no movement op, else _build_py's (the same KNodes, in the same order)."""
+    walks in C, else _build_py's (the same KNodes, in the same order)."""
     self.kcols = None  # _build_c's columns of the kernel, for lowering (KCols)
     self.kloads = self.kmake = None  # and its loads and the function making its knodes (knodes is None then)
     if self.walk is not None:
@@ -529,24 +585,29 @@ class Planner:
     return self._build_py(top, kshape, expand_top)
 
   def _build_c(self, top: PNode, kshape, expand_top: bool):
-    """_build_py's result from csrc/kwalk.c's walk: the entries in order, a load per leaf (loads with the same
-    buffer, view and dtype are one KNode), the ALU KNodes made and given their operands a column at a time. None
-    when the kernel reads through a movement op (the pending views are _build_py's)."""
+    """_build_py's result from the C walk (csrc/kwalk.c, or kwalk_moves.c when the graph has movement ops): the
+    entries in order, a load per leaf with its pending movements applied (loads with the same buffer, view and dtype
+    are one KNode), then the ALU KNodes: a small kernel's one by one, a large one's a column at a time. None when
+    the walk leaves the kernel to _build_py."""
     w = self.walk
     top_leaf = (top.op not in _ALU_MOVE) if expand_top else (top.view is not None)
-    ent, srcs = w.run(top.idx, top_leaf)
+    ent, srcs, cells = w.run(top.idx, top_leaf)
     if ent is None: return None
-    nodes = self.nodes
     m = len(ent) // 3
+    if m <= _SMALL_KERNEL:
+      if type(ent) is not list: ent, srcs = ent.tolist(), srcs.tolist()
+      return self._knodes_small(ent, srcs, cells, top, kshape)
+    nodes = self.nodes
     kn_of = np.empty(m, object)
     keep = np.ones(m, bool)
     leaf_e = ent[2::3].nonzero()[0]
-    cells = [(("BCAST", top.shape), None)]
+    if cells is None: cells = [(("BCAST", top.shape), None)]
     loads: dict = {}
     first = np.arange(m)  # each entry's first entry of the same KNode (a load read again)
     for e in leaf_e.tolist():
       n = nodes[ent[3 * e]]
-      b, v = self._leaf_view(n.view, 0 if ent[3 * e + 1] else None, cells, kshape, n.dtype)
+      c = ent[3 * e + 1]
+      b, v = self._leaf_view(n.view, c - 1, cells, kshape, n.dtype) if c else n.view
       lk = (b.id, v.key(), n.dtype)
       hit = loads.get(lk)
       if hit is None:
@@ -571,8 +632,43 @@ class Planner:
     self.kmake = partial(_make_knodes, w.g, kn_of, ent, srcs, keep, alu_e, ns, start, now)
     return None, kn_of[m - 1]
 
-    kn_of[at] = list(map(KNode, map(_G_OP, alu), map(_G_DTYPE, alu), repeat(()), repeat(None), repeat(None),
-                         repeat(None), map(_G_DTYPE, map(_G_SRC0, map(_G_SRC, alu))), map(_G_OPCODE, alu)))
+  def _knodes_small(self, ent: list, srcs: list, cells, top: PNode, kshape):
+    """_build_c's result for a small kernel (its KNodes would all be read: lowering's cache keys them): made one
+    by one from the entries, with no array operation per kernel. With the plan's cells, a view with a chain of
+    pending movements applied is kept (vmemo) for the next leaf with equal view and chain."""
+    nodes, knodes, kn_of, loads, vmemo = self.flat, [], [], {}, self.vmemo
+    p = 0
+    for e in range(0, len(ent), 3):
+      n = nodes[ent[e]]
+      if ent[e + 2]:  # a load
+        c = ent[e + 1]
+        if not c: b, v = n.view
+        elif cells is None: b, v = self._leaf_view(n.view, 0, [(("BCAST", top.shape), None)], kshape, n.dtype)
+        else:
+          b, v = n.view
+          if v.is_scalar(): v = View(kshape, (0,) * len(kshape), v.offset)
+          else:
+            vk = (v.key(), c)
+            v2 = vmemo.get(vk)
+            if v2 is None:
+              b2, v2 = self._leaf_view(n.view, c - 1, cells, kshape, n.dtype)
+              if b2 is b: vmemo[vk] = v2
+              else: b = b2  # (a copy: emitted again for the next leaf, as _build_py does)
+            v = v2
+        lk = (b.id, v.key(), n.dtype)
+        kn = loads.get(lk)
+        if kn is None:
+          kn = loads[lk] = KNode.load(b, v, n.dtype)
+          knodes.append(kn)
+      else:
+        src = n.src
+        k = len(src)
+        kn = KNode(n.op, n.dtype, tuple([kn_of[j] for j in srcs[p:p + k]]), None, None, None, src[0].dtype,
+                   n.opcode)
+        p += k
+        knodes.append(kn)
+      kn_of.append(kn)
+    return knodes, kn_of[-1]
 
 
   def _build_py(self, top: PNode, kshape, expand_top: bool):
