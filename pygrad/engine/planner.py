@@ -166,6 +166,7 @@ def _fused_shared(nodes: list[PNode]) -> bytearray:
 
 _GRAPH_MIN_NODES = 4096  # graphs from which the planner's sweeps run in C over arrays
 _WALK_MIN_NODES, _WALK_PER_JOB = 4096, 64  # plans whose kernels average this many nodes walk them in C
+_MISS = object()
 _SMALL_KERNEL = 64  # kernels of at most this many walk entries have their KNodes made one by one (_knodes_small)
 _LAZY_MOVES = 64  # a graph with more than one movement op in this many nodes has its LazyNodes made at once
 _KW_LEAF, _KW_ALU, _KW_SCALAR, _KW_MOVE = 1, 2, 4, 8  # csrc/pygrad.h's PG_KW_* flags
@@ -389,6 +390,7 @@ class Planner:
       if u._id in self.input_bufs: raise ValueError(f"compile: input {i} ({u.op.name}) is listed twice")
       self.input_bufs[u._id] = self._buf("input", storage_dtype(u.dtype), u.shape, u.dtype, index=i)
     self.n_out, self.out_used = 0, set()
+    self.amemo: dict = {}  # (view key, movement op, arg) -> the view after it (or None: a copy), for _visit
     stack, outs = list(shaped_outputs), []
     while stack:  # mark every output (tuples nest)
       x = stack.pop()
@@ -473,7 +475,9 @@ class Planner:
       if s.view is None and (op is Ops.PAD or (op is Ops.EXPAND and math.prod(s.shape) > 1)): self._materialize(s)
       if s.view is not None:
         b, v = s.view
-        v2 = apply(v, op.name, n.arg)
+        ak = (v.key(), op, n.arg if op is not Ops.FLIP else tuple(n.arg))
+        v2 = self.amemo.get(ak, _MISS)
+        if v2 is _MISS: v2 = self.amemo[ak] = apply(v, op.name, n.arg)  # (a layered graph repeats them)
         if v2 is None:
           b = self._copy_view(s.view, s, n.idx)
           v2 = apply(View.contiguous(s.shape), op.name, n.arg)
