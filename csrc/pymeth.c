@@ -188,7 +188,7 @@ static int fill(m_op *m, const char *name, PyObject *const *v) {
   Py_XINCREF(v[4] == Py_None ? NULL : v[4]);
   Py_XDECREF(m->rev);
   m->rev = v[4] == Py_None ? NULL : v[4];
-  strcpy(m->name, name);
+  memcpy(m->name, name, strlen(name) + 1);  /* (its length checked above) */
   return 0;
 }
 

@@ -174,7 +174,7 @@ static PyObject *install(PyObject *cap, PyObject *const *args, Py_ssize_t nargs)
       goto bad;
     }
     put(&m->kind, PyTuple_GetItem(s, 2)), put(&m->fwd, PyTuple_GetItem(s, 3)), put(&m->rev, PyTuple_GetItem(s, 4));
-    strcpy(m->name, name);
+    memcpy(m->name, name, strlen(name) + 1);  /* (its length checked above) */
     if (kind == 2) continue;
     T_def[nm].ml_name = m->name, T_def[nm].ml_meth = (PyCFunction)(void (*)(void))T_fn[nm];
     T_def[nm].ml_flags = METH_FASTCALL | METH_KEYWORDS;
