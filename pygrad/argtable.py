@@ -25,12 +25,15 @@ import numpy as np
 from .ops import Ops
 from .dtype import DType, BY_ID
 from .intern import ARGS, argkey, _INTS
+from .core import CORE
 from .uop import CallInfo, Metadata
 
 (T_NONE, T_FALSE, T_TRUE, T_INT, T_BIGINT, T_FLOAT, T_STR, T_TUPLE, T_OPS, T_DTYPE, T_META, T_CALLINFO, T_FUNC,
  T_EXTERN, T_BYTES, T_INTS) = range(16)  # T_INTS: a non-empty tuple of int64s, packed
 _NOPS, _NDT = len(Ops), len(BY_ID)
 _OPS = tuple(Ops)
+_DTYPES = tuple(BY_ID)
+_C_DECODE = [getattr(CORE, "args_decode", None)]  # the C core's decoder (csrc/pyargs.c); None: decode in Python
 _MAX_BIGINT = 1 << 16                   # bytes of one integer arg
 _MAX_NEST = 100                         # tuples in tuples: interning compares args recursively, so bound it
 _I64 = (-(1 << 63), (1 << 63) - 1)
@@ -412,21 +415,23 @@ _PLAIN = frozenset({T_NONE, T_FALSE, T_TRUE, T_INT, T_BIGINT, T_FLOAT, T_STR, T_
                     T_INTS})  # tokens of values that are data (no callable: those resolve by name on each load)
 
 
-def decode_args(b: bytes, nargs: int, externals, allow_import: bool) -> tuple[list, list, tuple | None, object]:
+def decode_args(b: bytes, nargs: int, externals, allow_import: bool) -> tuple[list, list, tuple | None, object, object]:
   """The nargs values of the arg table b (all of it), their interning keys, the key to `keep` them under if the
-  table may be cached (plain data, no callables, not too large; else None), and what the caller kept with them
-  (None unless they came from the cache). A table kept lately is not decoded again: the same bytes give the same
-  values, and handing out the objects interned for them lets interning find them by identity, so loading a graph
-  again costs nothing per arg. The per-table work is a fixed cost of ~15 numpy calls per skeleton: ~60% of loading
-  a 2,800-node model."""
+  table may be cached (plain data, no callables, not too large; else None), what the caller kept with them (None
+  unless they came from the cache), and their interned ids (an int32 array, 0 first) if the C decoder interned them
+  (else None: the caller interns). A table kept lately is not decoded again: the same bytes give the same values,
+  and handing out the objects interned for them lets interning find them by identity, so loading a graph again
+  costs nothing per arg. A table decoded on the C core is decoded and interned by csrc/pyargs.c (the values are
+  then the interned objects); in Python, the per-table work is a fixed cost of ~15 numpy calls per skeleton."""
   key = (nargs, b)
   hit = _CACHE.get(key)
   if hit is not None:
     with _CACHE_LOCK:
       if _CACHE.pop(key, None) is not None: _CACHE[key] = hit  # the newest again
-    return list(hit[0]), list(hit[1]), None, hit[2]
-  objs, keys, plain = _decode_args(b, nargs, externals, allow_import)
-  return objs, keys, key if plain and externals is None and len(b) <= _CACHE_BYTES // _CACHE_TABLES else None, None
+    return list(hit[0]), list(hit[1]), None, hit[2], None
+  objs, keys, plain, *ids = _decode_args(b, nargs, externals, allow_import)
+  return objs, keys, key if plain and externals is None and len(b) <= _CACHE_BYTES // _CACHE_TABLES else None, None, \
+    ids[0] if ids else None
 
 
 def keep(key: tuple, objs: list, keys: list, extra=None) -> None:
@@ -438,8 +443,19 @@ def keep(key: tuple, objs: list, keys: list, extra=None) -> None:
     while len(_CACHE) > _CACHE_TABLES: del _CACHE[next(iter(_CACHE))]
 
 
-def _decode_args(b: bytes, nargs: int, externals, allow_import: bool) -> tuple[list, list, bool]:
-  """decode_args, decoding: also whether every value is plain data (_PLAIN)."""
+def _decode_args(b: bytes, nargs: int, externals, allow_import: bool, intern: bool = True) -> tuple:
+  """decode_args, decoding: (values, keys, whether every value is plain data (_PLAIN)), and on the C core, for a
+  table of plain data, also the interned ids (intern: interned here; else the ids are None)."""
+  if _C_DECODE[0] is not None:  # csrc/pyargs.c: the same values, keys and errors; None for a table of callables
+    got = _C_DECODE[0]((_OPS, _DTYPES, Metadata, _INTS, ARGS.ids if intern else None, ARGS.get_key, ARGS.objs), b,
+                       nargs)
+    if got is not None:
+      return got[0], got[1], True, None if got[2] is None else np.frombuffer(got[2], np.int32)
+  return _decode_args_py(b, nargs, externals, allow_import)
+
+
+def _decode_args_py(b: bytes, nargs: int, externals, allow_import: bool) -> tuple[list, list, bool]:
+  """_decode_args in Python: (values, keys, whether every value is plain data)."""
   end = len(b)
   skels, p = _read_skeletons(b, 0, end)
   if 4 * nargs > end - p: raise _cut("arg skeleton numbers")

@@ -546,19 +546,18 @@ def _decode(data, allow_import: bool, externals, given):
     raise ValueError(f"pygrad.loads: counts larger than the data (args {nargs}, nodes {n}, sources {m}, roots "
                      f"{nroots})")
   if (flags & _F_SINGLE) and nroots != 1: raise ValueError(f"pygrad.loads: a single-root graph with {nroots} roots")
-  objs, keys, cache_as, kept = decode_args(bytes(mv[_HEAD.size:_HEAD.size + argbytes]), nargs, externals,
-                                           allow_import)
-  ids = None
+  forgets = ARGS.forgets  # read before interning: a forget after it is seen
+  objs, keys, cache_as, kept, ids = decode_args(bytes(mv[_HEAD.size:_HEAD.size + argbytes]), nargs, externals,
+                                                allow_import)
   # every arg still interned under the id it had: no id forgotten since they were interned (a counter; ~210 cold dict
   # lookups otherwise), or each still naming its object (an id forgotten names none)
   if kept is not None and (kept[2] == ARGS.forgets or all(map(is_, map(ARGS.objs.get, kept[1]), objs))):
     ids = kept[0]
   if cache_as is not None:  # the table may be cached: intern now, and cache the interned objects with their ids
-    forgets = ARGS.forgets  # read before interning: a forget after it is seen
-    ids = _intern_all(objs, keys)
-    aids = ids[1:].tolist()
-    objs = list(map(ARGS.objs.get, aids, objs))
-    keep(cache_as, objs, keys, (ids, aids, forgets))
+    if ids is None:  # (the C decoder interned them, the values already the interned objects)
+      ids = _intern_all(objs, keys)
+      objs = list(map(ARGS.objs.get, ids[1:].tolist(), objs))
+    keep(cache_as, objs, keys, (ids, ids[1:].tolist(), forgets))
   # an arg table loaded before in this process: its graph's leaves were inferred then, and the store's signature
   # cache has them (if it was emptied since, the builder asks for each): no pass over the rows to look for them
   out = _nodes(_Reader(mv, _HEAD.size + argbytes, end), n, m, nroots, srcw, argw, objs, keys, given, ids,

@@ -106,3 +106,96 @@ def test_c_node_reader_agrees_with_the_pure_one(which, edits, widen, ngiven):
     for a, b in zip(got[0], got[1]):
       if isinstance(a, int): assert a == b
       else: assert np.array_equal(np.asarray(a, np.int64), np.asarray(b, np.int64))
+
+
+# ---- the C arg-table decoder (csrc/pyargs.c) against the Python one (pygrad/argtable.py) ----
+def _plain_args():
+  from pygrad.dtype import BY_ID
+  from pygrad.uop import Metadata
+  leaf = st.one_of(st.none(), st.booleans(), st.integers(-(1 << 63), (1 << 63) - 1), st.integers(-300, 300),
+                   st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.0, -0.0, float("nan")]),
+                   st.text(max_size=6), st.sampled_from(["CPU", "", "é", "x" * 40]), st.binary(max_size=6),
+                   st.sampled_from(list(Ops)), st.sampled_from(list(BY_ID)),
+                   st.builds(Metadata, st.text(max_size=4), st.text(max_size=4), st.booleans()),
+                   st.lists(st.integers(0, 64), max_size=4).map(tuple))
+  return st.recursive(leaf, lambda kids: st.lists(kids, max_size=4).map(tuple), max_leaves=12)
+
+
+def _table_of(args: list) -> bytes:
+  from pygrad.intern import ARGS
+  from pygrad.argtable import _encode_args
+  aids = list(dict.fromkeys(ARGS.get(a) for a in args if a is not None))
+  return _encode_args(aids, None, None), len(aids)
+
+
+def _both_decoders(table: bytes, nargs: int) -> list:
+  """What the Python decoder and the C one (decoding only) make of a table: (argkeys of the values, keys), or the
+  ValueError's text; None for the C one when it leaves the table to Python."""
+  from pygrad import argtable as at
+  from pygrad.intern import argkey
+  out = []
+  for dec in (lambda: at._decode_args_py(table, nargs, None, False)[:2],
+              lambda: at._decode_args(table, nargs, None, False, intern=False)[:2]):
+    try:
+      vals, keys = dec()
+      out.append(([argkey(v) for v in vals], list(keys)))
+    except ValueError as e:
+      out.append(str(e))
+  return out
+
+
+@pytest.mark.skipif(pygrad.core_name() != "c", reason="compares the C core's arg-table decoder with the Python one")
+@FUZZ
+@given(st.lists(_plain_args(), min_size=0, max_size=12))
+def test_c_arg_decoder_agrees_with_the_python_one(args):
+  """csrc/pyargs.c decodes a table of plain args to the values and interning keys argtable.py decodes (type-strict:
+  -0.0, NaN, bools, nested tuples, Metadata, non-ASCII strings), and interning it finds the ids ARGS holds."""
+  from pygrad import argtable as at
+  from pygrad.intern import ARGS
+  table, nargs = _table_of(args)
+  py, c = _both_decoders(table, nargs)
+  assert not isinstance(py, str), py
+  assert c == py
+  vals, keys, plain, ids = at._decode_args(table, nargs, None, False)
+  assert plain and list(ids[1:]) == ARGS.get_many(vals, keys) and ids[0] == 0
+  assert all(ARGS.objs[int(a)] is v for a, v in zip(ids[1:], vals))  # the interned objects themselves
+
+
+@pytest.mark.skipif(pygrad.core_name() != "c", reason="compares the C core's arg-table decoder with the Python one")
+@FUZZ
+@given(st.lists(_plain_args(), min_size=1, max_size=8), st.lists(edit, min_size=1, max_size=6), st.integers(0, 1 << 20),
+       st.integers(-2, 2))
+def test_c_arg_decoder_refuses_bad_tables_as_the_python_one(args, edits, cut, lie):
+  """Mutated and truncated arg tables, under a lying arg count: the C decoder raises the Python decoder's
+  ValueError, word for word, or decodes the same values (never a crash, hang or unbounded allocation)."""
+  table, nargs = _table_of(args)
+  body = bytearray(table)
+  for kind, pos, val in edits:
+    pos %= len(body) + 1
+    if kind == "set" and pos < len(body): body[pos] = val
+    elif kind == "insert": body.insert(pos, val)
+    elif kind == "delete" and pos < len(body): del body[pos]
+  if cut % 3 == 0: body = body[:cut % (len(body) + 1)]
+  py, c = _both_decoders(bytes(body), max(0, nargs + lie))
+  assert c == py
+
+
+@pytest.mark.skipif(pygrad.core_name() != "c", reason="the C core's arg-table decoder")
+@pytest.mark.parametrize("table,nargs,msg", [
+  (b"", 0, "truncated data (skeleton count)"),
+  (struct.pack("<I", 1 << 30), 0, "arg skeletons do not fit"),
+  (struct.pack("<II", 1, 1) + bytes([7]) + struct.pack("<I", 1 << 31), 0, "a tuple of 2147483648 items"),
+  (struct.pack("<II", 1, 102) + (bytes([7]) + struct.pack("<I", 1)) * 101 + bytes([0]), 0, "nested deeper than 100"),
+  (struct.pack("<II", 1, 1) + bytes([15]) + struct.pack("<I", (1 << 32) - 1) + struct.pack("<I", 0) * 3, 3,
+   "truncated data (int tuple arg)"),
+  (struct.pack("<II", 1, 1) + bytes([6]) + struct.pack("<II", 0, (1 << 32) - 1), 1, "truncated data (string arg)"),
+  (struct.pack("<II", 1, 1001) + bytes([7]) + struct.pack("<I", 1000) + bytes(1000) + bytes(4 * 20_000), 20_000,
+   "expands to more items"),  # 20,000 tuples of 1,000 Nones in 81 kB
+  (struct.pack("<II", 1, 1) + bytes([6]) + struct.pack("<II", 0, 2) + b"\xff\xfe", 1, "not UTF-8"),
+  (struct.pack("<II", 1, 1) + bytes([8]) + struct.pack("<I", 0) + bytes([250]), 1, "unknown op 250 in an arg"),
+  (struct.pack("<II", 1, 4) + bytes([10, 6, 6, 3]) + struct.pack("<I", 0) + struct.pack("<I", 1) + b"a"
+   + struct.pack("<I", 1) + b"b" + struct.pack("<q", 1), 1, "bad Metadata fields ['a', 'b', 1]"),
+], ids=range(10))
+def test_c_arg_decoder_names_the_problem(table, nargs, msg):
+  py, c = _both_decoders(table, nargs)
+  assert isinstance(c, str) and msg in c and c == py
