@@ -14,11 +14,12 @@ enum { T_NONE, T_FALSE, T_TRUE, T_INT, T_BIGINT, T_FLOAT, T_STR, T_TUPLE, T_OPS,
 #define MAX_NEST 100
 #define BUDGET(bytes) (4 * (uint64_t)(bytes) + (1u << 16))
 
-/* cfg: (ops, dtypes, meta, ints, ids, get_key, objs)
+/* cfg: (ops, dtypes, meta, ints, ids, get_key, objs, plain)
    ops, dtypes: tuples, an arg's op / dtype number -> the object; meta: the Metadata class; ints: the marker of an
    int tuple's key (intern._INTS); ids: the interner's dict key -> id, or None (decode only); get_key(key, value): the
-   interner's id of a value it lacks; objs: its dict id -> interned object. */
-enum { A_OPS, A_DTYPES, A_META, A_INTS, A_IDS, A_GETKEY, A_OBJS, A_N };
+   interner's id of a value it lacks; objs: its dict id -> interned object; plain: its dict plain value -> id (a value
+   of exact ints and strs in tuples is its own key: intern.plain), looked up first for such values. */
+enum { A_OPS, A_DTYPES, A_META, A_INTS, A_IDS, A_GETKEY, A_OBJS, A_PLAIN, A_N };
 
 typedef struct { uint8_t t; uint32_t k; } tok_t;
 
@@ -239,9 +240,10 @@ static int column(rd_t *r, uint8_t t, uint32_t k, uint64_t c, PyObject **vals, P
 /* the value and key of a finished container of n items vs[0..n), ks[0..n) (intl: which are ints): a tuple, or a
    Metadata (kind T_META). New references in *v, *k; -1 with an exception set. */
 static int finish(const rd_t *r, uint8_t kind, uint32_t n, PyObject **vs, PyObject **ks, const uint8_t *intl,
-                  PyObject **v, PyObject **k) {
+                  const uint8_t *pl, PyObject **v, PyObject **k, uint8_t *plain) {
   uint32_t i;
   *v = *k = NULL;
+  *plain = kind != T_META;
   if (kind == T_META) {
     if (!PyUnicode_CheckExact(vs[0]) || !PyUnicode_CheckExact(vs[1]) || !PyBool_Check(vs[2])) {
       PyObject *l = PyList_New(3);
@@ -265,6 +267,7 @@ static int finish(const rd_t *r, uint8_t kind, uint32_t n, PyObject **vs, PyObje
       Py_INCREF(vs[i]);
       PyTuple_SetItem(*v, i, vs[i]);
       all_int &= intl[i];
+      *plain &= pl[i];
     }
     if (all_int) *k = pair(r->ints, *v);  /* ints only (or no items): the key of a shape */
     else if ((*k = PyTuple_New((Py_ssize_t)n + 1))) {
@@ -282,11 +285,12 @@ static int finish(const rd_t *r, uint8_t kind, uint32_t n, PyObject **vs, PyObje
 static PyObject *const_of(uint8_t t) { return t == T_NONE ? Py_None : t == T_TRUE ? Py_True : Py_False; }
 
 /* The values and keys of skeleton toks[0..ntok)'s c args (columns cv/ck: per token, c values or NULL) into
-   out_v/out_k at the positions at[0..c): argtable.py's _assemble, one arg at a time, with explicit stacks. */
+   out_v/out_k at the positions at[0..c), and whether each is plain (intern.plain) into out_p: argtable.py's
+   _assemble, one arg at a time, with explicit stacks. */
 static int assemble(const rd_t *r, const tok_t *toks, uint64_t ntok, uint64_t c, PyObject **cv, PyObject **ck,
-                    const uint64_t *at, PyObject *out_v, PyObject *out_k) {
+                    const uint64_t *at, PyObject *out_v, PyObject *out_k, uint8_t *out_p) {
   PyObject **vs = (PyObject **)PyMem_Malloc(2 * ntok * sizeof *vs), **ks = vs + ntok;
-  uint8_t *intl = (uint8_t *)PyMem_Malloc(ntok);
+  uint8_t *intl = (uint8_t *)PyMem_Malloc(2 * ntok), *pl = intl + ntok;
   struct { uint64_t base; uint32_t want; uint8_t kind; } fr[MAX_NEST + 2];
   uint64_t j, i, sp = 0;
   int depth = 0, rc = -1;
@@ -322,11 +326,13 @@ static int assemble(const rd_t *r, const tok_t *toks, uint64_t ntok, uint64_t c,
         Py_INCREF(ck[i * c + j]);
         vs[sp] = cv[i * c + j], ks[sp] = ck[i * c + j];
       }
-      intl[sp++] = t == T_INT;
+      intl[sp] = t == T_INT;
+      pl[sp++] = t == T_INT || t == T_STR || t == T_INTS || t == T_TUPLE;
       while (depth && sp - fr[depth - 1].base == fr[depth - 1].want) {
         PyObject *v, *k;
         uint64_t b = fr[depth - 1].base, m;
-        int e = finish(r, fr[depth - 1].kind, fr[depth - 1].want, vs + b, ks + b, intl + b, &v, &k);
+        uint8_t p;
+        int e = finish(r, fr[depth - 1].kind, fr[depth - 1].want, vs + b, ks + b, intl + b, pl + b, &v, &k, &p);
         for (m = b; m < sp; m++) {
           Py_DECREF(vs[m]);
           Py_DECREF(ks[m]);
@@ -337,13 +343,14 @@ static int assemble(const rd_t *r, const tok_t *toks, uint64_t ntok, uint64_t c,
           Py_XDECREF(k);
           goto out;
         }
-        vs[sp] = v, ks[sp] = k, intl[sp++] = 0;
+        vs[sp] = v, ks[sp] = k, intl[sp] = 0, pl[sp++] = p;
         depth--;
       }
     }
     /* a checked skeleton is one value: sp == 1 */
     PyList_SetItem(out_v, (Py_ssize_t)at[j], vs[0]);
     PyList_SetItem(out_k, (Py_ssize_t)at[j], ks[0]);
+    out_p[at[j]] = pl[0];
     sp = 0;
   }
   rc = 0;
@@ -361,8 +368,8 @@ out:
 /* the ids of the nargs values (keys ks) as nargs + 1 int32s (0 first: no arg), each value in vs replaced by the
    interned object: serialize.py's _intern_all and its ARGS.objs lookup, with the interner's dict looked up here and
    its get_key called only for a value it lacks. A bytes object, or NULL with an exception set. */
-static PyObject *intern_all(PyObject *vs, PyObject *ks, Py_ssize_t nargs, PyObject *ids, PyObject *get_key,
-                            PyObject *objs) {
+static PyObject *intern_all(PyObject *vs, PyObject *ks, const uint8_t *pl, Py_ssize_t nargs, PyObject *ids,
+                            PyObject *get_key, PyObject *objs, PyObject *plain) {
   PyObject *out = PyBytes_FromStringAndSize(NULL, 4 * (nargs + 1));
   char *p;
   Py_ssize_t i;
@@ -374,7 +381,8 @@ static PyObject *intern_all(PyObject *vs, PyObject *ks, Py_ssize_t nargs, PyObje
     PyObject *k = PyList_GetItem(ks, i), *v = PyList_GetItem(vs, i), *aid, *o;
     long a;
     if (!k || !v) goto fail;
-    aid = PyDict_GetItemWithError(ids, k);
+    aid = pl[i] ? PyDict_GetItemWithError(plain, v) : NULL;  /* a plain value: its own key, cheaper to hash */
+    if (!aid && !PyErr_Occurred()) aid = PyDict_GetItemWithError(ids, k);
     if (aid) Py_INCREF(aid);
     else if (PyErr_Occurred() || !(aid = PyObject_CallFunctionObjArgs(get_key, k, v, NULL))) goto fail;
     a = PyLong_AsLong(aid);
@@ -409,6 +417,7 @@ static PyObject *args_decode(PyObject *self, PyObject *const *args, Py_ssize_t n
   tok_t *toks = NULL;
   uint64_t *first = NULL, *ntoks = NULL, *cnt = NULL, *at = NULL, *pos = NULL, s, total = 0;
   uint32_t *which = NULL;
+  uint8_t *pl = NULL;
   int64_t nskel;
   (void)self;
   if (nargs_ != 3 || !PyTuple_Check(args[0]) || PyTuple_Size(args[0]) != A_N || !PyBytes_Check(args[1])) {
@@ -418,7 +427,8 @@ static PyObject *args_decode(PyObject *self, PyObject *const *args, Py_ssize_t n
   cfg = args[0];
   for (i = 0; i < A_N; i++) f[i] = PyTuple_GetItem(cfg, i);
   if (!PyTuple_Check(f[A_OPS]) || !PyTuple_Check(f[A_DTYPES]) || !PyUnicode_Check(f[A_INTS]) ||
-      (f[A_IDS] != Py_None && (!PyDict_Check(f[A_IDS]) || !PyDict_Check(f[A_OBJS]) || !PyCallable_Check(f[A_GETKEY])))) {
+      (f[A_IDS] != Py_None && (!PyDict_Check(f[A_IDS]) || !PyDict_Check(f[A_OBJS]) || !PyDict_Check(f[A_PLAIN]) ||
+                               !PyCallable_Check(f[A_GETKEY])))) {
     PyErr_SetString(PyExc_TypeError, "pygrad C core: args_decode: bad configuration");
     return NULL;
   }
@@ -450,7 +460,8 @@ static PyObject *args_decode(PyObject *self, PyObject *const *args, Py_ssize_t n
   cnt = (uint64_t *)PyMem_Calloc(nskel ? (size_t)nskel : 1, sizeof *cnt);
   pos = (uint64_t *)PyMem_Calloc(nskel ? (size_t)nskel : 1, sizeof *pos);
   at = (uint64_t *)PyMem_Malloc((nargs ? (size_t)nargs : 1) * sizeof *at);
-  if (!which || !cnt || !pos || !at) {
+  pl = (uint8_t *)PyMem_Malloc(nargs ? (size_t)nargs : 1);
+  if (!which || !cnt || !pos || !at || !pl) {
     PyErr_NoMemory();
     goto out;
   }
@@ -495,7 +506,7 @@ static PyObject *args_decode(PyObject *self, PyObject *const *args, Py_ssize_t n
         if (t == T_NONE || t == T_TRUE || t == T_FALSE || t == T_TUPLE || t == T_META) continue;
         e = column(&r, t, tk[ti].k, c, cv + ti * c, cv + (nt + ti) * c);
       }
-      if (!e) e = assemble(&r, tk, nt, c, cv, cv + nt * c, at + done, vals, keys);
+      if (!e) e = assemble(&r, tk, nt, c, cv, cv + nt * c, at + done, vals, keys, pl);
       for (ti = 0; ti < m; ti++) Py_XDECREF(cv[ti]);
       PyMem_Free(cv);
       cv = NULL;
@@ -510,7 +521,7 @@ static PyObject *args_decode(PyObject *self, PyObject *const *args, Py_ssize_t n
   if (f[A_IDS] == Py_None) {
     Py_INCREF(Py_None);
     ids = Py_None;
-  } else if (!(ids = intern_all(vals, keys, nargs, f[A_IDS], f[A_GETKEY], f[A_OBJS]))) goto out;
+  } else if (!(ids = intern_all(vals, keys, pl, nargs, f[A_IDS], f[A_GETKEY], f[A_OBJS], f[A_PLAIN]))) goto out;
   res = PyTuple_New(3);
   if (res) {
     PyTuple_SetItem(res, 0, vals);
@@ -530,6 +541,7 @@ out:
   PyMem_Free(cnt);
   PyMem_Free(pos);
   PyMem_Free(at);
+  PyMem_Free(pl);
   return res;
 }
 

@@ -447,8 +447,8 @@ def _decode_args(b: bytes, nargs: int, externals, allow_import: bool, intern: bo
   """decode_args, decoding: (values, keys, whether every value is plain data (_PLAIN)), and on the C core, for a
   table of plain data, also the interned ids (intern: interned here; else the ids are None)."""
   if _C_DECODE[0] is not None:  # csrc/pyargs.c: the same values, keys and errors; None for a table of callables
-    got = _C_DECODE[0]((_OPS, _DTYPES, Metadata, _INTS, ARGS.ids if intern else None, ARGS.get_key, ARGS.objs), b,
-                       nargs)
+    got = _C_DECODE[0]((_OPS, _DTYPES, Metadata, _INTS, ARGS.ids if intern else None, ARGS.get_key, ARGS.objs,
+                        ARGS.plain), b, nargs)
     if got is not None:
       return got[0], got[1], True, None if got[2] is None else np.frombuffer(got[2], np.int32)
   return _decode_args_py(b, nargs, externals, allow_import)

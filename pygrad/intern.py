@@ -32,6 +32,21 @@ def argkey(x):
   return (t, x)
 
 
+def plain(x) -> bool:
+  """Whether x is made of exact ints and strs, in tuples: two such values are equal exactly when their argkeys are
+  (no bool, float or int subclass in them compares equal to what it is not), so the value is its own key."""
+  t = type(x)
+  if t is int or t is str: return True
+  if t is not tuple: return False
+  todo = [x]
+  while todo:
+    for e in todo.pop():
+      te = type(e)
+      if te is tuple: todo.append(e)
+      elif te is not int and te is not str: return False
+  return True
+
+
 class Interner:
   """key -> id and id -> object for counted ids (> 0); id 0 is None and is never counted.
   An id is a slot of the core's count table (its low core.arg_slot_bits bits) and a generation. A drained id's
@@ -46,6 +61,7 @@ class Interner:
     self.objs: dict[int, object] = {0: None}
     self.keys: dict[int, object] = {}
     self.ident: dict[int, int] = {}  # id() of each interned object -> its id: equal values found without a key
+    self.plain: dict = {}  # plain value (see plain) -> its id: found without building its key (csrc/pyargs.c)
     self.next = 1  # the first slot never used
     self.free: deque[int] = deque()  # drained ids whose slots are free, oldest first
     self.slots = 1 << core.arg_slot_bits
@@ -104,6 +120,7 @@ class Interner:
       self.core.arg_register(aid)
       self.ids[k], self.objs[aid], self.keys[aid] = aid, x, k
       self.ident[id(x)] = aid
+      if plain(x): self.plain[x] = aid
       return aid
 
   def forget(self, aid: int) -> None:
@@ -118,6 +135,7 @@ class Interner:
     k = self.keys.pop(aid, None)
     x = self.objs.get(aid)
     if self.ident.get(id(x)) == aid: del self.ident[id(x)]
+    if plain(x) and self.plain.get(x) == aid: del self.plain[x]
     self.objs.pop(aid, None)
     if k is not None and self.ids.get(k) == aid: del self.ids[k]
 

@@ -151,14 +151,15 @@ def test_c_arg_decoder_agrees_with_the_python_one(args):
   """csrc/pyargs.c decodes a table of plain args to the values and interning keys argtable.py decodes (type-strict:
   -0.0, NaN, bools, nested tuples, Metadata, non-ASCII strings), and interning it finds the ids ARGS holds."""
   from pygrad import argtable as at
-  from pygrad.intern import ARGS
+  from pygrad.intern import ARGS, argkey, plain
   table, nargs = _table_of(args)
   py, c = _both_decoders(table, nargs)
   assert not isinstance(py, str), py
   assert c == py
-  vals, keys, plain, ids = at._decode_args(table, nargs, None, False)
-  assert plain and list(ids[1:]) == ARGS.get_many(vals, keys) and ids[0] == 0
+  vals, keys, is_plain, ids = at._decode_args(table, nargs, None, False)
+  assert is_plain and list(ids[1:]) == ARGS.get_many(vals, keys) and ids[0] == 0
   assert all(ARGS.objs[int(a)] is v for a, v in zip(ids[1:], vals))  # the interned objects themselves
+  assert all(ARGS.ids[argkey(v)] == a and plain(v) for v, a in ARGS.plain.items())  # plain values: their own keys
 
 
 @pytest.mark.skipif(pygrad.core_name() != "c", reason="compares the C core's arg-table decoder with the Python one")
