@@ -68,7 +68,8 @@ static int64_t read_skeletons(rd_t *r, tok_t **toks_out, uint64_t **first_out, u
   nskel = u32_at(r->b + r->p);
   r->p += 4;
   if (nskel > (r->end - r->p) / 5) {
-    PyErr_Format(PyExc_ValueError, "pygrad.loads: %llu arg skeletons do not fit in the data", (unsigned long long)nskel);
+    PyErr_Format(PyExc_ValueError, "pygrad.loads: %llu arg skeletons do not fit in the data",
+                 (unsigned long long)nskel);
     return -1;
   }
   toks = (tok_t *)PyMem_Malloc((cap ? cap : 1) * sizeof *toks);

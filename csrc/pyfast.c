@@ -157,8 +157,9 @@ static PyObject *bind(pg_store *st) {
     PyObject *f = i < NFAST ? PyCFunction_NewEx(&fast_defs[i], cap, NULL) : i == NFAST ? pg_py_handle_type() :
                   i == NFAST + 1 ? pg_py_handle_ctor_maker() :
                   i == NFAST + 2 ? PyCFunction_NewEx(&pg_py_makers_def, cap, NULL) :
-                  PyCFunction_NewEx(i == NFAST + 3 ? &pg_py_foreign_rows_def : i == NFAST + 4 ? &pg_py_foreign_walk_def :
-                                    &pg_py_args_decode_def, NULL, NULL);
+                  PyCFunction_NewEx(i == NFAST + 3   ? &pg_py_foreign_rows_def
+                                    : i == NFAST + 4 ? &pg_py_foreign_walk_def
+                                                     : &pg_py_args_decode_def, NULL, NULL);
     if (!f) Py_CLEAR(t);
     else PyTuple_SetItem(t, i, f);  /* steals f */
   }
@@ -167,9 +168,10 @@ static PyObject *bind(pg_store *st) {
 }
 
 /* Set attribute `name` of the (imported) module `module` to the tuple of the store's builtins, in fast_defs' order
-   (make0, make1, make2, make2k, incref, decref, info), then the handle type, ctor and makers (pyhandle.c, pymake.c)
-   foreign_rows and foreign_walk (pyforeign.c, pywalk.c) and args_decode (pyargs.c). Called through cffi, so without the GIL: it takes it. 0 on
-   success, PG_ERR_ARG for a NULL argument, PG_ERR_NOMEM if Python failed (its exception is cleared). */
+   (make0, make1, make2, make2k, incref, decref, info), then the handle type, ctor and makers (pyhandle.c, pymake.c),
+   foreign_rows and foreign_walk (pyforeign.c, pywalk.c) and args_decode (pyargs.c). Called through cffi, so without
+   the GIL: it takes it. 0 on success, PG_ERR_ARG for a NULL argument, PG_ERR_NOMEM if Python failed (its exception
+   is cleared). */
 int pg_py_bind(pg_store *st, const char *module, const char *name) {
   PyGILState_STATE g;
   PyObject *mod, *t;
