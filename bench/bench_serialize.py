@@ -1,7 +1,7 @@
 """Saving and loading graphs (pygrad.dumps/loads, pickle) and the bulk builder pygrad.build, on the C core, against
 pickling the same W1 graph in tinygrad 0.14.0, side by side in one run; writes bench/results/serialize.md.
 
-  python bench/bench_serialize.py [--nodes 1000000] [--tg-depth 500] [--reps 5] [--before TREE]
+  python bench/bench_serialize.py [--nodes 1000000] [--tg-depth 200] [--reps 5] [--before TREE]
   python bench/bench_serialize.py --cpu [--tg-depth 200] [--reps 7]
 
 --cpu measures only the ratio to tinygrad, reproducibly on a shared machine: pygrad and tinygrad in one process, CPU
@@ -15,7 +15,8 @@ place), with this file's code, in alternating processes: the results then end wi
 
 W1 is the bench suite's chain (y = (y @ w).relu().exp2().sin() + y, 16x16): the big graph is its forward graph plus
 its gradient, at the depth that makes at least --nodes nodes. tinygrad pickles recursively (RecursionError at depth
-2000), so the comparison runs on the forward graph at --tg-depth, a depth it handles, for both frameworks."""
+2000, and at depth 500 too with its metadata recorded, as on Dec 5), so the comparison runs on the forward graph at
+--tg-depth, a depth it handles, for both frameworks."""
 from __future__ import annotations
 import argparse, gc, os, pickle, statistics, subprocess, sys, time
 
@@ -242,7 +243,7 @@ def _sub(fn: str, *args, tree: str | None = None) -> dict:
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--nodes", type=int, default=1_000_000)
-  ap.add_argument("--tg-depth", type=int, default=500)
+  ap.add_argument("--tg-depth", type=int, default=200)
   ap.add_argument("--reps", type=int, default=5)
   ap.add_argument("--out", default=os.path.join(HERE, "results", "serialize.md"))
   ap.add_argument("--before", default=None, help="another checkout of pygrad to measure too (before a change)")
