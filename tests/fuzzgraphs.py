@@ -11,7 +11,7 @@ PYGRAD_FUZZ=long selects the long hypothesis profile (a million examples per tes
 e.g. `PYGRAD_FUZZ=long nice -n 19 python -m pytest -q -p no:cacheprovider tests/test_fuzz_engines.py`, one suite at
 a time, PYGRAD_FUZZ_LOG=<file> to count the cases); PYGRAD_FUZZ=<n> runs n examples per test."""
 from __future__ import annotations
-import json, math, os
+import json, math, os, random
 import numpy as np
 from hypothesis import HealthCheck, settings, strategies as st
 import pygrad
@@ -301,6 +301,18 @@ def worker() -> None:
 
 def evaluate(outs, vals, engine):
   return pygrad.evaluate(list(outs), vals, engine=engine)
+
+
+
+def seeded_graph(seed: int):
+  """The graph of a recipe drawn from a plain seed (no hypothesis): (outputs, buffers), for the planner tests that
+  compare plans and golden digests of the same graphs."""
+  r = random.Random(seed)
+  names = sorted(DTYPES)
+  inputs = [([r.randint(1, 4) for _ in range(r.randint(0, 3))], r.choice(names)) for _ in range(r.randint(1, 3))]
+  steps = [(r.choice(KINDS), [r.randint(0, 1 << 16) for _ in range(8)]) for _ in range(r.randint(8, 24))]
+  b = build({"inputs": inputs, "steps": steps, "seed": seed, "plain": False})
+  return b.outputs, b.bufs
 
 
 if __name__ == "__main__": worker()

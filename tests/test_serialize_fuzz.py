@@ -45,18 +45,24 @@ def _check(data: bytes) -> None:
 edit = st.tuples(st.sampled_from(["set", "insert", "delete"]), st.integers(0, 1 << 20), st.integers(0, 255))
 
 
-@FUZZ
-@given(st.sampled_from(range(len(BLOBS))), st.lists(edit, min_size=1, max_size=6), st.booleans(),
-       st.integers(0, 1 << 20))
-def test_mutated_blobs_load_or_raise_value_error(which, edits, reseal, cut):
-  body = bytearray(BLOBS[which][:-4])
+def _mutated(data: bytes, edits, cut: int) -> bytes:
+  """data with the edits ("set", "insert", "delete" at a position) applied, then cut short when cut % 3 == 0."""
+  body = bytearray(data)
   for kind, pos, val in edits:
     pos %= len(body) + 1
     if kind == "set" and pos < len(body): body[pos] = val
     elif kind == "insert": body.insert(pos, val)
     elif kind == "delete" and pos < len(body): del body[pos]
   if cut % 3 == 0: body = body[:cut % (len(body) + 1)]
-  _check(_seal(bytes(body)) if reseal else bytes(body) + BLOBS[which][-4:])
+  return bytes(body)
+
+
+@FUZZ
+@given(st.sampled_from(range(len(BLOBS))), st.lists(edit, min_size=1, max_size=6), st.booleans(),
+       st.integers(0, 1 << 20))
+def test_mutated_blobs_load_or_raise_value_error(which, edits, reseal, cut):
+  body = _mutated(BLOBS[which][:-4], edits, cut)
+  _check(_seal(body) if reseal else body + BLOBS[which][-4:])
 
 
 @FUZZ
@@ -170,14 +176,7 @@ def test_c_arg_decoder_refuses_bad_tables_as_the_python_one(args, edits, cut, li
   """Mutated and truncated arg tables, under a lying arg count: the C decoder raises the Python decoder's
   ValueError, word for word, or decodes the same values (never a crash, hang or unbounded allocation)."""
   table, nargs = _table_of(args)
-  body = bytearray(table)
-  for kind, pos, val in edits:
-    pos %= len(body) + 1
-    if kind == "set" and pos < len(body): body[pos] = val
-    elif kind == "insert": body.insert(pos, val)
-    elif kind == "delete" and pos < len(body): del body[pos]
-  if cut % 3 == 0: body = body[:cut % (len(body) + 1)]
-  py, c = _both_decoders(bytes(body), max(0, nargs + lie))
+  py, c = _both_decoders(_mutated(table, edits, cut), max(0, nargs + lie))
   assert c == py
 
 

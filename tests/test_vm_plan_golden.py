@@ -5,7 +5,6 @@ planner or lowering must give the very same program; when a change means to alte
 digests with `python tests/test_vm_plan_golden.py` and say why in the commit."""
 from __future__ import annotations
 import hashlib
-import random
 import sys
 import pytest
 from pygrad import UOp, dtypes
@@ -13,7 +12,7 @@ from pygrad import UOp, dtypes
 program = pytest.importorskip("pygrad.engine.program", reason="the compiled interpreter is not built",
                               exc_type=ImportError)
 from pygrad.bench import w1_model, MethodOps  # noqa: E402
-from fuzzgraphs import KINDS, DTYPES, build  # noqa: E402
+from fuzzgraphs import seeded_graph as _recipe  # noqa: E402
 
 
 def _chain(kind: str, n: int):
@@ -42,13 +41,6 @@ def _mixed():
   return outs, [a, b, h]
 
 
-def _recipe(seed: int):
-  r = random.Random(seed)
-  names = sorted(DTYPES)
-  inputs = [([r.randint(1, 4) for _ in range(r.randint(0, 3))], r.choice(names)) for _ in range(r.randint(1, 3))]
-  steps = [(r.choice(KINDS), [r.randint(0, 1 << 16) for _ in range(8)]) for _ in range(r.randint(8, 24))]
-  b = build({"inputs": inputs, "steps": steps, "seed": seed, "plain": False})
-  return b.outputs, b.bufs
 
 
 GRAPHS = {"forward-300": lambda: _chain("forward", 300), "grad-scalar-60": lambda: _chain("scalar", 60),

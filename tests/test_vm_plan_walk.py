@@ -5,7 +5,6 @@ operands below them), both must plan the very same kernels -- the same KNodes in
 Python, in C with small kernels' KNodes made one by one (_knodes_small), and in C with every kernel's made a column
 at a time (the large-kernel path)."""
 from __future__ import annotations
-import random
 import numpy as np
 import pytest
 from pygrad import UOp, dtypes
@@ -16,7 +15,7 @@ from pygrad.engine import planner, lower  # noqa: E402
 from pygrad.engine.flatten import flatten  # noqa: E402
 from pygrad.engine.planner import Planner, Loop, CallStep  # noqa: E402
 from pygrad.bench import w1_model, MethodOps  # noqa: E402
-from fuzzgraphs import KINDS, DTYPES, build  # noqa: E402
+from fuzzgraphs import seeded_graph as _recipe  # noqa: E402
 
 F32 = dtypes.float32
 
@@ -59,13 +58,6 @@ def _w1(layers: int):
   return [loss, *loss.gradient(x, *ws)], [x, *ws]
 
 
-def _recipe(seed: int):
-  r = random.Random(seed)
-  names = sorted(DTYPES)
-  inputs = [([r.randint(1, 4) for _ in range(r.randint(0, 3))], r.choice(names)) for _ in range(r.randint(1, 3))]
-  steps = [(r.choice(KINDS), [r.randint(0, 1 << 16) for _ in range(8)]) for _ in range(r.randint(8, 24))]
-  b = build({"inputs": inputs, "steps": steps, "seed": seed, "plain": False})
-  return b.outputs, b.bufs
 
 
 GRAPHS = {"moves-in-kernels": _moves_in_kernels, "shared-chains": _shared_chains, "w1-grad-3": lambda: _w1(3),
