@@ -517,31 +517,46 @@ static void red_identity(int32_t redop, int32_t ct, char *out) {
   memcpy(out, &v, (size_t)vm_esize(ct));
 }
 
+/* the odometer over a reduction's outputs (vm.h): the kept dims' extents and strides, and the span they cover */
+void vm_outs_init(const vm_kernel *k, vm_outs *o) {
+  const vm_view *s = &k->stores[0];
+  int d;
+  o->nd = k->ndim;
+  o->cur = o->lo = o->hi = s->off;
+  o->total = 1;
+  for (d = 0; d < k->ndim; d++) {
+    o->shp[d] = (k->redmask >> d & 1u) ? 1 : k->shape[d];
+    o->st[d] = s->st[d];
+    o->idx[d] = 0;
+    o->total *= o->shp[d];
+    if (o->shp[d] > 1) {
+      if (s->st[d] < 0) o->lo += s->st[d] * (o->shp[d] - 1);
+      else o->hi += s->st[d] * (o->shp[d] - 1);
+    }
+  }
+}
+
 /* every output element of a reduction (reduced dims at 0): set to the identity (post 0) or rounded (post 1, 2) */
 static void red_outputs(const vm_kernel *k, char *base, int post) {
-  const vm_view *s = &k->stores[0];
-  int64_t shp[VM_MAXDIM], idx[VM_MAXDIM] = {0}, total = 1, t, es = vm_esize(s->stype), lo = s->off, hi = s->off;
+  vm_outs o;
+  int64_t t, run = 1, es = vm_esize(k->stores[0].stype);
   char ident[8];
   int d, dense = 1;
-  for (d = 0; d < k->ndim; d++) {
-    shp[d] = (k->redmask >> d & 1u) ? 1 : k->shape[d];
-    total *= shp[d];
+  vm_outs_init(k, &o);
+  for (d = o.nd - 1; d >= 0; d--) {  /* dense: the output dims are C-contiguous in the store view */
+    if (o.shp[d] == 1) continue;
+    if (o.st[d] != run) dense = 0;
+    run *= o.shp[d];
   }
-  for (d = k->ndim - 1; d >= 0; d--) {  /* dense: the output dims are C-contiguous in the store view */
-    if (shp[d] == 1) continue;
-    if (s->st[d] != hi - lo + 1) dense = 0;
-    hi += s->st[d] * (shp[d] - 1);
-  }
-  dense = dense && hi - lo + 1 == total;  /* the outputs are one run of memory: fill it linearly */
-  red_identity(k->redop, s->stype, ident);
-  for (t = 0; t < total; t++) {
-    char *o = base + (dense ? lo + t : row_off(s, idx, k->ndim)) * es;
+  red_identity(k->redop, k->stores[0].stype, ident);
+  for (t = 0; t < o.total; t++) {
+    char *p = base + (dense ? o.lo + t : o.cur) * es;  /* the outputs are one run of memory: fill it linearly */
     if (!post) {
-      if (es == 4) memcpy(o, ident, 4);
-      else memcpy(o, ident, (size_t)es);
-    } else if (post == 1) *(float *)o = vm_round_f16(*(float *)o);
-    else *(float *)o = vm_round_bf16(*(float *)o);
-    if (!dense) odo_next(idx, shp, k->ndim);
+      if (es == 4) memcpy(p, ident, 4);
+      else memcpy(p, ident, (size_t)es);
+    } else if (post == 1) *(float *)p = vm_round_f16(*(float *)p);
+    else *(float *)p = vm_round_bf16(*(float *)p);
+    if (!dense) vm_outs_next(&o);
   }
 }
 

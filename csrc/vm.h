@@ -97,6 +97,20 @@ typedef struct vm_isa {
 typedef void (*vm_task)(void *ctx, int64_t lo, int64_t hi, int32_t worker);
 void vm_pool_for(int64_t n, int64_t chunk, vm_task fn, void *ctx, int32_t maxw);
 
+/* the outputs of reduction kernel k (its store at the kept dims), visited in odometer order: vm_outs_init puts cur
+   on the first and lo/hi around all of them, vm_outs_next moves cur to the next; vm.c's identity fill and rounding
+   and vm_prodz.c's scans walk them the same way */
+typedef struct vm_outs { int64_t shp[VM_MAXDIM], st[VM_MAXDIM], idx[VM_MAXDIM], cur, total, lo, hi; int nd; } vm_outs;
+void vm_outs_init(const vm_kernel *k, vm_outs *o);
+static inline void vm_outs_next(vm_outs *o) {
+  int d;
+  for (d = o->nd - 1; d >= 0; d--) {
+    if (++o->idx[d] < o->shp[d]) { o->cur += o->st[d]; return; }
+    o->cur -= o->st[d] * (o->idx[d] - 1);
+    o->idx[d] = 0;
+  }
+}
+
 /* vm_prodz.c: a float product's exact zero (0 * an overflowed partial product is NaN): whether reduction kernel k
    left a NaN output in base (and the span [lo, lo + span) of its output offsets); a tile row's n values copied to dst
    with zeros replaced by +-1, noting in flags f (stride fs elements: 0 when they all reduce into one output) zeros,

@@ -8,50 +8,19 @@
    where an inf or NaN entry was among its entries. */
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 #include "vm.h"
 
 enum { PZ_ZERO = 1, PZ_NONFINITE = 2, PZ_NEG = 4 };
 
-/* the outputs of reduction kernel k: offsets (in elements of its store) off + sum idx[d] * st[d] over the kept dims */
-typedef struct outs { int64_t shp[VM_MAXDIM], st[VM_MAXDIM], off, total; int nd; } outs;
-
-static void outs_init(const vm_kernel *k, outs *o, int64_t *lo, int64_t *hi) {
-  const vm_view *s = &k->stores[0];
-  int d;
-  o->nd = k->ndim;
-  o->off = *lo = *hi = s->off;
-  o->total = 1;
-  for (d = 0; d < k->ndim; d++) {
-    o->shp[d] = (k->redmask >> d & 1u) ? 1 : k->shape[d];
-    o->st[d] = s->st[d];
-    o->total *= o->shp[d];
-    if (o->shp[d] > 1) {
-      if (s->st[d] < 0) *lo += s->st[d] * (o->shp[d] - 1);
-      else *hi += s->st[d] * (o->shp[d] - 1);
-    }
-  }
-}
-
-/* the offset of output t's successor: an odometer over the kept dims */
-static int64_t outs_next(const outs *o, int64_t *idx, int64_t cur) {
-  int d;
-  for (d = o->nd - 1; d >= 0; d--) {
-    if (++idx[d] < o->shp[d]) return cur + o->st[d];
-    cur -= o->st[d] * (idx[d] - 1);
-    idx[d] = 0;
-  }
-  return cur;
-}
-
 int vm_prodz_nan(const vm_kernel *k, const char *base, int64_t *lo, int64_t *span) {
-  outs o;
-  int64_t t, idx[VM_MAXDIM] = {0}, cur, hi;
+  vm_outs o;
+  int64_t t;
   int f64 = k->stores[0].stype == VT_F64, found = 0;
-  outs_init(k, &o, lo, &hi);
-  *span = hi - *lo + 1;
-  for (t = 0, cur = o.off; t < o.total && !found; t++, cur = outs_next(&o, idx, cur))
-    found = f64 ? isnan(((const double *)base)[cur]) : isnan(((const float *)base)[cur]);
+  vm_outs_init(k, &o);
+  *lo = o.lo;
+  *span = o.hi - o.lo + 1;
+  for (t = 0; t < o.total && !found; t++, vm_outs_next(&o))
+    found = f64 ? isnan(((const double *)base)[o.cur]) : isnan(((const float *)base)[o.cur]);
   return found;
 }
 
@@ -74,11 +43,12 @@ void vm_prodz_tile(int32_t ct, const char *v, int64_t n, char *dst, uint8_t *f, 
 #undef PZ_COPY
 
 void vm_prodz_fix(const vm_kernel *k, char *base, const uint8_t *zf, int64_t lo) {
-  outs o;
-  int64_t t, idx[VM_MAXDIM] = {0}, cur, l, h;
+  vm_outs o;
+  int64_t t;
   int f64 = k->stores[0].stype == VT_F64;
-  outs_init(k, &o, &l, &h);
-  for (t = 0, cur = o.off; t < o.total; t++, cur = outs_next(&o, idx, cur)) {
+  vm_outs_init(k, &o);
+  for (t = 0; t < o.total; t++, vm_outs_next(&o)) {
+    int64_t cur = o.cur;
     uint8_t g = zf[cur - lo];
     if (!(g & PZ_ZERO)) continue;
     if (f64) ((double *)base)[cur] = (g & PZ_NONFINITE) ? NAN : (g & PZ_NEG) ? -0.0 : 0.0;
