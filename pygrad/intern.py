@@ -85,10 +85,21 @@ class Interner:
     if aid is None: aid = self._new(k, x)
     return aid
 
-  def get_new(self, k, x) -> int:
-    """get_key(k, x) for an x that is most likely new (a placeholder's arg, its uid fresh): no probe before the
-    locked one."""
-    return self._new(k, x)
+  def get_fresh(self, k, x, is_plain: bool) -> int:
+    """get_key(k, x) for an x no one can have interned (a placeholder's arg: its uid is fresh) whose plain(x) the
+    caller knows: one per placeholder, so the probe, the plainness scan and the core wrapper's checks are skipped
+    where they cannot find anything (~0.5 us of a ~2.5 us placeholder)."""
+    with self.lock:
+      self.since_drain += 1
+      if self.since_drain >= 1024: self._drain()
+      aid = self.next
+      if self.free or aid >= self.slots: aid = self._slot()
+      else: self.next = aid + 1
+      if self.core.arg_register_code(aid): self.core.arg_register(aid)  # the wrapper raises the precise error
+      self.ids[k], self.objs[aid], self.keys[aid] = aid, x, k
+      self.ident[id(x)] = aid
+      if is_plain: self.plain[x] = aid
+      return aid
 
   def get_many(self, xs, keys=None) -> list[int]:
     """[get(x) for x in xs] (keys: their argkeys, if the caller has them). An object that is itself the interned one
@@ -106,22 +117,25 @@ class Interner:
       if aid is not None: return aid
       self.since_drain += 1
       if self.since_drain >= 1024: self._drain()
-      if self.free:
-        old = self.free.popleft()
-        gen = (old // self.slots + 1) % self.gens
-        if gen == 0:  # this id may have been handed out before: no cache may still map a value to it
-          for f in self.on_wrap: f()
-        aid = gen * self.slots + old % self.slots
-      elif self.next < self.slots:
-        aid = self.next
-        self.next += 1
-      else:
-        raise MemoryError(f"pygrad: more than {self.slots - 1} distinct args, tags and metadata alive at once")
+      aid = self._slot()
       self.core.arg_register(aid)
       self.ids[k], self.objs[aid], self.keys[aid] = aid, x, k
       self.ident[id(x)] = aid
       if plain(x): self.plain[x] = aid
       return aid
+
+  def _slot(self) -> int:
+    """A free id (lock held): the oldest drained slot with its next generation, else a slot never used."""
+    if self.free:
+      old = self.free.popleft()
+      gen = (old // self.slots + 1) % self.gens
+      if gen == 0:  # this id may have been handed out before: no cache may still map a value to it
+        for f in self.on_wrap: f()
+      return gen * self.slots + old % self.slots
+    if self.next < self.slots:
+      self.next += 1
+      return self.next - 1
+    raise MemoryError(f"pygrad: more than {self.slots - 1} distinct args, tags and metadata alive at once")
 
   def forget(self, aid: int) -> None:
     """The core found aid gone (a race with a drain): wait until that drain has forgotten it, so that `get` makes a

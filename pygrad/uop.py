@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator
 from .ops import Ops
 from .dtype import DType, dtypes, BY_ID
 from .core import CORE, ArgGone
-from .intern import ARGS, META, argkey
+from .intern import _INTS, ARGS, META, argkey
 from .shapes import INFER, SHAPE as _SHAPE
 from .mathops import MathMixin
 
@@ -21,7 +21,7 @@ _core_release = CORE.release
 _make1, _make2, _make2k = CORE.make1, CORE.make2, CORE.make2k
 _ERR_GONE = -3  # a core make's code for an arg id drained meanwhile (csrc/pygrad.h PG_ERR_ARG_GONE)
 _args_get, _args_objs, _meta_get, _meta_vals, _meta_ids = ARGS.get, ARGS.objs, META.get, META.vals, META.ids
-_args_key, _args_new = ARGS.get_key, ARGS.get_new
+_args_key, _args_fresh = ARGS.get_key, ARGS.get_fresh
 _new_handle, _claim = object.__new__, _handles.setdefault
 _OPS = tuple(Ops)
 _VOID = dtypes.void
@@ -274,9 +274,9 @@ def _buffer(dtype: DType, arg: tuple, shape: tuple, device: str, name) -> UOp:
   bulk of a W1 build, which makes one per layer)."""
   meta = _meta_ids.get((shape, device))
   if meta is None: meta = _meta_get(shape, device)
-  k = (tuple, (int, arg[0]), argkey(shape), (str, device), (type(name), name))  # == argkey(arg)
+  k = (tuple, (int, arg[0]), (_INTS, shape), (str, device), (type(name), name))  # == argkey(arg): shape is ints
   while True:
-    aid = _args_new(k, arg)  # (new: its uid is)
+    aid = _args_fresh(k, arg, name is not None)  # (new: its uid is; plain exactly when the name is a str)
     r = _mk_leaf(_BUFFER, dtype, dtype.id, arg, aid, shape, device, meta)  # the node and its handle in one call
     if type(r) is UOp:
       if _md_open: _attach_current(r)

@@ -67,6 +67,25 @@ def test_new_constants_reuse_arg_slots():
   assert ARGS.next - start < 3 * 1024, f"{ARGS.next - start} new arg slots for 18,000 short-lived constants"
 
 
+def test_new_placeholders_reuse_arg_slots_and_stay_distinct():
+  """A placeholder's arg is new every time (its uid) and takes the interner's shortcut for fresh args: dropped
+  placeholders' slots are reused like constants', named placeholders are found by their plain value as any plain
+  arg is, and a reused slot never makes two live placeholders one node."""
+  UOp.placeholder((2,))
+  gc.collect()
+  start = ARGS.next
+  kept = []
+  for r in range(20):
+    batch = [UOp.placeholder((2, 3), name=None if k % 2 else f"p{r}_{k}") for k in range(500)]
+    kept.append(batch[r])
+  gc.collect()
+  assert ARGS.next - start < 3 * 1024, f"{ARGS.next - start} new arg slots for 10,000 short-lived placeholders"
+  assert len({id(p) for p in kept}) == len(kept) and len({p.arg[0] for p in kept}) == len(kept)
+  named = [p for p in kept if p.arg[3] is not None]
+  assert named and all(ARGS.plain[p.arg] == ARGS.ids[argkey(p.arg)] for p in named)
+  assert all(ARGS.objs[ARGS.ids[argkey(p.arg)]] is p.arg for p in kept)
+
+
 @pytest.mark.skipif(pygrad.core_name() != "c", reason="gradient templates are the C core's")
 def test_cached_gradient_template_holds_its_key_args():
   """A gradient template's key names its node's arg id. The template holds it while cached: were it drained, the
