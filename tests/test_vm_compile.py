@@ -15,7 +15,7 @@ program = pytest.importorskip("pygrad.engine.program", reason="the compiled inte
 from pygrad.bench import w1_model, MethodOps  # noqa: E402
 from pygrad.engine.flatten import flatten  # noqa: E402
 from pygrad.engine.planner import Planner, CallStep  # noqa: E402
-from pygrad.engine import lower  # noqa: E402
+from pygrad.engine import lower, kcache  # noqa: E402
 from hypothesis import given  # noqa: E402
 from fuzzgraphs import FUZZ, recipes, build  # noqa: E402
 
@@ -156,7 +156,7 @@ def _kernels(outs, ins):
 
 def _same_words(kernels):
   """Every kernel lowered through one KernelCache gives lower_loop's words exactly; returns the cache's hits."""
-  cache = lower.KernelCache()
+  cache = kcache.KernelCache()
   for k in kernels: assert cache.lower(k) == lower.lower_loop(k)
   return cache.hits
 

@@ -12,7 +12,7 @@ from pygrad import UOp, dtypes
 
 program = pytest.importorskip("pygrad.engine.program", reason="the compiled interpreter is not built",
                               exc_type=ImportError)
-from pygrad.engine import numpy_eval, lower  # noqa: E402
+from pygrad.engine import numpy_eval, lower, kcache  # noqa: E402
 from pygrad.engine.flatten import flatten  # noqa: E402
 from pygrad.engine.planner import Planner, Loop  # noqa: E402
 from fuzzgraphs import FUZZ, recipes, build, input_values, same_values, exact_graph  # noqa: E402
@@ -115,7 +115,7 @@ def test_split_programs_equal_unsplit_ones_on_random_graphs(recipe):
   except (ValueError, TypeError, ZeroDivisionError, OverflowError):
     return  # a graph the engine rejects: test_fuzz_engines checks the error
   with pytest.MonkeyPatch.context() as m:
-    m.setattr(lower, "CACHE_MAX_NODES", 0)
+    m.setattr(kcache, "CACHE_MAX_NODES", 0)
     for budget in (128 + 4 * SCALAR, 128 + 6 * (64 * 8 + 16)):
       m.setattr(lower, "REGFILE_BUDGET", budget)
       got = pygrad.evaluate(b.outputs, vals, engine="c")

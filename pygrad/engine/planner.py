@@ -380,11 +380,13 @@ def _make_knodes(g, kn_of, ent, srcs, keep, alu_e, ns, start, made) -> list[KNod
 
 
 class Planner:
-  """Plan a flattened graph: `kernels` (Loop and CallStep, in order), `bufs`, `outputs` (per output a Buf or None
+  """Plan a flattened graph: `kernels` (Loop and CallStep, in order; and lower.Part with a cache), `bufs`, `outputs` (per output a Buf or None
   or a tuple), `inputs` (per input slot the UOp)."""
 
-  def __init__(self, nodes: list[PNode], shaped_outputs: list, inputs: list, cols: dict | None = None):
+  def __init__(self, nodes: list[PNode], shaped_outputs: list, inputs: list, cols: dict | None = None, cache=None):
     self.nodes, self.bufs, self.kernels, self.jobs, self.consts = nodes, [], [], [], {}
+    # cache: a kcache.KernelCache, to which small kernels walked in C go lowered (kernels then holds lower.Parts)
+    self.cache, self.prewalk = cache, None
     self.input_bufs: dict[int, Buf] = {}
     for i, u in enumerate(inputs):
       if u._id in self.input_bufs: raise ValueError(f"compile: input {i} ({u.op.name}) is listed twice")
@@ -418,6 +420,7 @@ class Planner:
     # (a list indexed without LazyNodes' method call when every node is made)
     self.flat = nodes._made if type(nodes) is LazyNodes and None not in nodes._made else nodes
     self.vmemo: dict = {}  # (view key, cell) -> the view with the cell's movements applied (_knodes_small)
+    self.lmemo, self.sigs = {}, None  # kcache.walked_key's: (node, cell) -> its load; per node its ALU signature
     self.jobs.sort(key=lambda j: j[0])
     for j in self.jobs: j[2]()
     self.jobs = []  # its closures hold the planner: dropped, the plan is freed by reference counting
@@ -531,8 +534,9 @@ class Planner:
     b = n.buf
     if n.op is Ops.REDUCE_AXIS:
       src = n.src[0]
-      knodes, top = self._build(src, src.shape, expand_top=False)
       st = View.contiguous(n.shape).strides  # the reduced dims have size 1, so stride 0
+      if self._walked(src, src.shape, False, b, View(src.shape, st), (n.arg[0], tuple(n.arg[1]), n.dtype)): return
+      knodes, top = self._build(src, src.shape, expand_top=False)
       self.kernels.append(Loop(src.shape, knodes, [Store(top, b, View(src.shape, st))], redop=n.arg[0],
                                redaxes=n.arg[1], rdtype=n.dtype, reachable=True, kcols=self.kcols,
                                loads=self.kloads, make=self.kmake))
@@ -546,6 +550,7 @@ class Planner:
       self._emit_store(n, b, View.contiguous(n.shape), n.dtype, expand_top=True)
 
   def _emit_store(self, n: PNode, b: Buf, view: View, dtype, expand_top=False) -> None:
+    if self._walked(n, n.shape, expand_top, b, view, (None, (), None)): return
     knodes, top = self._build(n, n.shape, expand_top=expand_top)
     self.kernels.append(Loop(n.shape, knodes, [Store(top, b, view)], reachable=True, kcols=self.kcols,
                              loads=self.kloads, make=self.kmake))
@@ -578,6 +583,18 @@ class Planner:
       v = v2
     return b, v
 
+  def _walked(self, top: PNode, kshape, expand_top: bool, b: Buf, view: View, red: tuple) -> bool:
+    """With a kernel cache (Program's: kcache.KernelCache), a small kernel walked in C goes to the cache straight
+    from the walk's entries (red: reduce op, reduced axes, result dtype) and is appended lowered: no KNode, Loop or
+    Store is made for a kernel the cache has seen. False (the walk kept for _build_c) when it is not such a kernel."""
+    if self.cache is None or self.walk is None: return False
+    w = self.walk.run(top.idx, (top.op not in _ALU_MOVE) if expand_top else (top.view is not None))
+    if w[0] is None or len(w[0]) // 3 > min(_SMALL_KERNEL, self.cache.max_nodes):
+      self.prewalk = w
+      return False
+    self.kernels += self.cache.walked(self, w, top, kshape, (tuple(kshape), *red), b, view)
+    return True
+
   def _build(self, top: PNode, kshape, expand_top: bool):
     """(knodes in dependency order, top's KNode) computing `top` over index space kshape: _build_c's when the plan
     walks in C, else _build_py's (the same KNodes, in the same order)."""
@@ -594,8 +611,8 @@ class Planner:
     are one KNode), then the ALU KNodes: a small kernel's one by one, a large one's a column at a time. None when
     the walk leaves the kernel to _build_py."""
     w = self.walk
-    top_leaf = (top.op not in _ALU_MOVE) if expand_top else (top.view is not None)
-    ent, srcs, cells = w.run(top.idx, top_leaf)
+    if self.prewalk is not None: (ent, srcs, cells), self.prewalk = self.prewalk, None  # (_walked's)
+    else: ent, srcs, cells = w.run(top.idx, (top.op not in _ALU_MOVE) if expand_top else (top.view is not None))
     if ent is None: return None
     m = len(ent) // 3
     if m <= _SMALL_KERNEL:

@@ -13,7 +13,8 @@ from .vmlib import ffi, lib
 from ..ids import value
 from .flatten import LazyNodes, flatten
 from .planner import Planner, Loop, CallStep, Buf, compute_dtype
-from .lower import KernelCache, Part, VK_GEMM
+from .lower import Part, VK_GEMM
+from .kcache import KernelCache
 from .npkernel import NumpyKernel
 from .fastcall import MISS, make_fast_call
 from .values import input_value, round_bfloat16, bindings, map_nested
@@ -175,14 +176,15 @@ class Program:
 
   def _plan_nodes(self, nodes, shaped, cols, keep_words: bool) -> int:
     """_plan's work on the flattened graph."""
-    pl = Planner(nodes, shaped, self.inputs, cols)
+    lowering = KernelCache()  # (small kernels walked in C come out of the planner lowered by it)
+    pl = Planner(nodes, shaped, self.inputs, cols, lowering)
     self._shaped = pl.outputs
     self._out_bufs = sorted((b for b in pl.bufs if b.kind == "output"), key=lambda b: b.index)
     # lowering first: a loop whose register file would be too large is split, with arena buffers of its own
     nplanned = len(pl.bufs)
 
     def spill_buf(stype, shape, dtype): return pl._buf("arena", stype, shape, dtype)
-    steps, lowering, nnp = [], KernelCache(), 0
+    steps, nnp = [], 0
     for k in pl.kernels:
       if isinstance(k, Loop):
         parts = lowering.lower(k, spill_buf)

@@ -1,0 +1,118 @@
+"""Small kernels keyed straight from the planner's C walk (kcache.KernelCache.walked): a kernel whose key was seen
+gets the earlier kernel's words with its own buffers, and no KNodes are made. The words must be exactly those of the
+KNode path (Planner._knodes_small, a Loop, KernelCache.lower), and kernels that differ in any one thing lowering reads
+must not share a key."""
+from __future__ import annotations
+import numpy as np
+import pytest
+from pygrad import UOp, dtypes
+
+program = pytest.importorskip("pygrad.engine.program", reason="the compiled interpreter is not built",
+                              exc_type=ImportError)
+from pygrad.engine import planner, kcache  # noqa: E402
+from pygrad.engine.planner import Planner  # noqa: E402
+from pygrad.bench import w1_model, MethodOps  # noqa: E402
+from fuzzgraphs import seeded_graph  # noqa: E402
+
+F32, F16 = dtypes.float32, dtypes.float16
+
+
+def _one_thing_apart():
+  """Kernels alike but for one thing each: a view's offset, strides, mask or shape, a constant, a load's dtype or
+  storage type, the operands' order, an opcode (a quotient), a cast's source dtype, the reduced axes or op, and the
+  movements read in C (a PERMUTE against a FLIP of the same value)."""
+  a, b = UOp.placeholder((6, 8), F32, "a"), UOp.placeholder((6, 8), F32, "b")
+  h = UOp.placeholder((6, 8), F16, "h")
+  e = (a * 2.0).sin()  # an expression: movements of it are pending views inside the reading kernel
+  outs = [a.sin(), (a + 1.0).sin(), (a + 2.0).sin(), a.shrink(((1, 5), (0, 8))).sin(),
+          a.shrink(((0, 4), (0, 8))).sin(), a.permute((1, 0)).sin(), a.pad(((1, 1), (0, 0))).sin(),
+          a.pad(((0, 2), (0, 0))).sin(), a - b * 4.0, a * 4.0 - b, a * b.reciprocal(), a * b, h.sin(), h.cast(F32).sin(),
+          a.sum(0), a.sum(1), a.max(1), (a * a).sum(1), h.sum(1), a.reshape((8, 6)).sin(), (a * 3.0).sin(),
+          e.flip(0) + 1.0, e.flip(1) + 1.0, e.permute((1, 0)).flip(0) + 1.0, e.shrink(((0, 3), (0, 8))) + 1.0,
+          e.shrink(((3, 6), (0, 8))) + 1.0, (e.reshape((8, 6)) * b.reshape((8, 6))).exp2()]
+  return outs, [a, b, h]
+
+
+def _w1(layers: int):
+  x = UOp.placeholder((16, 16), F32, "x")
+  ws = [UOp.placeholder((16, 16), F32, f"w{i}") for i in range(layers)]
+  loss = w1_model(MethodOps, x, ws)
+  return [loss, *loss.gradient(x, *ws)], [x, *ws]
+
+
+GRAPHS = {"one-thing-apart": _one_thing_apart, "w1-grad-4": lambda: _w1(4),
+          **{f"random-{s}": (lambda s=s: seeded_graph(s)) for s in range(200, 230)}}
+
+
+def _compile(name: str, walked: bool, monkeypatch):
+  """(words, outputs on fixed inputs, walked kernels) of the program, the plan walked in C, with small kernels keyed
+  from the walk (walked) or made into KNodes and Loops first."""
+  with monkeypatch.context() as m:
+    m.setattr(planner, "_WALK_MIN_NODES", 0)
+    m.setattr(planner, "_GRAPH_MIN_NODES", 0)
+    seen = {"n": 0}
+    orig = kcache.KernelCache.walked
+
+    def count(self, *a):
+      seen["n"] += 1
+      return orig(self, *a)
+    m.setattr(kcache.KernelCache, "walked", count)
+    if not walked: m.setattr(Planner, "_walked", lambda self, *a: False)
+    outs, ins = GRAPHS[name]()
+    try:
+      p = program.Program(outs, ins, keep_words=True)
+    except (ValueError, TypeError) as e:
+      return f"error: {type(e).__name__}: {e}", None, seen["n"]
+    rng = np.random.default_rng(0)
+    vals = [rng.uniform(0.5, 2.0, i.shape).astype(i.dtype.numpy) for i in ins]
+    res = p(*vals)
+    return p._words, [np.asarray(o) for o in (res if isinstance(res, (list, tuple)) else [res])], seen["n"]
+
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_kernels_keyed_from_the_walk_get_the_knode_paths_words(name, monkeypatch):
+  want, wout, n0 = _compile(name, False, monkeypatch)
+  got, gout, n1 = _compile(name, True, monkeypatch)
+  assert n0 == 0
+  assert got == want  # a key shared by two different kernels would give the second the first's words
+  if wout is not None:
+    assert all(np.array_equal(x, y, equal_nan=True) for x, y in zip(gout, wout))
+  if name in ("one-thing-apart", "w1-grad-4"): assert n1 > 0
+
+
+def test_the_walked_key_tells_apart_kernels_one_thing_apart(monkeypatch):
+  """Every kernel of _one_thing_apart is keyed from the walk, and they are all different kernels: one key each."""
+  keys = []
+  orig = kcache.walked_key
+
+  def record(*a):
+    r = orig(*a)
+    keys.append(r[0])
+    return r
+  with monkeypatch.context() as m:
+    m.setattr(planner, "_WALK_MIN_NODES", 0)
+    m.setattr(planner, "_GRAPH_MIN_NODES", 0)
+    m.setattr(kcache, "walked_key", record)
+    outs, ins = _one_thing_apart()
+    program.Program(outs, ins)
+  assert len(keys) >= len(outs)
+  assert len(set(keys)) == len(keys)  # (a copy kernel is not keyed: no two kernels here are alike)
+  # (a - b and b - a would share one: the same kernel over buffers numbered by first use)
+
+
+def test_a_layered_gradient_reuses_walked_kernels(monkeypatch):
+  """The W1 chain's gradient repeats its kernels per layer: most of them are given an earlier kernel's words."""
+  with monkeypatch.context() as m:
+    m.setattr(planner, "_WALK_MIN_NODES", 0)
+    m.setattr(planner, "_GRAPH_MIN_NODES", 0)
+    caches = []
+    orig = kcache.KernelCache.__init__
+
+    def keep(self):
+      orig(self)
+      caches.append(self)
+    m.setattr(kcache.KernelCache, "__init__", keep)
+    outs, ins = _w1(8)
+    p = program.Program(outs, ins)
+  (c,), = [caches]
+  assert len(c.wmemo) <= 20 and c.hits >= p.stats["kernels"] * 3 // 4
