@@ -41,6 +41,7 @@ def _w1(layers: int):
 
 
 GRAPHS = {"one-thing-apart": _one_thing_apart, "w1-grad-4": lambda: _w1(4),
+          "w1-grad-150": lambda: _w1(150),  # (flattened as LazyNodes: the keyed walk leaves most ALU nodes unmade)
           **{f"random-{s}": (lambda s=s: seeded_graph(s)) for s in range(200, 230)}}
 
 

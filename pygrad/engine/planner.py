@@ -42,20 +42,19 @@ def storage_dtype(dt: DType) -> DType:
 
 class Buf:
   """A buffer: kind "arena" (internal, placed by liveness), "input"/"output" (slot index), or "const" (data)."""
-  __slots__ = ("id", "kind", "index", "stype", "shape", "dtype", "data", "offset", "node")
+  __slots__ = ("id", "kind", "index", "stype", "shape", "dtype", "data", "offset", "node", "nbytes")
 
   def __init__(self, bid, kind, stype: DType, shape, dtype: DType, index=-1, data=None):
     self.id, self.kind, self.stype, self.shape, self.dtype, self.index, self.data = bid, kind, stype, shape, dtype, \
       index, data
     self.offset, self.node = 0, None  # node: the PNode whose value it holds, for error messages
+    self.nbytes = math.prod(shape) * stype.itemsize  # (shape and stype never change; placement reads it often)
 
   def describe(self) -> str:
     """What the buffer holds, for error messages: the op (when known), dtype and shape."""
     op = f"{self.node.op.name} " if self.node is not None else ""
     return f"{op}{self.dtype.name}{list(self.shape)}"
 
-  @property
-  def nbytes(self) -> int: return math.prod(self.shape) * self.stype.itemsize
   def __repr__(self): return f"Buf#{self.id}({self.kind}{self.index if self.index >= 0 else ''}, {self.stype.name})"
 
 
@@ -401,7 +400,8 @@ class Planner:
         x.is_output = True
         outs.append(x.idx)
     graph = _Graph(nodes, cols) if len(nodes) >= _GRAPH_MIN_NODES else None
-    if type(nodes) is LazyNodes and graph is not None and \
+    # (with a cache, small kernels are keyed from the walk, which reads only leaves' nodes: the rest stay unmade)
+    if cache is None and type(nodes) is LazyNodes and graph is not None and \
        np.count_nonzero((graph.ops & (_PU_ALU | _PU_ALU_MOVE)) == _PU_ALU_MOVE) * _LAZY_MOVES > len(nodes):
       nodes.all()  # many movements: most kernels are walked in Python (_build_py), reading most nodes
     if graph is not None: self.fused = graph.users_fused(nodes, outs)  # csrc/plan_users.c: the two sweeps below
@@ -416,7 +416,7 @@ class Planner:
     # (small kernels too: _build_c makes their KNodes from the walk's entries, reading every node: made at once)
     self.walk = None
     if len(nodes) >= _WALK_MIN_NODES: self.walk = _Walk(graph or _Graph(nodes), nodes)
-    if type(nodes) is LazyNodes and len(nodes) < _WALK_PER_JOB * len(self.jobs): nodes.all()
+    if cache is None and type(nodes) is LazyNodes and len(nodes) < _WALK_PER_JOB * len(self.jobs): nodes.all()
     # (a list indexed without LazyNodes' method call when every node is made)
     self.flat = nodes._made if type(nodes) is LazyNodes and None not in nodes._made else nodes
     self.vmemo: dict = {}  # (view key, cell) -> the view with the cell's movements applied (_knodes_small)

@@ -14,6 +14,9 @@ def contiguous_strides(shape) -> tuple[int, ...]:
   return tuple(reversed(st))
 
 
+_CONTIG: dict = {}  # shape -> View.contiguous(shape)
+
+
 class View:
   """shape, strides (elements), offset (elements), mask (None or ((lo, hi), ...) per dim)."""
   __slots__ = ("shape", "strides", "offset", "mask")
@@ -24,7 +27,14 @@ class View:
     self.mask = mask
 
   @staticmethod
-  def contiguous(shape) -> View: return View(shape, contiguous_strides(shape))
+  def contiguous(shape) -> View:
+    """The row-major view of shape: one object per shape (a View is never changed; a plan asks for one per buffer)."""
+    if type(shape) is not tuple: shape = tuple(shape)
+    v = _CONTIG.get(shape)
+    if v is None:
+      if len(_CONTIG) >= 4096: _CONTIG.clear()
+      v = _CONTIG[shape] = View(shape, contiguous_strides(shape))
+    return v
 
   def key(self): return (self.shape, self.strides, self.offset, self.mask)
   def __repr__(self): return f"View({self.shape}, {self.strides}, off={self.offset}, mask={self.mask})"
