@@ -64,7 +64,8 @@ PyObject *pg_reg_calls(PyObject *cap);
    of the new reference on nid (the reference dropped), or NULL (the caller publishes a handle) -- the lock released */
 extern PyMethodDef pg_py_makers_def;
 PyObject *pg_mk_existing_unlock(struct pg_store *st, pg_reg *reg, int32_t nid);
-/* pymeth.c: the math methods in C: the handle type's number slots, and (install, md) bound to a registry capsule */
+/* pymeth.c: the math methods in C: the handle type's number slots, and (install, md, placeholder_maker) bound to a
+   registry capsule */
 PyObject *pg_meth_nb_add(PyObject *a, PyObject *b);
 PyObject *pg_meth_nb_mul(PyObject *a, PyObject *b);
 PyObject *pg_meth_nb_and(PyObject *a, PyObject *b);
@@ -76,6 +77,8 @@ PyObject *pg_meth_calls(PyObject *cap);
 pg_reg *pg_meth_reg(void);
 int pg_meth_usable(PyObject *o);
 int pg_meth_dtype_id(PyObject *d);
+/* pyleaf.c: placeholder_maker(cfg), bound to a registry capsule: UOp.placeholder's common case in one call */
+extern PyMethodDef pg_leaf_maker_def;
 /* pytmpl.c: templates.py's hit path in C: the handle type's number slots for -, / and @, and (prog, install) */
 PyObject *pg_tmpl_nb_sub(PyObject *a, PyObject *b);
 PyObject *pg_tmpl_nb_div(PyObject *a, PyObject *b);

@@ -271,8 +271,10 @@ static PyMethodDef md_def = {"md", md, METH_O, "md(n): the number of open metada
 
 PyObject *pg_meth_calls(PyObject *cap) {
   PyObject *a = PyCFunction_NewEx(&install_def, cap, NULL), *b = PyCFunction_NewEx(&md_def, NULL, NULL), *t = NULL;
-  if (a && b) t = PyTuple_Pack(2, a, b);
+  PyObject *c = PyCFunction_NewEx(&pg_leaf_maker_def, cap, NULL);
+  if (a && b && c) t = PyTuple_Pack(3, a, b, c);
   Py_XDECREF(a);
   Py_XDECREF(b);
+  Py_XDECREF(c);
   return t;
 }

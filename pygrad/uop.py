@@ -639,7 +639,7 @@ def _registered(nid: int) -> bool:
   return r is not None and r() is not None
 
 
-_meth_md = _tmpl_install = _prog_cap = None  # (the C core's, below)
+_meth_md = _leaf_maker = _tmpl_install = _prog_cap = None  # (the C core's, below)
 if CORE.makers is None:
   _hnew = _py_hnew
   _mk_unary, _mk_binary, _mk_binaryk, _mk_moved, _mk_leaf = _py_unary, _py_binary, _py_binaryk, _py_moved, _py_leaf
@@ -651,7 +651,7 @@ else:
   # Python forms above, which weighed a weak reference object and a dict entry per handle.
   _hnew = CORE.handle_ctor(UOp)  # (an unpublished handle: no registry entry, no core reference)
   _mk_unary, _mk_binary, _mk_binaryk, _mk_moved, _mk_leaf, _cached_maker, _cwrap, _lookup, CORE.flush_handles, \
-    _meth_install, _meth_md, _tmpl_install, _prog_cap = CORE.makers(UOp)
+    _meth_install, _meth_md, _leaf_maker, _tmpl_install, _prog_cap = CORE.makers(UOp)
   _cached = _cached_maker(_moved)
 
   def _wrap(nid: int, op: Ops, dtype: DType, arg, tag, shape, device, meta: int) -> UOp:  # noqa: F811
@@ -774,6 +774,12 @@ def _methods_in_c(made) -> None:
 
 if _meth_md is not None: _methods_in_c(_made)
 del _made
+if _leaf_maker is not None:
+  # UOp.placeholder's common case in one C call (csrc/pyleaf.c): the same steps as placeholder and _buffer, falling
+  # back to them for anything else; a builtin set on the class is not bound to instances, as a staticmethod is not
+  UOp.placeholder = _leaf_maker((_uids, META.ids, ARGS, Ops.BUFFER, dtypes.void, dtypes.float32,
+                                 lambda d, a: UOp(Ops.BUFFER, d, (), a), UOp.__dict__["placeholder"].__func__, _INTS,
+                                 "CPU"))
 if CORE.programs:  # multi-node methods instantiate cached programs in one C call (pygrad/templates.py)
   from . import templates as _templates  # noqa: E402
   _templates.install(UOp)

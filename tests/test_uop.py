@@ -942,6 +942,54 @@ def test_placeholder_fast_path_is_the_generic_node():
       UOp.placeholder(shape, **kw)
 
 
+def test_placeholder_in_one_call_is_the_python_placeholder():
+  """On the C core UOp.placeholder's common case is one C call (csrc/pyleaf.c) that does what the Python placeholder
+  does: the same uid numbering (one per call, on either path, so both cores name placeholders alike), arg, interning
+  (keyed, plain when named), node and handle; metadata inside a block; anything else the Python path's errors."""
+  from pygrad.intern import ARGS, argkey
+  if pygrad.core_name() == "c": assert type(UOp.placeholder).__name__ == "builtin_function_or_method"
+  calls = [((2, 3), {}), ([2, 3], {}), (7, {}), ((), {}), ((5, 0), {"name": "z"}), ((2, 3), {"dtype": dtypes.int8}),
+           ((4,), {"device": "CPU:1"}), ((2, 3), {"name": "w", "dtype": F32, "device": "CPU"})]
+  for shape, kw in calls + calls:  # the second round: every (shape, device) known, so the C call does it all
+    first = UOp.placeholder((1,))
+    a = UOp.placeholder(shape, **kw)
+    want = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+    assert a.arg == (first.arg[0] + 1, want, kw.get("device", "CPU"), kw.get("name"))
+    assert (a.op, a.shape, a.dtype, a.device) == (Ops.BUFFER, want, kw.get("dtype", F32), kw.get("device", "CPU"))
+    aid = pygrad.uop._core_info(a._id)[3]
+    assert ARGS.ids[argkey(a.arg)] == aid and ARGS.objs[aid] is a.arg and ARGS.keys[aid] == argkey(a.arg)
+    assert (a.arg in ARGS.plain) == ("name" in kw) and UOp(Ops.BUFFER, a.dtype, (), a.arg) is a
+  x = UOp.placeholder((2, 3), F32, "n", "CPU")  # all four positionally
+  assert x.arg[1:] == ((2, 3), "CPU", "n")
+  with pygrad.metadata("inputs"):
+    m = UOp.placeholder((2, 3))
+  assert [md.name for md in m.metadata] == ["inputs"] and not UOp.placeholder((2, 3)).metadata
+  for args, kw, err in [(((2,), F32, None, "CPU", 1), {}, TypeError), (((2,),), {"shape": (3,)}, TypeError),
+                        (((2,),), {"size": 3}, TypeError),
+                        (((2, 3),), {"device": b"CPU"}, TypeError), (((2, 3.0),), {}, TypeError),
+                        (((2, 3),), {"dtype": None}, TypeError), ((), {}, TypeError), (("23",), {}, TypeError)]:
+    with pytest.raises(err):
+      UOp.placeholder(*args, **kw)
+
+
+def test_placeholders_made_on_threads_are_distinct():
+  """Threads making and dropping placeholders at once (the interner's lock, its drains and reused slots taken from
+  C and from Python) get distinct nodes with consistent interning."""
+  from pygrad.intern import ARGS, argkey
+  kept: list = [[] for _ in range(4)]
+
+  def body(i: int) -> None:
+    for r in range(1500):
+      p = UOp.placeholder((3,), name=None if r % 3 else f"t{i}") if i % 2 else UOp.placeholder([3, 1])
+      if r % 5 == 0: kept[i].append(p)
+  run_on_threads(body, 4)
+  ps = [p for k in kept for p in k]
+  assert len({p.arg[0] for p in ps}) == len(ps) == 4 * 300 and len({id(p) for p in ps}) == len(ps)
+  for p in ps:
+    aid = pygrad.uop._core_info(p._id)[3]
+    assert ARGS.ids[argkey(p.arg)] == aid and ARGS.objs[aid] is p.arg
+
+
 def test_single_node_methods_are_the_generic_nodes():
   """The single-node methods' fast paths (uop.unary_method / binary_method: the core call and the handle's
   publication inline) give the node, and the one handle, that the generic constructor gives: fresh and existing
