@@ -26,7 +26,8 @@ def _one_thing_apart():
   e = (a * 2.0).sin()  # an expression: movements of it are pending views inside the reading kernel
   outs = [a.sin(), (a + 1.0).sin(), (a + 2.0).sin(), a.shrink(((1, 5), (0, 8))).sin(),
           a.shrink(((0, 4), (0, 8))).sin(), a.permute((1, 0)).sin(), a.pad(((1, 1), (0, 0))).sin(),
-          a.pad(((0, 2), (0, 0))).sin(), a - b * 4.0, a * 4.0 - b, a * b.reciprocal(), a * b, h.sin(), h.cast(F32).sin(),
+          a.pad(((0, 2), (0, 0))).sin(), a - b * 4.0, a * 4.0 - b, a * b.reciprocal(), a * b, h.sin(),
+          h.cast(F32).sin(),
           a.sum(0), a.sum(1), a.max(1), (a * a).sum(1), h.sum(1), a.reshape((8, 6)).sin(), (a * 3.0).sin(),
           e.flip(0) + 1.0, e.flip(1) + 1.0, e.permute((1, 0)).flip(0) + 1.0, e.shrink(((0, 3), (0, 8))) + 1.0,
           e.shrink(((3, 6), (0, 8))) + 1.0, (e.reshape((8, 6)) * b.reshape((8, 6))).exp2()]

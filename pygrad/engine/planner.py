@@ -379,8 +379,8 @@ def _make_knodes(g, kn_of, ent, srcs, keep, alu_e, ns, start, made) -> list[KNod
 
 
 class Planner:
-  """Plan a flattened graph: `kernels` (Loop and CallStep, in order; and lower.Part with a cache), `bufs`, `outputs` (per output a Buf or None
-  or a tuple), `inputs` (per input slot the UOp)."""
+  """Plan a flattened graph: `kernels` (Loop and CallStep, in order; and lower.Part with a cache), `bufs`, `outputs`
+  (per output a Buf or None or a tuple), `inputs` (per input slot the UOp)."""
 
   def __init__(self, nodes: list[PNode], shaped_outputs: list, inputs: list, cols: dict | None = None, cache=None):
     self.nodes, self.bufs, self.kernels, self.jobs, self.consts = nodes, [], [], [], {}
