@@ -33,7 +33,7 @@ class KernelCache:
   """Lowering with a per-program memo (see the module's doc). `hits`: kernels given an earlier kernel's words."""
 
   def __init__(self):
-    self.memo: dict = {}  # loop_key's keys -> (words, fused, stand-in positions), or None
+    self.memo: dict = {}  # loop_key's keys -> Template, or None (the VM cannot take it)
     self.wmemo: dict = {}  # walked_key's (another form of key: the two never mix)
     self.hits = 0
 
@@ -58,7 +58,7 @@ class KernelCache:
       memo[kt] = None
       return None
     (words, fused, _), = parts
-    hit = memo[kt] = (words, fused, [(i, w - _STANDIN) for i, w in enumerate(words) if w >= _STANDIN])
+    hit = memo[kt] = Template(words, fused)
     return _patched(hit, bufs)
 
   def walked(self, pl, walk: tuple, top, kshape, head: tuple, sbuf: Buf, sview: View) -> list:
@@ -71,7 +71,7 @@ class KernelCache:
     hit = self.wmemo.get(kt, _MISS)
     if hit is not _MISS and hit is not None:
       self.hits += 1
-      return _patched(hit, bufs)
+      return [Part(Words(hit, [bufs[j].id for j in hit.js]), hit.fused, bufs)]
     ent, srcs = walk[:2]
     if type(ent) is not list: ent, srcs = ent.tolist(), srcs.tolist()
     kn, top_kn = _knodes(pl, ent, srcs, lspecs, codes)
@@ -84,10 +84,64 @@ class KernelCache:
 def _patched(hit, bufs: list[Buf]) -> list[Part] | None:
   """A cached kernel's words with this kernel's buffer ids at the stand-ins' positions."""
   if hit is None: return None
-  words, fused, patches = hit
-  words = list(words)
-  for i, j in patches: words[i] = bufs[j].id
-  return [Part(words, fused, bufs)]
+  words = list(hit.words)
+  for i, j in zip(hit.at, hit.js): words[i] = bufs[j].id
+  return [Part(words, hit.fused, bufs)]
+
+
+class Template:
+  """A cached kernel's words over stand-in buffers: `at` the positions of the stand-ins, `js` their numbers (the
+  kernel's buffers in order of first use); `arr` the words as an array, for assemble."""
+  __slots__ = ("words", "fused", "at", "js", "arr", "pos")
+
+  def __init__(self, words: list[int], fused: bool):
+    self.words, self.fused = words, fused
+    self.at = [i for i, w in enumerate(words) if w >= _STANDIN]
+    self.js = [words[i] - _STANDIN for i in self.at]
+    self.arr, self.pos = np.array(words, np.int64), np.array(self.at, np.int64)
+
+
+class Words:
+  """One kernel's words as a cached template and the kernel's buffer ids at the stand-ins' positions: written when
+  the program is assembled (assemble), so a kernel given cached words copies none. `kind`: the VM kernel kind."""
+  __slots__ = ("tmpl", "ids")
+
+  def __init__(self, tmpl: Template, ids: list[int]):
+    self.tmpl, self.ids = tmpl, ids
+
+  @property
+  def kind(self) -> int: return self.tmpl.words[0]
+
+  def tolist(self) -> list[int]:
+    words = list(self.tmpl.words)
+    for i, b in zip(self.tmpl.at, self.ids): words[i] = b
+    return words
+
+
+def assemble(prefix: list[int], seg: list) -> np.ndarray:
+  """The int64 program of a segment: prefix, then each kernel's words (a list, or Words: its template's array with
+  the kernel's buffer ids written in, one scatter per template for all its kernels)."""
+  pieces, run, off = [], list(prefix), 0
+  groups: dict = {}  # id(template) -> (template, word offsets of its kernels, their buffer ids)
+  for w in seg:
+    if type(w) is Words:
+      if run:
+        pieces.append(np.array(run, np.int64))
+        off += len(run)
+        run = []
+      t = w.tmpl
+      g = groups.get(id(t))
+      if g is None: g = groups[id(t)] = (t, [], [])
+      g[1].append(off)
+      g[2].append(w.ids)
+      pieces.append(t.arr)
+      off += len(t.arr)
+    else: run += w
+  if run: pieces.append(np.array(run, np.int64))
+  code = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+  for t, offs, ids in groups.values():
+    if len(t.pos): code[(np.array(offs, np.int64)[:, None] + t.pos).ravel()] = np.array(ids, np.int64).ravel()
+  return code
 
 
 def loop_key(loop: Loop) -> tuple[tuple, list[Buf], dict]:
@@ -232,4 +286,4 @@ def _standin(loop: Loop, bufs: list[Buf], num: dict[int, int]) -> Loop:
   return Loop(loop.shape, [new[k] for k in loop.knodes], stores, loop.redop, loop.redaxes, loop.rdtype)
 
 
-__all__ = ["KernelCache", "CACHE_MAX_NODES", "loop_key", "walked_key"]
+__all__ = ["KernelCache", "CACHE_MAX_NODES", "loop_key", "walked_key", "Words", "assemble"]

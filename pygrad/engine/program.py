@@ -14,7 +14,7 @@ from ..ids import value
 from .flatten import LazyNodes, flatten
 from .planner import Planner, Loop, CallStep, Buf, compute_dtype
 from .lower import Part, VK_GEMM
-from .kcache import KernelCache
+from .kcache import KernelCache, Words, assemble
 from .npkernel import NumpyKernel
 from .fastcall import MISS, make_fast_call
 from .values import input_value, round_bfloat16, bindings, map_nested
@@ -210,22 +210,27 @@ class Program:
     slot_size = [self.arena_bytes, len(self._pool)] + [0] * (nin + len(self._out_bufs))
     table, self._slot_of = [], {}
     for b in pl.bufs:
-      slot = self._slot_of[b.id] = {"arena": 0, "const": 1, "input": 2 + b.index, "output": 2 + nin + b.index}[b.kind]
-      if b.kind in ("input", "output"): slot_size[slot] = b.nbytes
+      kind = b.kind
+      if kind == "arena": slot = 0
+      elif kind == "const": slot = 1
+      else:
+        slot = 2 + b.index if kind == "input" else 2 + nin + b.index
+        slot_size[slot] = b.nbytes
+      self._slot_of[b.id] = slot
       table += [slot, b.offset, b.nbytes]
     head = [_MAGIC, _VERSION, self._nslots, len(pl.bufs)]
     self._slot_sizes = slot_size
     self._steps, seg, nk, nfused, ngemm = [], [], 0, 0, 0
     for k in steps + [None]:
       if isinstance(k, Part):
-        seg.append(k.words)
-        nk, nfused, ngemm = nk + 1, nfused + k.fused, ngemm + (k.words[0] == VK_GEMM)
+        w = k.words
+        seg.append(w)
+        nk, nfused, ngemm = nk + 1, nfused + k.fused, ngemm + ((w.kind if type(w) is Words else w[0]) == VK_GEMM)
         continue
       if seg:
-        words = head + [len(seg)] + slot_size + table
-        for w in seg: words += w
-        self._steps.append(vmlib.prepare(words))
-        if keep_words: self._words = words  # the last segment's program, for tests of the C validator
+        code = assemble(head + [len(seg)] + slot_size + table, seg)  # (cached kernels' words patched in there)
+        self._steps.append(vmlib.prepare(code))
+        if keep_words: self._words = code.tolist()  # the last segment's program, for tests of the C validator
         seg = []
       if k is not None: self._steps.append(k)
     self.stats = {"kernels": nk, "fused_groups": nfused, "peak_bytes": self.arena_bytes, "contractions": ngemm,
