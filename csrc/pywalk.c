@@ -9,28 +9,40 @@
 #include <stdlib.h>
 
 /* cfg: (live, memo, targets, rows, puts, mdd, tsh, shapes, plain, smove, alu, dti, cmp, weak, param, reshape,
-   permute, ints, shn, node, meta, vsrc, mdata, md1, dt, where)
+   permute, ints, shn, node, meta, vsrc, mdata, md1, dt, where, reduce, buffer, rop, paramarg, leaf)
    live: dict node -> whether it is on a path to a target (every node visited); memo: dict node -> its row; targets:
    a set, or None (every node is converted); rows, puts: lists the rows and (row, node) pairs are appended to; mdd:
    dict row -> metadata; tsh: dict node -> its shape; shapes: dict shape or axes -> the one object of it; plain,
    smove: sets of ops whose value sources are all sources, the first source; alu: dict op -> the row's op; dti: dict
    dtype -> the row's dtype; cmp: set of ops whose result is bool; weak: set of weak dtypes; param, reshape, permute:
-   those ops; ints: (RESHAPE, PERMUTE, bool dtype, EXPAND, broadcast tag) of the rows; shn: the name of the node's
+   those ops; ints: (RESHAPE, PERMUTE, bool dtype, EXPAND, broadcast tag, REDUCE_AXIS, BUFFER, reduce tag) of the
+   rows; shn: the name of the node's
    cached shape in its __dict__; node(u, vs) -> row or None: the Python walk's making of u; meta(row, md): its
    metadata step; vsrc(u): the value sources of a node of another op; mdata: dict weakref(node) -> metadata tuple,
    or None; md1: dict (name, backward) -> the metadata of a 1-tuple; dt: dict dtype -> pygrad dtype (a weak operand
    converted in the dtype of its op, or of its typed operands for a comparison or WHERE, is memo's (operand, that
-   dtype)); where: the op whose first source is its condition. */
+   dtype)); where: the op whose first source is its condition; reduce, buffer: those ops; rop: dict reduce op -> the
+   row's (missing: the same); paramarg: the class of a buffer's arg that names it; leaf: a set of the ops with no
+   value sources (vsrc is not called for them). */
 enum { W_LIVE, W_MEMO, W_TARGETS, W_ROWS, W_PUTS, W_MDD, W_TSH, W_SHAPES, W_PLAIN, W_SMOVE, W_ALU, W_DTI, W_CMP,
        W_WEAK, W_PARAM, W_RESHAPE, W_PERMUTE, W_INTS, W_SHN, W_NODE, W_META, W_VSRC, W_MDATA, W_MD1, W_DT, W_WHERE,
-       W_N };
+       W_REDUCE, W_BUFFER, W_ROP, W_PARAMARG, W_LEAF, W_N };
+
+/* the metadata dict's entries keyed by their nodes themselves, made once the walk has met an eighth as many nodes
+   as the dict has entries (so it costs at most what it saves): a lookup by weak reference compares the references'
+   nodes with their class's Python-level __eq__ (~1,200 instructions), a lookup by node finds it by identity */
+typedef struct {
+  PyObject *ix;  /* owned; NULL until made */
+  Py_ssize_t met;  /* nodes whose metadata was looked up */
+} mdix_t;
 
 typedef struct {
   PyObject *f[W_N];
-  PyObject *r_reshape, *r_permute, *r_bool, *r_expand, *r_btag;
+  mdix_t *mx;
+  PyObject *r_reshape, *r_permute, *r_bool, *r_expand, *r_btag, *r_reduce, *r_buffer, *r_rtag;
 } walk_t;
 
-static PyObject *s_op, *s_src, *s_dtype, *s_arg, *s_dict, *s_name, *s_backward;
+static PyObject *s_op, *s_src, *s_dtype, *s_arg, *s_dict, *s_name, *s_backward, *s_device, *s_vmin_vmax;
 
 static int bad(const char *what) {
   PyErr_Format(PyExc_TypeError, "pygrad C core: foreign walk: %s", what);
@@ -38,11 +50,12 @@ static int bad(const char *what) {
 }
 
 static int intern_names(void) {
-  if (s_backward) return 0;
+  if (s_vmin_vmax) return 0;
   if (!(s_op = PyUnicode_InternFromString("op")) || !(s_src = PyUnicode_InternFromString("src")) ||
       !(s_dtype = PyUnicode_InternFromString("dtype")) || !(s_arg = PyUnicode_InternFromString("arg")) ||
       !(s_dict = PyUnicode_InternFromString("__dict__")) || !(s_name = PyUnicode_InternFromString("name")) ||
-      !(s_backward = PyUnicode_InternFromString("backward")))
+      !(s_backward = PyUnicode_InternFromString("backward")) || !(s_device = PyUnicode_InternFromString("device")) ||
+      !(s_vmin_vmax = PyUnicode_InternFromString("vmin_vmax")))
     return -1;
   return 0;
 }
@@ -50,25 +63,29 @@ static int intern_names(void) {
 static int read_cfg(PyObject *t, walk_t *w) {
   int i;
   PyObject *ints;
-  if (!PyTuple_Check(t) || PyTuple_Size(t) != W_N) return bad("the configuration is no tuple of 26");
+  if (!PyTuple_Check(t) || PyTuple_Size(t) != W_N) return bad("the configuration is no tuple of 31");
   for (i = 0; i < W_N; i++) w->f[i] = PyTuple_GetItem(t, i);
   if (!PyDict_Check(w->f[W_LIVE]) || !PyDict_Check(w->f[W_MEMO]) || !PyDict_Check(w->f[W_MDD]) ||
       !PyDict_Check(w->f[W_TSH]) || !PyDict_Check(w->f[W_SHAPES]) || !PyDict_Check(w->f[W_ALU]) ||
-      !PyDict_Check(w->f[W_DTI]) || !PyDict_Check(w->f[W_MD1]) || !PyDict_Check(w->f[W_DT]))
-    return bad("live, memo, mdd, tsh, shapes, alu, dti, md1 and dt must be dicts");
+      !PyDict_Check(w->f[W_DTI]) || !PyDict_Check(w->f[W_MD1]) || !PyDict_Check(w->f[W_DT]) ||
+      !PyDict_Check(w->f[W_ROP]))
+    return bad("live, memo, mdd, tsh, shapes, alu, dti, md1, dt and rop must be dicts");
+  if (!PyType_Check(w->f[W_PARAMARG])) return bad("paramarg must be a class");
   if (w->f[W_MDATA] != Py_None && !PyDict_Check(w->f[W_MDATA])) return bad("mdata must be a dict or None");
   if (!PyList_Check(w->f[W_ROWS]) || !PyList_Check(w->f[W_PUTS])) return bad("rows and puts must be lists");
   if (!PyAnySet_Check(w->f[W_PLAIN]) || !PyAnySet_Check(w->f[W_SMOVE]) || !PyAnySet_Check(w->f[W_CMP]) ||
-      !PyAnySet_Check(w->f[W_WEAK]) || (w->f[W_TARGETS] != Py_None && !PyAnySet_Check(w->f[W_TARGETS])))
-    return bad("plain, smove, cmp, weak and targets must be sets");
+      !PyAnySet_Check(w->f[W_WEAK]) || !PyAnySet_Check(w->f[W_LEAF]) ||
+      (w->f[W_TARGETS] != Py_None && !PyAnySet_Check(w->f[W_TARGETS])))
+    return bad("plain, smove, cmp, weak, leaf and targets must be sets");
   if (!PyCallable_Check(w->f[W_NODE]) || !PyCallable_Check(w->f[W_META]) || !PyCallable_Check(w->f[W_VSRC]))
     return bad("node, meta and vsrc must be callables");
   if (!PyUnicode_Check(w->f[W_SHN])) return bad("shn must be a str");
   ints = w->f[W_INTS];
-  if (!PyTuple_Check(ints) || PyTuple_Size(ints) != 5) return bad("ints must be a tuple of 5");
+  if (!PyTuple_Check(ints) || PyTuple_Size(ints) != 8) return bad("ints must be a tuple of 8");
   w->r_reshape = PyTuple_GetItem(ints, 0), w->r_permute = PyTuple_GetItem(ints, 1);
   w->r_bool = PyTuple_GetItem(ints, 2);
   w->r_expand = PyTuple_GetItem(ints, 3), w->r_btag = PyTuple_GetItem(ints, 4);
+  w->r_reduce = PyTuple_GetItem(ints, 5), w->r_buffer = PyTuple_GetItem(ints, 6), w->r_rtag = PyTuple_GetItem(ints, 7);
   return 0;
 }
 
@@ -95,6 +112,104 @@ static PyObject *append(const walk_t *w, PyObject *row) {
   r = PyList_Append(w->f[W_ROWS], row);
   Py_DECREF(row);
   return r < 0 ? NULL : PyLong_FromSsize_t(PyList_Size(w->f[W_ROWS]) - 1);
+}
+
+static int put_meta(const walk_t *w, PyObject *u, PyObject *ri);
+
+/* u's static shape as the one object of it in the shapes dict (borrowed), as the Python walk's _shape gives it:
+   NULL with no exception set if Python works it out (none cached, or not a tuple of ints), NULL with one set */
+static PyObject *canon_shape(const walk_t *w, PyObject *u) {
+  PyObject *sh = cached_shape(w, u, 0), *got;
+  Py_ssize_t i;
+  if (!sh || sh == Py_None) return NULL;
+  if ((got = PyDict_GetItemWithError(w->f[W_SHAPES], sh)) != NULL || PyErr_Occurred()) return got;
+  if (!PyTuple_CheckExact(sh)) return NULL;
+  for (i = 0; i < PyTuple_Size(sh); i++)
+    if (!PyLong_CheckExact(PyTuple_GetItem(sh, i))) return NULL;
+  return PyDict_SetItem(w->f[W_SHAPES], sh, sh) < 0 ? NULL : sh;  /* the dict holds it */
+}
+
+/* the row (a new reference to its 5-tuple) of an opaque BUFFER standing for u (typed, dtype dt), as the Python
+   walk's _opaque_buffer makes it: arg (u, shape, device, name), name the arg's if u is a BUFFER whose arg is a
+   paramarg. own: u is a BUFFER the walk converts itself (Python's _other: a paramarg with vmin_vmax is left to
+   Python, which may make it a variable). Py_None (a new reference) if Python makes it, NULL with an exception set */
+static PyObject *opaque_row(const walk_t *w, PyObject *u, PyObject *op, PyObject *dt, int own) {
+  PyObject *d, *sh, *dev, *name = Py_None, *arg, *row = NULL;
+  int r;
+  if (!(d = PyDict_GetItemWithError(w->f[W_DTI], dt)) || !(sh = canon_shape(w, u))) {
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+  }
+  Py_INCREF(name);
+  if (op == w->f[W_BUFFER]) {
+    PyObject *a = PyObject_GetAttr(u, s_arg);
+    if (!a || (r = PyObject_IsInstance(a, w->f[W_PARAMARG])) < 0) {
+      Py_XDECREF(a);
+      goto out;
+    }
+    if (r && own) {
+      PyObject *vm = PyObject_GetAttr(a, s_vmin_vmax);
+      int var = vm && vm != Py_None;
+      Py_XDECREF(vm);
+      if (!vm || var) {
+        Py_DECREF(a);
+        if (vm) row = Py_None, Py_INCREF(row);
+        goto out;
+      }
+    }
+    if (r) {
+      Py_DECREF(name);
+      name = PyObject_GetAttr(a, s_name);
+    }
+    Py_DECREF(a);
+    if (!name) return NULL;
+  }
+  if (!(dev = PyObject_GetAttr(u, s_device))) goto out;
+  if (PyUnicode_CheckExact(dev)) {  /* any other device: Python raises its ValueError */
+    if ((arg = PyTuple_Pack(4, u, sh, dev, name)) != NULL) {
+      PyObject *src = PyTuple_New(0);
+      row = src ? PyTuple_Pack(5, w->r_buffer, d, src, arg, Py_None) : NULL;
+      Py_XDECREF(src);
+      Py_DECREF(arg);
+    }
+  } else row = Py_None, Py_INCREF(row);
+  Py_DECREF(dev);
+out:
+  Py_XDECREF(name);
+  return row;
+}
+
+/* the row of source s (borrowed from memo). A typed source with a device that the walk did not convert (it lies
+   on no target path) gets an opaque BUFFER row, its memo entry, its (row, node) pair and metadata, as the Python
+   walk's _get makes them. NULL with no exception set if Python makes it, NULL with one set */
+static PyObject *src_row(const walk_t *w, PyObject *s) {
+  PyObject *x = PyDict_GetItemWithError(w->f[W_MEMO], s), *sd, *op = NULL, *dev, *row = NULL, *ri, *pair;
+  int r;
+  if (x || PyErr_Occurred()) return x;
+  if (!PyDict_GetItemWithError(w->f[W_LIVE], s)) return NULL;  /* not visited: Python walks it */
+  if (!(sd = PyObject_GetAttr(s, s_dtype))) return NULL;
+  if ((r = PySet_Contains(w->f[W_WEAK], sd)) != 0) goto out;  /* a weak one is converted in its user's dtype */
+  if (!(dev = PyObject_GetAttr(s, s_device))) goto out;
+  r = dev == Py_None;
+  Py_DECREF(dev);
+  if (r) goto out;  /* no device: converted node by node (Python's _structural) */
+  if (!(op = PyObject_GetAttr(s, s_op)) || !(row = opaque_row(w, s, op, sd, 0)) || row == Py_None) goto out;
+  if (!(ri = append(w, row))) {
+    row = NULL;
+    goto out;
+  }
+  row = NULL;  /* append took it */
+  if (PyDict_SetItem(w->f[W_MEMO], s, ri) == 0 && (pair = PyTuple_Pack(2, ri, s)) != NULL) {
+    r = PyList_Append(w->f[W_PUTS], pair);
+    Py_DECREF(pair);
+    if (r == 0 && put_meta(w, s, ri) == 0) x = PyDict_GetItemWithError(w->f[W_MEMO], s);
+  }
+  Py_DECREF(ri);
+out:
+  Py_DECREF(sd);
+  Py_XDECREF(op);
+  Py_XDECREF(row);
+  return x;
 }
 
 /* row x (its dtype that of its table row), of shape ss, made explicit at `shape` as the Python walk's _bcast does:
@@ -172,6 +287,53 @@ static PyObject *operand_want(const walk_t *w, PyObject *op, PyObject *dt, PyObj
   return got ? got : PyErr_Occurred() ? NULL : Py_None;
 }
 
+/* the rows of a reduce u (value sources vs) as the Python walk's _one makes them: REDUCE_AXIS over the leading n
+   axes (axes kept) and a RESHAPE dropping them, both tagged. The first row is appended here; the second is returned
+   (a new reference to its 5-tuple) for the caller to append. Py_None (a new reference) if Python makes them (an arg
+   that is no (op, n) pair with 0 < n <= 64, a source not converted, no static shape), NULL with an exception set */
+static PyObject *reduce_rows(const walk_t *w, PyObject *u, PyObject *vs) {
+  PyObject *a, *rop, *n, *sh, *x, *xrow, *rng = NULL, *key = NULL, *arg, *src = NULL, *ri = NULL, *row = NULL;
+  long k, i;
+  if (!(a = PyObject_GetAttr(u, s_arg))) return NULL;
+  k = PyTuple_CheckExact(a) && PyTuple_Size(a) == 2 && PyLong_CheckExact(n = PyTuple_GetItem(a, 1))
+      ? PyLong_AsLong(n) : -1;
+  if (k == -1 && PyErr_Occurred()) PyErr_Clear();
+  if (k < 1 || k > 64 || PyTuple_Size(vs) != 1 || !(sh = canon_shape(w, u))) goto out;
+  if (!(x = src_row(w, PyTuple_GetItem(vs, 0)))) goto out;
+  if (!PyLong_Check(x) || !(xrow = PyList_GetItem(w->f[W_ROWS], PyLong_AsSsize_t(x))) || !PyTuple_Check(xrow) ||
+      PyTuple_Size(xrow) != 5) {
+    bad("a source's row is no tuple of 5");
+    goto out;
+  }
+  rop = PyDict_GetItemWithError(w->f[W_ROP], PyTuple_GetItem(a, 0));
+  if (!rop && PyErr_Occurred()) goto out;
+  if (!(rng = PyTuple_New(k))) goto out;
+  for (i = 0; i < k; i++) {
+    PyObject *v = PyLong_FromLong(i);
+    if (!v) goto out;
+    PyTuple_SetItem(rng, i, v);
+  }
+  if (!(key = PyTuple_Pack(2, rop ? rop : PyTuple_GetItem(a, 0), rng))) goto out;
+  if (!(arg = PyDict_GetItemWithError(w->f[W_SHAPES], key))) {  /* one object per distinct arg, as _canon */
+    if (PyErr_Occurred() || PyDict_SetItem(w->f[W_SHAPES], key, key) < 0) goto out;
+    arg = key;
+  }
+  if (!(src = PyTuple_Pack(1, x)) ||
+      !(ri = append(w, PyTuple_Pack(5, w->r_reduce, PyTuple_GetItem(xrow, 1), src, arg, w->r_rtag))))
+    goto out;
+  Py_CLEAR(src);
+  if ((src = PyTuple_Pack(1, ri)) != NULL)
+    row = PyTuple_Pack(5, w->r_reshape, PyTuple_GetItem(xrow, 1), src, sh, w->r_rtag);
+out:
+  Py_DECREF(a);
+  Py_XDECREF(rng);
+  Py_XDECREF(key);
+  Py_XDECREF(src);
+  Py_XDECREF(ri);
+  if (!row && !PyErr_Occurred()) Py_RETURN_NONE;
+  return row;
+}
+
 /* the row of u (an int, new reference) made inline, Py_None (new reference) if u is not a usual node (the Python
    callback makes it), NULL with an exception set */
 static PyObject *inline_row(const walk_t *w, PyObject *u, PyObject *op, PyObject *dt, PyObject *vs) {
@@ -220,27 +382,34 @@ static PyObject *inline_row(const walk_t *w, PyObject *u, PyObject *op, PyObject
     PyObject *x, *xrow, *arg, *sdt;
     if (!PyDict_GetItemWithError(w->f[W_DTI], dt)) goto none_or_fail;
     if (!PyTuple_Check(vs) || PyTuple_Size(vs) < 1) goto none;
-    if (!(x = PyDict_GetItemWithError(w->f[W_MEMO], PyTuple_GetItem(vs, 0)))) goto none_or_fail;
+    if (!(x = src_row(w, PyTuple_GetItem(vs, 0)))) goto none_or_fail;
     if (!PyLong_Check(x) || !(xrow = PyList_GetItem(w->f[W_ROWS], PyLong_AsSsize_t(x)))) {
       PyErr_Clear();
       goto none;
     }
     if (!PyTuple_Check(xrow) || PyTuple_Size(xrow) != 5) goto none;
     sdt = PyTuple_GetItem(xrow, 1);
-    if (op == w->f[W_RESHAPE]) {
-      PyObject *sh = cached_shape(w, u, 0);
-      if (!sh || sh == Py_None) goto none_or_fail;
-      arg = PyDict_GetItemWithError(w->f[W_SHAPES], sh);
-    } else {
+    if (op == w->f[W_RESHAPE]) arg = canon_shape(w, u);
+    else {
       PyObject *ua = PyObject_GetAttr(u, s_arg);
       if (!ua) return NULL;
-      arg = PyTuple_Check(ua) ? PyDict_GetItemWithError(w->f[W_SHAPES], ua) : NULL;
-      Py_DECREF(ua);  /* arg, if found, is the shapes dict's own object */
+      arg = PyTuple_CheckExact(ua) ? PyDict_GetItemWithError(w->f[W_SHAPES], ua) : NULL;
+      if (!arg && !PyErr_Occurred() && PyTuple_CheckExact(ua))  /* the first of its kind: it is the one (_canon) */
+        arg = PyDict_SetItem(w->f[W_SHAPES], ua, ua) < 0 ? NULL : ua;
+      Py_DECREF(ua);  /* arg, if any, is the shapes dict's own object */
     }
     if (!arg) goto none_or_fail;
     if (!(srcs = PyTuple_Pack(1, x))) return NULL;
     row = PyTuple_Pack(5, op == w->f[W_RESHAPE] ? w->r_reshape : w->r_permute, sdt, srcs, arg, Py_None);
+  } else if (op == w->f[W_REDUCE]) {
+    if (!(row = reduce_rows(w, u, vs))) return NULL;
+  } else if (op == w->f[W_BUFFER]) {
+    if (!(row = opaque_row(w, u, op, dt, 1))) return NULL;
   } else goto none;
+  if (row == Py_None) {
+    Py_XDECREF(srcs);
+    return row;  /* Python makes it */
+  }
   Py_CLEAR(srcs);
   if (!row) return NULL;
   r = PyList_Append(w->f[W_ROWS], row);
@@ -262,18 +431,45 @@ fail:
   return NULL;
 }
 
+/* the metadata index of mdix_t (a snapshot: nothing the walk calls sets metadata). 0, or -1 with an exception set */
+static int mdix_make(const walk_t *w) {
+  PyObject *ix = PyDict_New(), *k, *v, *o;
+  Py_ssize_t pos = 0;
+  if (!ix) return -1;
+  while (PyDict_Next(w->f[W_MDATA], &pos, &k, &v)) {
+    if (!PyCallable_Check(k)) continue;  /* not a weak reference: no node's entry */
+    if (!(o = PyObject_CallNoArgs(k))) {
+      Py_DECREF(ix);
+      return -1;
+    }
+    if (o != Py_None && PyDict_SetItem(ix, o, v) < 0) {
+      Py_DECREF(o);
+      Py_DECREF(ix);
+      return -1;
+    }
+    Py_DECREF(o);
+  }
+  w->mx->ix = ix;
+  return 0;
+}
+
 /* u's metadata onto row ri, as the Python walk does: the usual 1-tuple whose pygrad form is known, onto a row with
    none yet, here; anything else through the callback. 0, or -1 with an exception set */
 static int put_meta(const walk_t *w, PyObject *u, PyObject *ri) {
   PyObject *ref, *md, *m0, *nm = NULL, *bw = NULL, *key = NULL, *m, *res;
   int r;
   if (w->f[W_MDATA] == Py_None) return 0;
-  if (!(ref = PyWeakref_NewRef(u, NULL))) {
-    PyErr_Clear();  /* not weakly referable: it has no metadata */
-    return 0;
+  if (!w->mx->ix && ++w->mx->met >= 64 && w->mx->met * 8 >= PyDict_Size(w->f[W_MDATA]) && mdix_make(w) < 0)
+    return -1;
+  if (w->mx->ix) md = PyDict_GetItemWithError(w->mx->ix, u);
+  else {
+    if (!(ref = PyWeakref_NewRef(u, NULL))) {
+      PyErr_Clear();  /* not weakly referable: it has no metadata */
+      return 0;
+    }
+    md = PyDict_GetItemWithError(w->f[W_MDATA], ref);
+    Py_DECREF(ref);
   }
-  md = PyDict_GetItemWithError(w->f[W_MDATA], ref);
-  Py_DECREF(ref);
   if (!md) return PyErr_Occurred() ? -1 : 0;
   if ((r = PyObject_IsTrue(md)) <= 0) return r;
   Py_INCREF(md);
@@ -317,7 +513,8 @@ static PyObject *value_srcs(const walk_t *w, PyObject *u, PyObject *op) {
     vs = PyTuple_Check(src) ? PyTuple_GetSlice(src, 0, 1) : NULL;
     Py_DECREF(src);
     if (!vs && !PyErr_Occurred()) bad("a node's src is no tuple");
-  } else vs = PyObject_CallFunctionObjArgs(w->f[W_VSRC], u, NULL);
+  } else if ((r = PySet_Contains(w->f[W_LEAF], op)) != 0) vs = r < 0 ? NULL : PyTuple_New(0);
+  else vs = PyObject_CallFunctionObjArgs(w->f[W_VSRC], u, NULL);
   if (vs && !PyTuple_Check(vs)) {
     Py_DECREF(vs);
     bad("value sources must be a tuple");
@@ -388,12 +585,14 @@ typedef struct {
 /* walk(cfg, root): the walk from root; None, or an exception */
 static PyObject *foreign_walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   walk_t w;
+  mdix_t mx = {NULL, 0};
   frame *st = NULL, *grown;
   size_t n = 0, cap = 0;
   PyObject *ret = NULL;
   (void)self;
   if (nargs != 2) return PyErr_Format(PyExc_TypeError, "pygrad C core: foreign walk takes 2 arguments");
   if (intern_names() < 0 || read_cfg(args[0], &w) < 0) return NULL;
+  w.mx = &mx;
   cap = 64;
   if (!(st = malloc(cap * sizeof *st))) return PyErr_NoMemory();
   Py_INCREF(args[1]);
@@ -454,6 +653,7 @@ done:
     Py_XDECREF(st[n].vs);
   }
   free(st);
+  Py_XDECREF(mx.ix);
   return ret;
 }
 

@@ -433,6 +433,36 @@ def test_c_walk_of_the_way_in_converts_what_python_converts(model):
   assert calls
 
 
+def test_c_walk_makes_reduces_buffers_and_opaque_sources_itself():
+  """The C walk makes the rows of REDUCE and BUFFER nodes, and the opaque BUFFER of a source off every target path
+  (a target itself), without the Python walk's per-node code; the result is the Python walk's (variables, whose
+  BUFFER is a DEFINE_VAR, and weak constants go to Python)."""
+  import pygrad.interop.tinygrad_in as pin
+  fast = pin._FWALK[0]
+  if fast is None: pytest.skip("the pure-Python core has no C walk")
+  root, rg, targets = _bench_graph("W1", 4)
+  ops = []
+  node = pin._In._node
+  try:
+    pin._In._node = lambda self, u, vs: ops.append(u.op) or node(self, u, vs)
+    pt.from_tinygrad(root)
+    pt.convert_in(root, rg, targets)
+  finally:
+    pin._In._node = node
+  assert not {TOps.REDUCE, TOps.BUFFER, TOps.RESHAPE} & set(ops), ops
+  v = TUOp.variable("v", -3.0, 3.0, dtype=tdtypes.float)
+  x = Tensor.empty(2, 3, device=DEV)
+  y = ((x * Tensor(v)).sum(axis=1) + x.max(axis=1)).uop
+  try:
+    c = pt.from_tinygrad(y)
+    pin._FWALK[0] = None
+    py = pt.from_tinygrad(y)
+  finally:
+    pin._FWALK[0] = fast
+  assert c is py and any(u.op is Ops.DEFINE_VAR for u in c.toposort())
+  assert sum(u.op is Ops.REDUCE_AXIS for u in c.toposort()) == 2
+
+
 def test_c_walk_of_the_way_in_checks_its_arguments():
   """Bad arguments to the C walk are Python exceptions, never a crash."""
   import pygrad.interop.tinygrad_in as pin
@@ -444,7 +474,7 @@ def test_c_walk_of_the_way_in_checks_its_arguments():
   good = cin._wcfg
   with pytest.raises(TypeError): f(good)
   with pytest.raises(TypeError): f(good[:-1], x)
-  ops = {good.index(o) for o in (TOps.PARAM, TOps.RESHAPE, TOps.PERMUTE, TOps.WHERE)}  # compared by identity only
+  ops = {good.index(o) for o in (TOps.PARAM, TOps.RESHAPE, TOps.PERMUTE, TOps.WHERE, TOps.REDUCE, TOps.BUFFER)}
   for i in range(len(good)):  # each other entry of the wrong kind
     if good[i] is None or i in ops: continue
     with pytest.raises(TypeError): f(good[:i] + (1,) + good[i + 1:], x * 2.0)

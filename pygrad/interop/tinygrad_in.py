@@ -18,6 +18,7 @@ _SHN = "_RECURSIVE_PROPERTY__shape"  # where tinygrad caches a node's _shape (re
 # ops whose sources are all values (the rest: _value_srcs)
 _PLAIN = frozenset(_ALU_I) | frozenset(_SAME_I) | {TOps.REDUCE, TOps.CAST, TOps.BITCAST, TOps.PERMUTE, TOps.FLIP}
 _WEAK_SET = frozenset(_WEAK)
+_LEAF = frozenset({TOps.BUFFER, TOps.PARAM, TOps.CONST})  # no value sources (as _value_srcs says)
 _FWALK = [CORE.foreign_walk]  # the C core's walk (csrc/pywalk.c); None: the pure-Python core (tests swap it)
 
 
@@ -157,8 +158,9 @@ class _In:
       if self._wcfg is None:
         self._wcfg = (self.live, self.memo, self.targets, self.rows, self.puts, self.md, self.tsh, self.shapes,
                       _PLAIN, _SHAPED_MOVE, _ALU_I, _DTI, _CMP, _WEAK_SET, TOps.PARAM, TOps.RESHAPE, TOps.PERMUTE,
-                      (_RESHAPE, _PERMUTE, _BOOL, _EXPANDOP, _BCAST), _SHN, self._node, self._meta, _value_srcs,
-                      _tg_metadata.data if self.mdon else None, _MD_IN1, _DT, TOps.WHERE)
+                      (_RESHAPE, _PERMUTE, _BOOL, _EXPANDOP, _BCAST, _REDUCEOP, _BUFFER, _REDUCE), _SHN, self._node,
+                      self._meta, _value_srcs, _tg_metadata.data if self.mdon else None, _MD_IN1, _DT, TOps.WHERE,
+                      TOps.REDUCE, TOps.BUFFER, _ROP, ParamArg, _LEAF)
       _FWALK[0](self._wcfg, root)
       return
     live, memo, targets, known, node, meta = self.live, self.memo, self.targets, self.known, self._node, self._meta
