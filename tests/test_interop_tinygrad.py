@@ -177,6 +177,41 @@ def test_gradients_agree_with_tinygrads_own(model, own_engine):
       np.testing.assert_allclose(v, w, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("model", MODELS, ids=lambda f: f.__name__)
+def test_gradient_reshape_chains_are_folded_value_for_value(model, monkeypatch):
+  """The way out folds a gradient's reshape chains (a reshape of a reshape made there is one reshape, none if the
+  shapes agree; a permute of a reduce is a permute of the reduce without its size-1 axes): the same values, bit for
+  bit, from fewer tinygrad nodes, and no reshape of a reshape among the nodes it made."""
+  from pygrad.interop.tinygrad_out import _Out
+  root, params = model()
+  fwd = set(root.uop.toposort())
+
+  def grads(fold):
+    init = _Out.__init__
+    if not fold: monkeypatch.setattr(_Out, "__init__", lambda self, known=None: (init(self, known),
+                                                                                  setattr(self, "fold", False))[0])
+    try:
+      with pt.installed(): return root.gradient(*params)
+    finally:
+      monkeypatch.setattr(_Out, "__init__", init)
+
+  folded, plain = grads(True), grads(False)
+  made = lambda gs: [u for u in TUOp.sink(*[g.uop for g in gs]).toposort() if u not in fwd]  # noqa: E731
+  assert len(made(folded)) <= len(made(plain))
+  assert not [u for u in made(folded) if u.op is TOps.RESHAPE and u.src[0].op is TOps.RESHAPE and u.src[0] not in fwd]
+  assert not [u for u in made(folded) if u.op is TOps.RESHAPE and u.src[0].shape == u.shape]
+  for f, p in zip(folded, plain): assert np.array_equal(f.numpy(), p.numpy())
+
+
+def test_gradient_reshape_chains_fold_on_the_bench_chain():
+  """On W1 the fold drops 4 of the 51 tinygrad nodes per layer (the reshape pairs around the matmul's gradient)."""
+  root, rg, targets = _bench_graph("W1", 3)
+  fwd = set(root.toposort())
+  g = pt.compute_gradient(root, rg, targets)
+  made = [u for u in TUOp.sink(*[g[t] for t in targets]).toposort() if u not in fwd]
+  assert not [u for u in made if u.op is TOps.RESHAPE]
+
+
 def test_compute_gradient_signature_and_types():
   x = TUOp.variable("x", -10.0, 10.0, dtype=tdtypes.float)
   y = TUOp.variable("y", -10.0, 10.0, dtype=tdtypes.float)

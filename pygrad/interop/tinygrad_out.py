@@ -23,9 +23,14 @@ class _Out:
 
   def __init__(self, known=None):
     self.known: dict = known if known is not None else {}
+    # a gradient's reshape chains are folded (made on demand, of the first node below that is no reshape made here;
+    # none if the shapes agree): not in a fresh conversion, which gives back tinygrad's own nodes, chains included
+    self.fold = known is not None
     self.shapes: dict = {}  # static shape -> tinygrad's shape operand
     self.consts: dict = {}  # (dtype id, arg id) -> tinygrad CONST
-    self.reduced: dict = {}  # REDUCE_AXIS row -> (tinygrad REDUCE, its shape, the keepdim shape)
+    # REDUCE_AXIS row (or a PERMUTE of one) -> (its tinygrad node without the reduced axes, that node's shape, the
+    # row's shape, the row's axes the node lacks: all of size 1)
+    self.reduced: dict = {}
     self.mk = _tmake_for()  # tinygrad's UOp(op, dtype, src, arg), hash-consed
     self.rshape: dict = {}  # row -> its shape (read from the core once)
     self.plans: dict = {}  # (shape, axes or shape) -> how a REDUCE_AXIS or EXPAND of that shape is made
@@ -47,7 +52,8 @@ class _Out:
     idl, opl, dtl, tagl, pdl, objs = self.ids, self.op, self.dt, self.tag, pdata.tolist(), _args_objs
     md = _pg_uop._md_count and pdata.any()
     mdata, mdrm, mds = _tg_metadata.data, _tg_metadata._remove, {}  # the WeakKeyDictionary's own dict (see below)
-    one, lazy, mk, talu, tdt, weak = self._one, self._lazy, self.mk, _TALU_I, _TDT_I, _WEAK
+    one, lazy, mk, talu, tdt, weak, fold, reduced = self._one, self._lazy, self.mk, _TALU_I, _TDT_I, _WEAK, self.fold, \
+      self.reduced
     # tinygrad's hash-consed creation inline for the ALU ops (see _tmake_for), unless its checked constructor is in use
     direct = mk is not _tmake_checked
     ucache, new, ref = UOpMetaClass.ucache, type.__call__, weakref.ref
@@ -114,6 +120,9 @@ class _Out:
           continue
         if o == _REDUCEOP and tg is None:  # its keepdim reshape is made only if a user needs it (see _reshaped)
           t = self._reduce(i)
+        elif o == _PERMUTE and tg is None and (got := reduced.get(srcl[stl[i]])) is not None:
+          t = self._permuted(i, got)  # likewise
+        elif fold and o == _RESHAPE and tg is None: continue  # made on demand (see _reshaped)
         else: t = out[i] = one(i, o, tg)
       # all_metadata[t] = ... unless t has some, as tinygrad's WeakKeyDictionary would set it, minus its Python frames
       if md and (p := pdl[i]) and (fresh or _wref(t) not in mdata):
@@ -145,8 +154,9 @@ class _Out:
   def _lazy(self, i: int) -> TUOp:
     """The tinygrad node of a helper row asked for on its own (bounded: helpers sit at most two deep), or of a
     REDUCE_AXIS whose keepdim shape a user needs."""
-    tg, x, a = _args_objs[self.tag[i]], self.src[self.start[i]], _args_objs[self.arg[i]]
+    tg, x, a = _args_objs[self.tag[i]] if self.tag[i] else None, self.src[self.start[i]], _args_objs[self.arg[i]]
     if i in self.reduced: ret = self._reshaped(i, self.reduced[i][2])
+    elif tg is None and self.op[i] == _RESHAPE: ret = self._reshaped(i, a)  # left to be made on demand (fold)
     elif tg == _BCAST: ret = self._get(x)
     elif tg == _EXPAND: ret = self._mop(self._get(x), TOps.RESHAPE, a)
     else:
@@ -200,19 +210,44 @@ class _Out:
       rest = [k for k in range(len(src)) if k not in red]
       perm = tuple(red + rest)
       plan = self.plans[k] = (len(red), None if perm == tuple(range(len(src))) else perm,
-                              tuple(src[k] for k in rest), tuple(1 if k in axes else s for k, s in enumerate(src)))
-    n, perm, kept, keep = plan
+                              tuple(src[k] for k in rest), tuple(1 if k in axes else s for k, s in enumerate(src)),
+                              tuple(red))
+    n, perm, kept, keep, red = plan
     x = self._get(x)
     if n:
       if perm is not None: x = self._mop(x, TOps.PERMUTE, perm)
       x = self.mk(TOps.REDUCE, x.dtype, (x,), (_trop(rop), n))
-    self.reduced[i] = (x, kept, keep)
+    self.reduced[i] = (x, kept, keep, red)
     return x
+
+  def _permuted(self, i: int, got: tuple) -> TUOp:
+    """A PERMUTE (row i) of a row held without its reduced axes (see _reduce) as the permute of that node: the
+    size-1 axes carry no order. Remembered as the reduce is, so a user reshaping it back gets the node itself."""
+    x, _, keep, red = got
+    p = _args_objs[self.arg[i]]
+    k = (keep, red, p)
+    plan = self.plans.get(k)
+    if plan is None:
+      rem = [a for a in range(len(keep)) if a not in red]
+      pp = tuple(rem.index(a) for a in p if a not in red)
+      shape = tuple(keep[a] for a in p)
+      gone = tuple(j for j, a in enumerate(p) if a in red)
+      plan = self.plans[k] = (None if pp == tuple(range(len(pp))) else pp,
+                              tuple(s for j, s in enumerate(shape) if j not in gone), shape, gone)
+    pp, kept, shape, gone = plan
+    y = x if pp is None else self._mop(x, TOps.PERMUTE, pp)
+    self.reduced[i] = (y, kept, shape, gone)
+    return y
 
   def _reshaped(self, r: int, shape: tuple) -> TUOp:
     """Row r's tinygrad node reshaped to `shape` (a REDUCE_AXIS's reduce, not its keepdim reshape)."""
+    if self.fold:  # reshapes left to be made on demand are skipped: a reshape of a reshape is one
+      op, tag, out = self.op, self.tag, self.out
+      while op[r] == _RESHAPE and not tag[r] and out[r] is None: r = self.src[self.start[r]]
     got = self.reduced.get(r)
-    if got is None: return self._mop(self._get(r), TOps.RESHAPE, shape)
+    if got is None:
+      if self.fold and self._shape(r) == shape: return self._get(r)
+      return self._mop(self._get(r), TOps.RESHAPE, shape)
     return got[0] if got[1] == shape else self._mop(got[0], TOps.RESHAPE, shape)
 
   def _one(self, i: int, o: int, tag) -> TUOp:
