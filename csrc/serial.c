@@ -395,16 +395,21 @@ void pg_serial_cache_free(pg_sigcache *c) {
 }
 
 #define BUILD_PEND 4096  /* nodes made before their table entries are written together (build_link) */
-#define BUILD_USERS 2    /* users of a row the builder lists (to prove a node new: pg_serial_build_run) */
+#define BUILD_SCAN 64    /* most users of a row the builder lists and compares (a row whose sources all have more
+                            is looked up in the store's table instead: no row costs more than this many compares) */
 #define BUILD_AHEAD 16   /* rows ahead of the one being made whose table slot is prefetched, if they are leaves */
 #define BUILD_FAR (1u << 16)  /* a table of fewer slots (512 KB) stays in cache: no prefetching then */
-/* a made row: what its users' keys and signatures read, together (one cache line per source, not four) */
+/* a made row: what its users' keys and signatures read, together, in 16 bytes (a table of 1.45M rows is 23 MB,
+   whose pages are faulted in on every first load, and whose lines far sources miss on) */
 typedef struct brow {
-  pg_node *nd;   /* its node (nodes never move; the builder's reference keeps it), so no page lookup per use */
-  int32_t id;    /* its store id (one reference held by the builder) */
-  int32_t meta, sdt;
-  int32_t nuse;  /* users it has among the nodes the builder made new (-1: not made new, users unknown) */
+  int32_t id;     /* its store id (one reference held by the builder); its node is pg_node_at(st, id) */
+  int32_t meta;
+  uint32_t ubase; /* where its users' slots start in uslot */
+  int16_t sdt;    /* its dtype (pg_serial_build_new checks ndtypes fits) */
+  int8_t nuse;    /* users it has among the nodes the builder made new (-1: not made new, or more than room) */
+  uint8_t room;   /* its slots: one per table edge naming it, at most BUILD_SCAN */
 } brow;
+typedef char brow_is_16_bytes[sizeof(brow) == 16 ? 1 : -1];
 struct pg_build {
   pg_store *st;
   int64_t n, next;              /* nodes in the table; the first not made yet */
@@ -422,7 +427,8 @@ struct pg_build {
   int held;                     /* whether the arg/tag/pdata holds were taken */
   int32_t *holds;               /* the distinct arg/tag/pdata ids held (a copy), or NULL: each row's are held */
   int64_t nholds;
-  int32_t *users;               /* per made row: the first BUILD_USERS of its users that the builder made new */
+  pg_slot *uslot;               /* per row, from row[s].ubase: (hash, id) of the users the builder made new */
+  int64_t nuslot;
   int64_t npend;                /* nodes made but not entered in the store's table yet (build_link) */
   pg_slot pend[BUILD_PEND];
 };
@@ -602,6 +608,29 @@ static int rows_ok(int64_t ngiven, int64_t n, const int32_t *op, const int32_t *
   return 1;
 }
 
+/* each row's ubase: room for its users' slots, one per table edge naming it (rows [ngiven, n) are the users) up
+   to BUILD_SCAN, so that every user the builder makes new is listed (with room for 2 per row, a row over sources
+   with more users was looked up in the store's table: ~8% of a W1 gradient's rows, each a cache miss after linking
+   the nodes made before it). Returns 0 without memory. */
+static int build_user_bases(pg_build *b, int64_t ngiven) {
+  int64_t i, j, e, acc = 0, n = b->n;
+  uint8_t *cnt = (uint8_t *)calloc((size_t)(n ? n : 1), 1);
+  if (!cnt) return 0;
+  for (j = b->start[ngiven], e = b->start[n]; j < e; j++) {  /* checked: src[j] in [0, n) */
+    uint8_t *c = &cnt[b->src[j]];
+    *c = (uint8_t)(*c + (*c < BUILD_SCAN));
+  }
+  for (i = 0; i < n; i++) {  /* past 2^32 slots (a table of over 4G edges) rows get none: they are looked up */
+    uint8_t c = acc + cnt[i] <= (int64_t)UINT32_MAX ? cnt[i] : 0;
+    b->row[i].ubase = (uint32_t)(c ? acc : 0);
+    b->row[i].room = c;
+    acc += c;
+  }
+  b->nuslot = acc;
+  free(cnt);
+  return 1;
+}
+
 /* a builder over a node table (the arrays are borrowed: the caller keeps them alive and unchanged until
    pg_serial_build_delete). The first ngiven rows are the live nodes given[0..ngiven) (their columns are not read but
    must name no sources and no args): a table that continues another. known (or NULL) is per row the meta Python
@@ -618,7 +647,8 @@ pg_build *pg_serial_build_new(pg_store *st, int64_t n, const int32_t *op, const 
   int64_t i, j, maxs = 0;
   *where = -1;
   *err = PG_ERR_ARG;
-  if (!st || n < 0 || n > PG_MAX_NODES || !start || !flags || nops <= 0 || ndtypes <= 0) return NULL;
+  if (!st || n < 0 || n > PG_MAX_NODES || !start || !flags || nops <= 0 || ndtypes <= 0 ||
+      ndtypes > INT16_MAX + 1) return NULL;
   if (n > 0 && (!op || !dtype || !arg || !tag)) return NULL;
   if (ngiven < 0 || ngiven > n || (ngiven > 0 && !given) || nholds < 0 || (nholds > 0 && !holds)) return NULL;
   if (start[0] != 0 || (start[n] > 0 && !src)) return NULL;
@@ -651,7 +681,8 @@ pg_build *pg_serial_build_new(pg_store *st, int64_t n, const int32_t *op, const 
   b->op = op, b->dtype = dtype, b->arg = arg, b->tag = tag, b->pdata = pdata, b->src = src, b->start = start;
   b->flags = flags, b->nops = nops, b->ndtypes = ndtypes, b->known = known;
   b->row = (brow *)malloc((size_t)(n ? n : 1) * sizeof *b->row);
-  b->users = (int32_t *)malloc((size_t)(n ? n : 1) * BUILD_USERS * sizeof *b->users);
+  if (b->row && build_user_bases(b, ngiven))
+    b->uslot = (pg_slot *)malloc((size_t)(b->nuslot ? b->nuslot : 1) * sizeof *b->uslot);
   b->tmpcap = maxs ? maxs : 1;
   b->tmp = (int32_t *)malloc((size_t)b->tmpcap * sizeof *b->tmp);
   b->sw = (int32_t *)malloc((size_t)b->tmpcap * 2 * sizeof *b->sw);
@@ -660,7 +691,8 @@ pg_build *pg_serial_build_new(pg_store *st, int64_t n, const int32_t *op, const 
     if (nholds) memcpy(b->holds, holds, (size_t)nholds * sizeof *b->holds);
     b->nholds = nholds;
   }
-  if (!b->row || !b->users || !b->tmp || !b->sw || !b->tmpn || (holds && !b->holds)) {
+  if (!b->row || !b->uslot || !b->tmp || !b->sw || !b->tmpn ||
+      (holds && !b->holds)) {
     pg_serial_build_delete(b);
     return NULL;
   }
@@ -674,17 +706,16 @@ pg_build *pg_serial_build_new(pg_store *st, int64_t n, const int32_t *op, const 
     pg_store_reserve_locked(st, n - ngiven);  /* room for every row at once (they may all be new) */
     for (i = 0; i < ngiven; i++) {  /* the given rows count as made: the builder holds each */
       pg_node *nd = pg_node_live(st, given[i]);
-      if (!nd || nd->rc == UINT32_MAX) {
-        *err = nd ? PG_ERR_NOMEM : PG_ERR_BADID;
+      if (!nd || nd->rc == UINT32_MAX || nd->dtype > INT16_MAX) {
+        *err = !nd ? PG_ERR_BADID : nd->dtype > INT16_MAX ? PG_ERR_ARG : PG_ERR_NOMEM;
         *where = i;
         break;
       }
       nd->rc++;
-      b->row[i].nd = nd;
       b->row[i].id = given[i];
       b->row[i].nuse = -1;  /* not made by the builder: users unknown */
       b->row[i].meta = nd->meta;
-      b->row[i].sdt = nd->dtype;
+      b->row[i].sdt = (int16_t)nd->dtype;
       b->next = i + 1;
     }
   }
@@ -715,31 +746,36 @@ static void build_link_locked(pg_build *b) {
    -1 if none has; -2 if row s may have users the builder does not know. Every user of a node holds a reference to
    it, so when row s's node has no references but the builder's own one and its known users', those are all of them */
 static PG_INLINE int32_t build_known_user(const pg_build *b, int64_t s, int64_t i, uint32_t h) {
-  int32_t k = b->row[s].nuse > 0 ? b->row[s].nuse : 0, q;
-  const pg_node *nd = b->row[s].nd;
-  if (k > BUILD_USERS || nd->rc != 1u + (uint32_t)k) return -2;
-  for (q = 0; q < k; q++) {
-    const brow *u = &b->row[b->users[BUILD_USERS * s + q]];
-    int32_t id = u->id;
-    if (pg_key_equal(u->nd, h, b->op[i], b->dtype[i], b->tmp,
-                     (int32_t)(b->start[i + 1] - b->start[i]), b->arg[i], b->tag[i]))
-      return id;
-  }
+  const brow *r = &b->row[s];
+  int32_t k = r->nuse > 0 ? r->nuse : 0, q;  /* not made new: none known, so all known only if it has none */
+  const pg_slot *u;
+  if (pg_node_at(b->st, (uint32_t)r->id)->rc != 1u + (uint32_t)k) return -2;
+  u = b->uslot + r->ubase;
+  for (q = 0; q < k; q++)  /* the users' hashes are here: a user's node is read only if its hash is the row's */
+    if (u[q].hash == h && pg_key_equal(pg_node_at(b->st, u[q].id), h, b->op[i], b->dtype[i], b->tmp,
+                                       (int32_t)(b->start[i + 1] - b->start[i]), b->arg[i], b->tag[i]))
+      return (int32_t)u[q].id;
   return -1;
 }
 
-/* row i was made as a new node: it is a user its sources' rows know, and it has none yet */
-static PG_INLINE void build_count_users(pg_build *b, int64_t i) {
+/* row i was made as new node id (key hash h): it is a user its sources' rows know (while they have room), and it
+   has none yet */
+static PG_INLINE void build_count_users(pg_build *b, int64_t i, uint32_t h, int32_t id) {
   int64_t j, e = b->start[i + 1];
   brow *row = b->row;
   const int32_t *src = b->src;
-  int32_t *users = b->users;
+  pg_slot *us = b->uslot;
   row[i].nuse = 0;
   for (j = b->start[i]; j < e; j++) {  /* locals: stores through row would make the compiler reload b's fields */
     int32_t s = src[j], k = row[s].nuse;
     if (k < 0) continue;
-    if (k < BUILD_USERS) users[BUILD_USERS * (int64_t)s + k] = (int32_t)i;
-    row[s].nuse = k == INT32_MAX ? -1 : k + 1;  /* too many to count: unknown from now on */
+    if (k == row[s].room) {  /* more than it has room for: unknown from now on */
+      row[s].nuse = -1;
+      continue;
+    }
+    us[row[s].ubase + k].hash = h;
+    us[row[s].ubase + k].id = (uint32_t)id;
+    row[s].nuse = (int8_t)(k + 1);
   }
 }
 
@@ -778,6 +814,30 @@ static int32_t build_guess(pg_build *b, int64_t i, uint32_t h, int64_t ns) {
   return (int32_t)g;
 }
 
+/* prefetch what the rows ahead of row i will read of their made sources, in two stages so that no load waits on a
+   miss: the sources' rows BUILD_PF_ROW rows ahead, and BUILD_PF_NODE rows ahead (their rows in cache by then) the
+   sources' nodes and their users' slots (build_known_user reads both). A source far back in
+   the table (the gradient reads the forward graph's rows: ~30% of a W1 gradient's edges reach over 64K rows back)
+   is otherwise a miss on its row and one on its node, one after another for every such source. */
+#define BUILD_PF_ROW 24
+#define BUILD_PF_NODE 12
+static PG_INLINE void build_prefetch_sources(const pg_build *b, int64_t i) {
+  int64_t j, e, k = i + BUILD_PF_ROW;
+  if (k < b->n)
+    for (j = b->start[k], e = b->start[k + 1]; j < e; j++)
+      if (b->src[j] < i) PG_PREFETCH(&b->row[b->src[j]]);
+  k = i + BUILD_PF_NODE;
+  if (k < b->n)
+    for (j = b->start[k], e = b->start[k + 1]; j < e; j++) {
+      int32_t s = b->src[j];
+      if (s < i) {
+        const brow *r = &b->row[s];
+        PG_PREFETCH(pg_node_at(b->st, (uint32_t)r->id));
+        if (r->nuse > 0) PG_PREFETCH(&b->uslot[r->ubase]);
+      }
+    }
+}
+
 int pg_serial_build_run(pg_build *b, int64_t *pos) {
   pg_store *st = b->st;
   const int32_t *op = b->op, *dtype = b->dtype, *arg = b->arg, *tag = b->tag, *src = b->src, *known = b->known;
@@ -796,10 +856,11 @@ int pg_serial_build_run(pg_build *b, int64_t *pos) {
     pg_node *nd = NULL;
     uint64_t sh = sig_start(o, d, a), kh = pg_key_hash_start(o, d, (int32_t)ns);
     uint32_t h;
+    if (far) build_prefetch_sources(b, i);
     for (j = 0; j < ns; j++) {  /* one pass over the sources: their ids, signature words and both hashes */
       const brow *sr = &row[src[s0 + j]];
       tmp[j] = sr->id;
-      tmpn[j] = sr->nd;
+      tmpn[j] = pg_node_at(st, (uint32_t)sr->id);
       sw[2 * j] = sr->sdt;
       sw[2 * j + 1] = sr->meta;
       sh = sig_step(sh, sr->sdt, sr->meta);
@@ -828,23 +889,22 @@ int pg_serial_build_run(pg_build *b, int64_t *pos) {
       if (id >= 0) {
         b->pend[b->npend].hash = h;
         b->pend[b->npend++].id = (uint32_t)id;
-        build_count_users(b, i);
+        build_count_users(b, i, h, id);
       }
     } else if ((id = build_guess(b, i, h, ns)) >= 0) {
       row[i].nuse = -1;  /* found: users unknown */
     } else {
       if (b->npend && ns) build_link_locked(b);  /* the lookup must see every node made (a leaf is none of them) */
       id = pg_store_make_locked(st, o, d, tmp, (int32_t)ns, a, t, meta);
-      if (id >= 0 && pg_node_at(st, (uint32_t)id)->rc == 1) build_count_users(b, i);  /* made, not found */
+      if (id >= 0 && pg_node_at(st, (uint32_t)id)->rc == 1) build_count_users(b, i, h, id);  /* made, not found */
       else row[i].nuse = -1;
     }
     if (id < 0) { r = id; break; }
     if (!nd) nd = pg_node_at(st, (uint32_t)id);
     if (b->pdata) build_pdata_locked(b, nd, i);
-    row[i].nd = nd;
     row[i].id = id;
     row[i].meta = meta;
-    row[i].sdt = d;
+    row[i].sdt = (int16_t)d;
   }
   b->next = i;
   build_link_locked(b);
@@ -885,10 +945,9 @@ int pg_serial_build_set(pg_build *b, int32_t id) {
   else {
     nd->rc++;
     build_pdata_locked(b, nd, i);
-    b->row[i].nd = nd;
     b->row[i].id = id;
     b->row[i].meta = nd->meta;
-    b->row[i].sdt = nd->dtype;
+    b->row[i].sdt = (int16_t)nd->dtype;
     b->row[i].nuse = -1;  /* made or found by Python: users unknown */
     b->next = i + 1;
     if (b->flags[b->op[i]] & FLAG_CACHE) r = sig_add(b, i, nd->meta, 0);
@@ -922,7 +981,7 @@ int pg_serial_build_rows(pg_build *b, const int64_t *rows, int64_t nrows, int32_
     if (rows[i] < 0 || rows[i] >= b->next) return PG_ERR_ARG;
   pg_lock_take(&b->st->lock);
   for (i = 0; i < nrows && !r; i++) {
-    pg_node *nd = b->row[rows[i]].nd;  /* live: the builder holds it */
+    pg_node *nd = pg_node_at(b->st, (uint32_t)b->row[rows[i]].id);  /* live: the builder holds it */
     if (nd->rc == UINT32_MAX) r = PG_ERR_NOMEM;
     else {
       nd->rc++;
@@ -943,7 +1002,7 @@ void pg_serial_build_delete(pg_build *b) {
   if (b->held) {
     pg_lock_take(&b->st->lock);
     for (i = 0; i < b->next; i++) {  /* most rows have users besides the builder: just drop its count */
-      pg_node *nd = b->row[i].nd;
+      pg_node *nd = pg_node_at(b->st, (uint32_t)b->row[i].id);
       if (nd->rc > 1) nd->rc--;
       else pg_store_decref_locked(b->st, b->row[i].id);
     }
@@ -952,7 +1011,7 @@ void pg_serial_build_delete(pg_build *b) {
     pg_store_release(b->st);
   }
   free(b->row);
-  free(b->users);
+  free(b->uslot);
   free(b->tmp);
   free(b->sw);
   free(b->tmpn);

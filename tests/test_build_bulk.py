@@ -161,3 +161,23 @@ def test_raw_builder_matches_pycore_id_for_id(seed):
   assert got == want and c.live() == p.live()
   again = [c.make(o, 1, tuple(got[j] for j in s), 0, 0, 0) for o, s in rows]
   assert again == got
+
+
+@pytest.mark.skipif(CCore is None, reason="pygrad._core is not built")
+@pytest.mark.parametrize("seed", range(3))
+def test_raw_builder_sources_with_many_users(seed):
+  """Sources with more users than the builder lists per row (csrc/serial.c BUILD_SCAN: 64), and rows equal to
+  users listed before and after that point: the same ids as PyCore, and each repeat is the earlier node."""
+  rng = random.Random(seed)
+  rows = [(LEAF, ())]
+  for i in range(1, 300): rows.append((SIN, (i - 1,)))  # 300 distinct nodes
+  users = []
+  for k in range(2000):  # row 0 and rows 1..40 get hundreds of users each, in random order, with repeats
+    a, b = (0 if rng.random() < 0.5 else rng.randrange(1, 40)), rng.randrange(300)
+    if users and rng.random() < 0.3: rows.append(rows[rng.choice(users)])
+    else:
+      users.append(len(rows))
+      rows.append((ADD, (a, b)))
+  got, want = _raw_build(CCore(), rows), _py_build(PyCore(), rows)
+  assert got == want
+  assert len(set(got)) == len({rows[i] for i in range(len(rows))})
