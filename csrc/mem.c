@@ -80,6 +80,14 @@ void pg_mem_free(void *p, size_t n) {
   free(p);
 }
 
+void pg_mem_huge(void *p, size_t n) {
+#if defined(PG_MEM_OS) && defined(MADV_HUGEPAGE)
+  if (p && mapped(n) && n >= PG_MEM_HUGE_MIN) madvise(p, n, MADV_HUGEPAGE);  /* refused or not: the block works */
+#else
+  (void)p, (void)n;
+#endif
+}
+
 void *pg_mem_realloc(void *p, size_t old, size_t n) {
   void *q;
   if (n == 0) n = 1;

@@ -16,6 +16,12 @@
 void *pg_mem_alloc(size_t n);
 /* free a block of pg_mem_alloc/pg_mem_realloc; n is the size it was made with (NULL is ignored) */
 void pg_mem_free(void *p, size_t n);
+/* ask for transparent huge pages (Linux) for a block of pg_mem_alloc of n bytes if it is mapped and at least
+   PG_MEM_HUGE_MIN; a hint, nothing elsewhere. For blocks read at random (the store's hash table, the bulk builder's
+   per-row arrays): with 4 KB pages nearly every access of a big one is a TLB miss besides a cache miss, and a
+   prefetch does not hide it (it waits for the translation) */
+#define PG_MEM_HUGE_MIN ((size_t)2 << 20)
+void pg_mem_huge(void *p, size_t n);
 /* a block of n bytes holding the first min(old, n) bytes of p (a block of old bytes, or NULL with old 0); on
    failure NULL, and p is left as it was */
 void *pg_mem_realloc(void *p, size_t old, size_t n);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "store_impl.h"
+#include "mem.h"
 
 #define FLAG_CACHE 1  /* the op's result depends only on the signature */
 #define FLAG_ASK 2    /* the op's result depends on more (a FUNCTION body, a CALL): Python makes every one */
@@ -680,9 +681,12 @@ pg_build *pg_serial_build_new(pg_store *st, int64_t n, const int32_t *op, const 
   b->n = n;
   b->op = op, b->dtype = dtype, b->arg = arg, b->tag = tag, b->pdata = pdata, b->src = src, b->start = start;
   b->flags = flags, b->nops = nops, b->ndtypes = ndtypes, b->known = known;
-  b->row = (brow *)malloc((size_t)(n ? n : 1) * sizeof *b->row);
-  if (b->row && build_user_bases(b, ngiven))
-    b->uslot = (pg_slot *)malloc((size_t)(b->nuslot ? b->nuslot : 1) * sizeof *b->uslot);
+  b->row = (brow *)pg_mem_alloc((size_t)(n ? n : 1) * sizeof *b->row);  /* both read at random: huge pages */
+  pg_mem_huge(b->row, (size_t)(n ? n : 1) * sizeof *b->row);
+  if (b->row && build_user_bases(b, ngiven)) {
+    b->uslot = (pg_slot *)pg_mem_alloc((size_t)(b->nuslot ? b->nuslot : 1) * sizeof *b->uslot);
+    pg_mem_huge(b->uslot, (size_t)(b->nuslot ? b->nuslot : 1) * sizeof *b->uslot);
+  }
   b->tmpcap = maxs ? maxs : 1;
   b->tmp = (int32_t *)malloc((size_t)b->tmpcap * sizeof *b->tmp);
   b->sw = (int32_t *)malloc((size_t)b->tmpcap * 2 * sizeof *b->sw);
@@ -1003,6 +1007,8 @@ void pg_serial_build_delete(pg_build *b) {
     pg_lock_take(&b->st->lock);
     for (i = 0; i < b->next; i++) {  /* most rows have users besides the builder: just drop its count */
       pg_node *nd = pg_node_at(b->st, (uint32_t)b->row[i].id);
+      if (i + BUILD_AHEAD < b->next) PG_PREFETCH(pg_node_at(b->st, (uint32_t)b->row[i + BUILD_AHEAD].id));  /* misses
+         overlap: a loaded graph's nodes lie anywhere */
       if (nd->rc > 1) nd->rc--;
       else pg_store_decref_locked(b->st, b->row[i].id);
     }
@@ -1010,8 +1016,8 @@ void pg_serial_build_delete(pg_build *b) {
     pg_lock_drop(&b->st->lock);
     pg_store_release(b->st);
   }
-  free(b->row);
-  free(b->uslot);
+  pg_mem_free(b->row, (size_t)(b->n ? b->n : 1) * sizeof *b->row);
+  pg_mem_free(b->uslot, (size_t)(b->nuslot ? b->nuslot : 1) * sizeof *b->uslot);
   free(b->tmp);
   free(b->sw);
   free(b->tmpn);

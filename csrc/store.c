@@ -6,10 +6,23 @@
 #include "mem.h"
 
 #define INIT_SLOTS 1024u
+/* Node pages: the first PG_SMALL_PAGES one by one from malloc (a small store stays small), later ones PG_GROUP at a
+   time in one mapped block of PG_GROUP_BYTES with huge pages (mem.h): a graph of a million nodes is 56 MB of nodes,
+   made and read in an order that jumps around them, and with 4 KB pages each such access was also a TLB miss
+   (the bulk builder's row loop: 120 -> 103 ms at 1.45M rows). A block's size is a multiple of 2 MB so that the
+   kernel can place it on huge-page boundaries. */
+#define PG_SMALL_PAGES 16u
+#define PG_GROUP_BYTES ((size_t)4 << 20)
+#define PG_GROUP ((uint32_t)(PG_GROUP_BYTES / (PG_PAGE_SIZE * sizeof(pg_node))))
+typedef char pg_group_holds_pages[PG_GROUP >= 1 ? 1 : -1];
+
+/* whether page i is the first of a mapped group (else one malloc'd page, or inside a group) */
+static int page_is_group_head(uint32_t i) { return i >= PG_SMALL_PAGES && (i - PG_SMALL_PAGES) % PG_GROUP == 0; }
 
 /* a table of n empty slots (n a power of two), or NULL */
 static pg_slot *slots_new(uint32_t n) {
   pg_slot *t = (pg_slot *)pg_mem_alloc((size_t)n * sizeof *t);  /* mem.h: outgrown tables go back to the OS */
+  pg_mem_huge(t, (size_t)n * sizeof *t);  /* before the memset faults its pages in */
   if (t) memset(t, 0xff, (size_t)n * sizeof *t);  /* id PG_NIL everywhere */
   return t;
 }
@@ -83,7 +96,9 @@ static void store_free(pg_store *st) {
     pg_node *n = pg_node_at(st, i);
     if (n->rc && n->nsrc > PG_INLINE_SRC) free(n->src.ext);
   }
-  for (i = 0; i < st->npages; i++) free(st->pages[i]);
+  for (i = 0; i < st->npages; i++)
+    if (i < PG_SMALL_PAGES) free(st->pages[i]);
+    else if (page_is_group_head(i)) pg_mem_free(st->pages[i], PG_GROUP_BYTES);
   free(st->pages);
   free(st->freeids);
   pg_mem_free(st->slots, ((size_t)st->mask + 1) * sizeof *st->slots);
@@ -135,7 +150,11 @@ static int reserve_slot(pg_store *st) {
     st->pages = pp;
     st->pagecap = cap;
   }
-  page = (pg_node *)malloc(PG_PAGE_SIZE * sizeof *page);
+  if (st->npages < PG_SMALL_PAGES) page = (pg_node *)malloc(PG_PAGE_SIZE * sizeof *page);
+  else if (page_is_group_head(st->npages)) {
+    page = (pg_node *)pg_mem_alloc(PG_GROUP_BYTES);
+    pg_mem_huge(page, PG_GROUP_BYTES);
+  } else page = st->pages[st->npages - 1] + PG_PAGE_SIZE;  /* the next page of the group */
   if (!page) return PG_ERR_NOMEM;
   st->pages[st->npages++] = page;
   return 0;
