@@ -87,19 +87,10 @@ class Interner:
 
   def get_fresh(self, k, x, is_plain: bool) -> int:
     """get_key(k, x) for an x no one can have interned (a placeholder's arg: its uid is fresh) whose plain(x) the
-    caller knows: one per placeholder, so the probe, the plainness scan and the core wrapper's checks are skipped
-    where they cannot find anything (~0.5 us of a ~2.5 us placeholder)."""
+    caller knows: one per placeholder (the Python path's; csrc/pyleaf.c does the same in C), so the probe and the
+    plainness scan are skipped where they cannot find anything."""
     with self.lock:
-      self.since_drain += 1
-      if self.since_drain >= 1024: self._drain()
-      aid = self.next
-      if self.free or aid >= self.slots: aid = self._slot()
-      else: self.next = aid + 1
-      if self.core.arg_register_code(aid): self.core.arg_register(aid)  # the wrapper raises the precise error
-      self.ids[k], self.objs[aid], self.keys[aid] = aid, x, k
-      self.ident[id(x)] = aid
-      if is_plain: self.plain[x] = aid
-      return aid
+      return self._enter(k, x, is_plain)
 
   def get_many(self, xs, keys=None) -> list[int]:
     """[get(x) for x in xs] (keys: their argkeys, if the caller has them). An object that is itself the interned one
@@ -115,14 +106,18 @@ class Interner:
     with self.lock:
       aid = self.ids.get(k)  # another thread may have made it meanwhile
       if aid is not None: return aid
-      self.since_drain += 1
-      if self.since_drain >= 1024: self._drain()
-      aid = self._slot()
-      self.core.arg_register(aid)
-      self.ids[k], self.objs[aid], self.keys[aid] = aid, x, k
-      self.ident[id(x)] = aid
-      if plain(x): self.plain[x] = aid
-      return aid
+      return self._enter(k, x, plain(x))
+
+  def _enter(self, k, x, is_plain: bool) -> int:
+    """A new id for x under key k (lock held): a slot, registered in the core, and the interner's entries."""
+    self.since_drain += 1
+    if self.since_drain >= 1024: self._drain()
+    aid = self._slot()
+    self.core.arg_register(aid)
+    self.ids[k], self.objs[aid], self.keys[aid] = aid, x, k
+    self.ident[id(x)] = aid
+    if is_plain: self.plain[x] = aid
+    return aid
 
   def _slot(self) -> int:
     """A free id (lock held): the oldest drained slot with its next generation, else a slot never used."""

@@ -176,7 +176,6 @@ class CCore:
       except (OverflowError, TypeError): r = lib.PG_ERR_BADID
       if r: _raise(r, "arg_register", aid)
     self.arg_register = arg_register
-    self.arg_register_code = functools.partial(c_register, st)  # an id the interner just made: 0 or an error code
     self.release, pyflush = deferred(decref_many)
 
     def flush() -> None:  # the Python-side queue, then the C handle registry's (uop.py sets flush_handles)

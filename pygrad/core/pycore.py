@@ -176,11 +176,6 @@ class PyCore:
         argrc.append(0)
       argrc[k], argid[k] = 0, aid
 
-  def arg_register_code(self, aid: int) -> int:
-    """arg_register as the C core's raw call: 0 (errors raise here)."""
-    self.arg_register(aid)
-    return 0
-
   def arg_drain(self) -> list[int]:
     """Ids whose last user was freed; they are marked gone (a later `make` naming one raises ArgGone)."""
     self.flush()
