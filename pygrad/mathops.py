@@ -6,6 +6,7 @@ import functools, math, sys
 from typing import TYPE_CHECKING, Any, Callable, cast
 from .ops import Ops
 from .dtype import DType, dtypes, promote, sum_acc_dtype
+from .division import float_floordiv, float_mod, int_floordiv, int_mod, no_grad, unit
 
 if TYPE_CHECKING:  # the methods' annotations name the class they are mixed into
   from .uop import UOp
@@ -14,7 +15,6 @@ else:
 _alu2 = _const = _movement = _node = _cached = _uop = None
 _LN2, _INV_LN2 = math.log(2), 1 / math.log(2)
 _IOTA = tuple(tuple(range(n)) for n in range(9))  # identity orders (a permute by one is the node itself)
-_SAME_WIDTH_INT = {2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}  # the int dtype of a float's width (bitcasts)
 
 
 def _bind(cls, alu2, const, movement, node, unary_method, binary_method, cached) -> list:
@@ -71,26 +71,6 @@ def _axes(ndim: int, axis) -> tuple[int, ...]:
   return tuple(sorted(out))
 
 
-# Integer `//` and `%` floor as Python's, numpy's, torch's and tinygrad's Tensor do (-7 // 2 is -4, -7 % 2 is 1): the
-# IR's IDIV and MOD truncate as C does (-3 and -1), so where the remainder is nonzero and its sign differs from the
-# divisor's, the quotient is one less and the divisor is added to the remainder. By zero both stay 0.
-def _floor_fix(a, b):
-  r = UOp(Ops.MOD, None, (a, b))
-  if dtypes.is_unsigned(a.dtype): return r, None
-  zero = r.const_like(0)
-  return r, r.ne(zero) & (r < zero).ne(b < b.const_like(0))
-
-
-def _int_floordiv(a, b):
-  q = UOp(Ops.IDIV, None, (a, b))
-  _, fix = _floor_fix(a, b)
-  return q if fix is None else fix.where(q - q.const_like(1), q)
-
-
-def _int_mod(a, b):
-  r, fix = _floor_fix(a, b)
-  return r if fix is None else fix.where(r + b, r)
-
 
 def _bshape(a: tuple, b: tuple) -> tuple:
   n = max(len(a), len(b))
@@ -123,124 +103,6 @@ def _unary(op: Ops) -> Callable[[Any], UOp]: return cast("Callable[[Any], UOp]",
 # movement ops bound once, for the same reason
 _RESHAPE, _EXPAND, _PERMUTE, _PAD, _SHRINK, _REDUCE_AXIS = \
   Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.PAD, Ops.SHRINK, Ops.REDUCE_AXIS
-
-
-def _no_grad(x):
-  """x's value passing no gradient: a BITCAST to the same-width int and back (BITCAST has no gradient rule). Not a
-  DETACH: tinygrad's simplifier folds the BITCAST pair away but keeps a DETACH, so a gradient converted to tinygrad
-  and evaluated at constants would not simplify to one constant."""
-  return x.bitcast(_SAME_WIDTH_INT[x.dtype.itemsize]).bitcast(x.dtype)
-
-
-def _unit(x, zero):
-  """1 where x > 0, -1 where x < 0, else zero (x's zeros and NaNs)."""
-  return (x > 0).where(x.const_like(1), (x < 0).where(x.const_like(-1), zero))
-
-
-def _signbit(x):
-  """Whether x's sign bit is set (-0.0 and NaNs with the sign set included), read from its bits."""
-  return x.bitcast(_SAME_WIDTH_INT[x.dtype.itemsize]) < 0
-
-
-def _fmod32(a, b):
-  """C's fmod(a, b) of float32 values, exact (the IR's MOD is integer-only): the remainder a - n * b, n = trunc(a /
-  b), with a's sign, computed in float64 on r = |a| by steps r -= t * (|b| * 2**k), t = trunc(r / (|b| * 2**k)), k the
-  exponent of r / |b| less 28 (0 at least). t < 2**29 and |b| * 2**k has 24 significant bits, so t * |b| * 2**k is
-  exact in float64, and r - t * |b| * 2**k is a multiple of b's unit, below 2**53 of them: exact. A step takes 29
-  bits off the quotient's exponent, at most 277 (float32's max over its smallest denormal): 10 steps; the last has
-  k = 0 and leaves r in [0, |b|) (or -0 ... a multiple of b's unit below one: none). NaN for a = inf, b = 0 or a
-  NaN operand; a for b = +-inf."""
-  f64 = dtypes.float64
-  aw, bw = a.cast(f64), b.cast(f64)
-  bad = a.ne(a) | b.ne(b) | b.eq(0) | a.eq(math.inf) | a.eq(-math.inf)
-  binf = b.eq(math.inf) | b.eq(-math.inf)
-  ab = (bad | binf).where(1.0, (bw < 0).where(-bw, bw))
-  r = bad.where(0.0, (aw < 0).where(-aw, aw) + 0.0)  # + 0.0: |-0.0| is +0.0
-  for _ in range(10):
-    q = r / ab
-    p = (q.bitcast(dtypes.int64) & 0x7FF0000000000000).bitcast(f64)  # 2**exponent(q) (0 for q = 0)
-    bk = ab * (p * 2.0 ** -28).maximum(1.0)
-    r = r - (r / bk).trunc() * bk
-  r = (r < 0).where(r + ab, r)
-  res = _signbit(a).where(-r, r).cast(dtypes.float32)
-  return bad.where(math.nan, binf.where(a, res))
-
-
-_FMOD64_STEPS = 4  # exact for |a / b| < 2**99
-
-
-def _fmod64(a, b):
-  """C's fmod(a, b) of float64 values: exact for |a / b| < 2**99, and past that a remainder off by the roundings of
-  one last product (no wider type to work in, and the quotient's exponent reaches 2098). As _fmod32, on r = |a| by
-  steps r -= t * (|b| * 2**k), now with |b| split into a high part of 26 significant bits and a low part (exact
-  sum): t < 2**25, so t * high and t * low are exact, r - t * high is below high * 2**k in b's units (t is taken
-  from it), and the result is a multiple of b's unit below 2**53 of them: each subtraction exact. A step takes 25
-  bits off the quotient's exponent."""
-  f64, i64 = dtypes.float64, dtypes.int64
-  bad = a.ne(a) | b.ne(b) | b.eq(0) | a.eq(math.inf) | a.eq(-math.inf)
-  binf = b.eq(math.inf) | b.eq(-math.inf)
-  ab = (bad | binf).where(1.0, (b < 0).where(-b, b))
-  r = bad.where(0.0, (a < 0).where(-a, a) + 0.0)
-  # the split: clear the low 27 bits of |b|'s significand (a denormal |b| by Veltkamp's split, which cannot overflow
-  # there; the bit mask would clear a small denormal entirely)
-  g = ab * 134217729.0
-  hi = (ab < 2.0 ** -1022).where(g - (g - ab), (ab.bitcast(i64) & ~((1 << 27) - 1)).bitcast(f64))
-  lo = ab - hi
-  for _ in range(_FMOD64_STEPS):
-    q = r / ab
-    s = ((q.bitcast(i64) & 0x7FF0000000000000).bitcast(f64) * 2.0 ** -24).maximum(1.0)  # 2**k
-    hk = hi * s
-    t = (r / hk).trunc()
-    r = (r - t * hk) - t * (lo * s)
-  r = (r < 0).where(r + ab, r)
-  mod = bad.where(math.nan, binf.where(a, _signbit(a).where(-r, r)))
-  return mod, bad | binf | ((r >= 0) & (r < ab))  # and where it is exact (reduced into [0, |b|))
-
-
-def _approx_divmod(a, b):
-  """floor(a / b) from the rounded quotient, moved by one where the remainder a - b * q lies outside [0, b), and
-  that remainder: within a few roundings of numpy's, for float64 quotients past _fmod64's exact range."""
-  q = (a / b).floor()
-  r = a - b * q
-  pos, neg = b > 0, b < 0
-  low = (pos & (r < 0)) | (neg & (r > 0))
-  high = (pos & (r >= b)) | (neg & (r <= b))
-  q = low.where(q - 1, high.where(q + 1, q))
-  return q, a - b * q
-
-
-def _float_divmod(a, b, div_too: bool = True):
-  """(a // b, a % b) as numpy computes them (npy_divmod): mod = fmod(a, b) exact; div = (a - mod) / b; where mod is
-  nonzero with a sign other than b's, mod += b and div -= 1; a zero mod takes b's sign; the floor of div rounded to
-  nearest (div - floor(div) > 0.5 adds 1), a zero quotient taking the sign of a / b; for b = 0, a / b and NaN.
-  float16/bfloat16 compute in float32 and round once, as numpy's half and ml_dtypes' bfloat16 do. Without div_too,
-  (None, a % b): the quotient's nodes, which a % b does not read, are not built."""
-  dt = a.dtype
-  if dt.itemsize == 2: a, b = a.cast(dtypes.float32), b.cast(dtypes.float32)
-  mod, exact = _fmod64(a, b) if a.dtype is dtypes.float64 else (_fmod32(a, b), None)
-  div = (a - mod) / b if div_too else None
-  fix = mod.ne(0) & (b < 0).ne(mod < 0)
-  mod = fix.where(mod + b, mod)
-  mod = mod.eq(0).where(_signbit(b).where(-0.0, 0.0), mod)
-  if not div_too:
-    if exact is not None: mod = exact.where(mod, _approx_divmod(a, b)[1])
-    return None, mod.cast(dt)
-  div = fix.where(div - 1, div)
-  fl = div.floor()
-  fl = (div - fl > 0.5).where(fl + 1, fl)
-  q = a / b
-  div = b.eq(0).where(q, div.ne(0).where(fl, _signbit(q).where(-0.0, 0.0)))
-  if exact is not None:
-    qa, ra = _approx_divmod(a, b)
-    div, mod = exact.where(div, qa), exact.where(mod, ra)
-  # a // b passes no gradient, as floor's is 0 (torch's floor_divide has none): its graph holds a / b (the b == 0
-  # branch) and the approximate quotient, whose own gradients are 0 only by selection, so a NaN gradient arriving
-  # (d/de of b ** e at b < 0) became NaN at order 2 (0 * NaN) where torch's is 0
-  return _no_grad(div.cast(dt)), mod.cast(dt)
-
-
-def _float_floordiv(a, b): return _float_divmod(a, b)[0]
-def _float_mod(a, b): return _float_divmod(a, b, False)[1]
 
 
 _COS_TOP = {"float16": 2.0 ** 15, "bfloat16": 2.0 ** 127, "float32": 2.0 ** 127, "float64": 2.0 ** 1023}  # 2x finite below
@@ -332,16 +194,16 @@ class MathMixin:
     return a * b.reciprocal()
   def __floordiv__(self, x):
     a, b = self._pair(x)
-    return _int_floordiv(a, b) if dtypes.is_int(a.dtype) else _float_floordiv(a, b)
+    return int_floordiv(a, b) if dtypes.is_int(a.dtype) else float_floordiv(a, b)
   def __rfloordiv__(self, x):
     a, b = self._pair(x, True)
-    return _int_floordiv(a, b) if dtypes.is_int(a.dtype) else _float_floordiv(a, b)
+    return int_floordiv(a, b) if dtypes.is_int(a.dtype) else float_floordiv(a, b)
   def __mod__(self, x):
     a, b = self._pair(x)
-    return _int_mod(a, b) if dtypes.is_int(a.dtype) else _float_mod(a, b)
+    return int_mod(a, b) if dtypes.is_int(a.dtype) else float_mod(a, b)
   def __rmod__(self, x):
     a, b = self._pair(x, True)
-    return _int_mod(a, b) if dtypes.is_int(a.dtype) else _float_mod(a, b)
+    return int_mod(a, b) if dtypes.is_int(a.dtype) else float_mod(a, b)
   __pow__, __rpow__ = _binary(Ops.POW), _binary(Ops.POW, True)
   pow = _binary(Ops.POW)
   __and__, __rand__ = _binary(Ops.AND), _binary(Ops.AND, True)
@@ -399,7 +261,7 @@ class MathMixin:
     top = _COS_TOP[x.dtype.name]
     q = (x * 2).sin() / (2 * x.sin())
     mid = ((x < 1.0) & (x > -1.0)).ne(True) & (x < top) & (x > -top)
-    return _no_grad(mid.where(q, w)) + ((h * -2) * h + 1 - _no_grad((h * 2) * h * -1 + 1))
+    return no_grad(mid.where(q, w)) + ((h * -2) * h + 1 - no_grad((h * 2) * h * -1 + 1))
   def exp(self) -> UOp:
     """e**x. exp2(x * log2(e)) was off by up to 64 ulp (the product's rounding error, |x| * 2**-24, is multiplied by
     the exponent), so x is reduced first (Cody and Waite): x = n ln2 + r with n = round(x log2(e)) and r computed
@@ -407,7 +269,7 @@ class MathMixin:
     clamped to the normal exponents: past them r grows, exp2 of it takes the rest (down to 2**-24 while the result
     is not 0) and the product rounds once into the denormals or to inf. n is rounded by adding 1.5 * 2**52 (float32:
     2**23) plus the exponent bias, whose sum's low bits are then n + bias, 2**n's exponent field: one shift makes
-    2**n. n passes no gradient: it is read from s through a BITCAST pair (as _no_grad; tinygrad's simplifier keeps
+    2**n. n passes no gradient: it is read from s through a BITCAST pair (as no_grad; tinygrad's simplifier keeps
     a DETACH), the first BITCAST shared with 2**n's, so the graph is no larger. The gradient is exp2's,
     ctx * 2**n * exp2(r log2(e)), never 2**n past the range. float16/bfloat16 are computed in float32 and rounded
     once; integers and bools give float32."""
@@ -422,7 +284,7 @@ class MathMixin:
     s = (self * _INV_LN2 + magic).maximum(magic + nlo)  # a NaN x: a NaN or clamped s; r is NaN
     s = (s > magic + nhi).where(magic + nhi, s)
     sb = s.bitcast(it)
-    n = sb.bitcast(self.dtype) + (-magic)  # exact, and passing no gradient (the BITCAST pair, as _no_grad)
+    n = sb.bitcast(self.dtype) + (-magic)  # exact, and passing no gradient (the BITCAST pair, as no_grad)
     r = (self + n * -c1) + n * -c2
     return (r * _INV_LN2).exp2() * (sb << shift).bitcast(self.dtype)
   def log(self) -> UOp: return self.log2() * _LN2
@@ -434,10 +296,10 @@ class MathMixin:
     # x * 0 + 0 at zero and NaN: sign(NaN) is NaN (numpy, JAX; it was 1), sign(-0.0) is +0.0 (numpy, torch; x * 0
     # alone gave -0.0). Detached: sign passes no gradient (torch's is 0), where x * 0 would pass upstream * 0, NaN
     # for an infinite upstream gradient at x = 0
-    return _unit(self, self.detach() * 0 + 0)
+    return unit(self, self.detach() * 0 + 0)
   def abs(self) -> UOp:
     # x times its sign with -0.0 kept (-0.0 * -0.0 is +0.0; sign's +0.0 would give -0.0)
-    return self * (self.ne(0).cast(self.dtype) if dtypes.is_unsigned(self.dtype) else _unit(self, self.detach() * 0))
+    return self * (self.ne(0).cast(self.dtype) if dtypes.is_unsigned(self.dtype) else unit(self, self.detach() * 0))
   def relu(self) -> UOp:
     # relu(NaN) is NaN as torch's and JAX's ((x > 0).where(x, 0) gave 0), with torch's gradient there (JAX's is 0);
     # relu(-0.0) is +0.0 as JAX's (torch's is -0.0: they disagree)
