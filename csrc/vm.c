@@ -699,6 +699,8 @@ static void loop_task(void *ctx, int64_t lo, int64_t hi, int32_t w) {
 
 /* below this many element-operations a kernel runs on the calling thread: waking a worker costs more */
 #define PAR_MIN_WORK ((int64_t)1 << 15)
+/* below this many, a kernel split over threads is split in one part per thread */
+#define PAR_FEW_PARTS ((int64_t)1 << 20)
 
 /* whether rows that differ in outer dim d may share an output element: d is reduced, or a store does not move
    along it */
@@ -712,7 +714,7 @@ static int dim_shared(const vm_kernel *k, int d) {
 static int run_loop(const vm_kernel *k, char *const *bufp, char *ws, int64_t wsstride, int32_t nthreads,
                     const vm_isa *isa) {
   int nd = k->ndim - 1, d;
-  int64_t work, units, chunk, span;
+  int64_t work, units, chunk, span, per;
   loop_job j;
   j.k = k; j.bufp = bufp; j.ws = ws; j.isa = isa; j.wsstride = wsstride;
   j.inner = k->shape[nd]; j.rows = 1; j.block = 1; j.ntg = 1; j.zf = NULL; j.zlo = 0; j.ztile = NULL;
@@ -729,7 +731,10 @@ static int run_loop(const vm_kernel *k, char *const *bufp, char *ws, int64_t wss
     for (; d < nd; d++) j.block *= k->shape[d];
     if (j.inner > k->T && !(j.inner > 1 && dim_shared(k, nd))) j.ntg = (j.inner + k->T - 1) / k->T;
     units = j.rows / j.block * j.ntg;
-    chunk = (units + 4 * (int64_t)nthreads - 1) / (4 * (int64_t)nthreads);
+    /* one part per thread for a small kernel (each part claimed is a compare-and-swap on a cache line both cores
+       write, and repeats the part's invariant and bias gathers), four per thread to even out larger ones */
+    per = work < PAR_FEW_PARTS ? 1 : 4;
+    chunk = (units + per * (int64_t)nthreads - 1) / (per * (int64_t)nthreads);
     if (chunk * (work / units) < PAR_MIN_WORK / 2) chunk = (PAR_MIN_WORK / 2 + work / units) / (work / units + 1);
     vm_pool_for(units, chunk, loop_task, &j, nthreads);
   }
@@ -779,6 +784,8 @@ static void gemm_task(void *ctx, int64_t lo, int64_t hi, int32_t w) {
 
 /* below this many multiply-adds a contraction runs on one thread */
 #define PAR_MIN_GEMM ((int64_t)1 << 17)
+/* up to this many elements of B (depth x columns), packing all of it again per thread costs little */
+#define GEMM_SMALL_B ((int64_t)4096)
 
 /* C^T = B^T A^T: the same contraction with the operands' roles swapped and C written transposed */
 static void gemm_transpose(const vm_gemm *g, vm_gemm *t) {
@@ -838,9 +845,13 @@ static int run_gemm(const vm_kernel *k, char *const *bufp, char *ws, int64_t wss
   if (nthreads < 2 || flops < PAR_MIN_GEMM) nthreads = 1;
   else if (total < (int64_t)nthreads) {
     /* split the larger side of C: the other operand is packed again by every tile, so it should be the small one.
-       Tiles stay multiples of 16 (every micro-tile width divides it) */
+       But rows when all of B is small to pack (a shallow contraction: g @ w.T over 10 classes): then each thread
+       writes whole rows of C, as the loop kernels around it split their rows (vm_pool.c gives every thread its
+       own share of each job), and the next kernel reads its rows from its own core's cache. Tiles stay multiples
+       of 16 (every micro-tile width divides it) */
     int64_t parts = (int64_t)nthreads / total;
-    if (g->m >= g->n) j.cb = ((g->m + parts - 1) / parts + 15) / 16 * 16;
+    if (g->m >= g->n && !(g->k * g->m <= GEMM_SMALL_B && g->n >= 16 * parts))
+      j.cb = ((g->m + parts - 1) / parts + 15) / 16 * 16;
     else j.rb = ((g->n + parts - 1) / parts + 15) / 16 * 16;
   }
   j.nrb = (g->n + j.rb - 1) / j.rb;

@@ -3,8 +3,10 @@
    Which thread runs a chunk never changes a result: callers give chunks that write disjoint memory, and reductions
    combine their partials in a fixed order afterwards.
 
-   Chunks are claimed with a compare-and-swap on one 64-bit ticket (job generation << 32 | next chunk), so a worker
-   that wakes late for a finished job claims nothing of it; the caller waits only for chunks, never for a slow worker.
+   Chunks are claimed with a compare-and-swap on one 64-bit ticket (job generation << 32 | which chunks are claimed:
+   a bit each for jobs of up to 32 chunks, each thread taking its own contiguous share first, else the next chunk),
+   so a worker that wakes late for a finished job claims nothing of it; the caller waits only for chunks, never for
+   a slow worker.
    Between jobs the ticket is closed (a generation with no chunk left) while the job's fields change.
    Workers spin briefly after a job (the next kernel of a program follows within microseconds), then sleep on a
    condition variable. One caller at a time owns the pool; a concurrent caller (another Python thread running a
@@ -18,6 +20,7 @@
 
 #define POOL_MAX 256
 #define POOL_SPIN 20000  /* ticket polls before a worker sleeps: ~0.1-0.5 ms */
+#define POOL_MASKED 32   /* jobs of at most this many chunks claim them by bitmask, each thread its own share first */
 
 #if !defined(_WIN32)
 #include <pthread.h>
@@ -39,7 +42,7 @@ static struct {
   pthread_mutex_t mu, busy;
   pthread_cond_t wake;
   int32_t want, started, sleepers, nw;
-  uint64_t ticket;        /* gen << 32 | next chunk index */
+  uint64_t ticket;        /* gen << 32 | claimed chunks' bits (at most POOL_MASKED chunks), else next chunk index */
   int64_t done;           /* chunks finished of the current job */
   int64_t n, chunk, nchunks;
   vm_task fn;
@@ -47,19 +50,43 @@ static struct {
 } P = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 1, 1, 0, 1, 0, 0, 0, 0, 0,
        NULL, NULL};
 
+/* the chunk thread `worker` of nw claims next in a job of nchunks <= POOL_MASKED chunks, given the claimed ones
+   (bits of mask), or -1 when all are claimed. Its own share first, in order: the contiguous range
+   [worker * nchunks / nw, (worker + 1) * nchunks / nw). Then the others' from the job's end down, so a thread that
+   finished early takes the chunks its peers would reach last. A thread keeps to the same rows or tiles in every job
+   of like shape, so a kernel mostly reads what the same core wrote in the kernel before, from its own cache */
+static int64_t pool_pick(uint32_t mask, int64_t nchunks, int32_t worker, int32_t nw) {
+  uint32_t full = nchunks >= 32 ? 0xffffffffu : ((uint32_t)1 << nchunks) - 1, avail = ~mask & full;
+  int64_t i;
+  if (worker < nw) {  /* (a late reader may hold the next job's nw: then no share of its own) */
+    int64_t lo = worker * nchunks / nw, hi = (worker + 1) * nchunks / nw;
+    for (i = lo; i < hi; i++) if (avail >> i & 1u) return i;
+  }
+  for (i = nchunks - 1; i >= 0; i--) if (avail >> i & 1u) return i;
+  return -1;
+}
+
 /* claim and run chunks of job generation gen until none is left; worker is this thread's index */
 static void pool_work(uint32_t gen, int32_t worker) {
   for (;;) {
-    uint64_t t = A_LOAD(&P.ticket);
-    int64_t i, lo, hi, n, chunk;
+    uint64_t t = A_LOAD(&P.ticket), claimed;
+    int64_t i, lo, hi, n, chunk, nchunks;
     vm_task fn;
     void *ctx;
     if ((uint32_t)(t >> 32) != gen) return;
     /* a late reader may see the next job's fields here; its compare-and-swap then fails on the generation */
     n = A_LOAD(&P.n); chunk = A_LOAD(&P.chunk); fn = A_LOAD(&P.fn); ctx = A_LOAD(&P.ctx);
-    i = (int64_t)(t & 0xffffffffu);
-    if (i >= A_LOAD(&P.nchunks)) return;
-    if (!A_CAS(&P.ticket, &t, t + 1)) continue;
+    nchunks = A_LOAD(&P.nchunks);
+    if (nchunks <= POOL_MASKED) {  /* the low word: a bit per claimed chunk */
+      i = pool_pick((uint32_t)t, nchunks, worker, A_LOAD(&P.nw));
+      if (i < 0) return;
+      claimed = t | (uint64_t)1 << i;
+    } else {  /* the low word: the next chunk */
+      i = (int64_t)(t & 0xffffffffu);
+      if (i >= nchunks) return;
+      claimed = t + 1;
+    }
+    if (!A_CAS(&P.ticket, &t, claimed)) continue;
     lo = i * chunk;
     hi = lo + chunk < n ? lo + chunk : n;
     fn(ctx, lo, hi, worker);

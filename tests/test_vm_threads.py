@@ -79,6 +79,13 @@ def _cases():
               [vx, _rnd((256, 10), 9), _rnd((128, 10), 10)]))
   bx = UOp.placeholder((6, 96, 80), F32, "bx")
   out.append(("batched matmul", [bx @ bx.permute((0, 2, 1))], [bx], [_rnd((6, 96, 80), 7)]))
+  # 40 batch elements: a job of more chunks than vm_pool.c claims by bitmask (32), claimed by counter instead
+  mb = UOp.placeholder((40, 24, 64), F32, "mb")
+  out.append(("many batched matmuls", [mb @ mb.permute((0, 2, 1))], [mb], [_rnd((40, 24, 64), 11)]))
+  # a shallow contraction split by rows between loop kernels split by rows
+  h, wv = UOp.placeholder((128, 10), F32, "h"), UOp.placeholder((256, 10), F32, "wv")
+  out.append(("shallow matmul between loops", [((h * 2.0) @ wv.T + 1.0).relu()], [h, wv],
+              [_rnd((128, 10), 12), _rnd((256, 10), 13)]))
   d = UOp.placeholder((200, 300), F64, "d")
   vd = _rnd((200, 300), 8, np.float64)
   out.append(("float64", [d @ d.T, d.sum(0), (d * d).sum(1), d.exp2()], [d], [vd]))
