@@ -4,21 +4,28 @@
    key tuples (op, dtype, src, arg, None) to weak references, the node class, op and dtype tables), so nothing here
    names tinygrad. The loop stops at the first row it does not make (a tag, an op it has no entry for, a source not
    made yet, operands that are all weak) and returns its position: Python makes that row, then calls again. Metadata
-   (a dict from weak references to tuples) is set as the Python loop sets it. Every argument is checked: a wrong one
-   raises TypeError/IndexError, never crashes. */
+   (a dict from weak references to tuples) is set as the Python loop sets it. A source not made yet (a helper row made
+   only when asked for) is asked of the caller's `lazy`, as the Python loop asks. With the node class's field
+   descriptors given (its __init__ only sets them), a node is made by setting them on a bare instance, without the
+   __init__ frame. Every argument is checked: a wrong one raises TypeError/IndexError, never crashes. */
 #include "pyapi.h"
 
-/* cfg: (out, op, dt, tag, start, src, pdata, alu, dtypes, weak, cache, cls, cast, mdata, mdrm, mds)
+/* cfg: (out, op, dt, tag, start, src, pdata, alu, dtypes, weak, cache, cls, cast, mdata, mdrm, mds, lazy, fields)
    out: list, the foreign node of each row (None: not made); op, dt, tag, start, src, pdata: lists of ints (the
    exported columns; start has one more item than rows); alu: tuple, pygrad op -> foreign op or None; dtypes: tuple,
    dtype id -> foreign dtype or None; weak: tuple of the foreign dtypes an operand may have without typing the op;
    cache: the hash-consing dict; cls: the node class; cast: (pygrad CAST, foreign CAST, pygrad BITCAST, foreign
-   BITCAST); mdata: the metadata dict or None; mdrm: its weak references' callback; mds: dict pdata -> metadata. */
+   BITCAST); mdata: the metadata dict or None; mdrm: its weak references' callback; mds: dict pdata -> metadata;
+   lazy: lazy(j) -> the node of row j, made now (None: such a row is left to Python); fields: the node class's five
+   field descriptors, in key order, or None (the class is called). */
 enum { C_OUT, C_OP, C_DT, C_TAG, C_START, C_SRC, C_PDATA, C_ALU, C_DTYPES, C_WEAK, C_CACHE, C_CLS, C_CAST, C_MDATA,
-       C_MDRM, C_MDS, C_N };
+       C_MDRM, C_MDS, C_LAZY, C_FIELDS, C_N };
 
 typedef struct {
-  PyObject *out, *op, *dt, *tag, *start, *src, *pdata, *alu, *dtypes, *weak, *cache, *cls, *mdata, *mdrm, *mds;
+  PyObject *out, *op, *dt, *tag, *start, *src, *pdata, *alu, *dtypes, *weak, *cache, *cls, *mdata, *mdrm, *mds, *lazy;
+  PyObject *fields[5];  /* with alloc: the field descriptors */
+  newfunc alloc;         /* the class's tp_new, or NULL: the class is called */
+  descrsetfunc set[5];   /* each field descriptor's setter, with fields */
   long cast_op, bitcast_op;
   PyObject *tcast, *tbitcast;
   Py_ssize_t n;  /* rows */
@@ -40,10 +47,27 @@ static int bad(const char *what) {
   return -1;
 }
 
+/* the field descriptors (a tuple of 5 objects whose type has a setter), the setters and the class's allocator; or
+   none (fs is None) */
+static int read_fields(PyObject *fs, cfg_t *c) {
+  Py_ssize_t i;
+  c->alloc = NULL;
+  if (fs == Py_None) return 0;
+  if (!PyTuple_Check(fs) || PyTuple_Size(fs) != 5) return bad("fields must be None or a tuple of 5 descriptors");
+  for (i = 0; i < 5; i++) {
+    c->fields[i] = PyTuple_GetItem(fs, i);
+    c->set[i] = (descrsetfunc)PyType_GetSlot(Py_TYPE(c->fields[i]), Py_tp_descr_set);
+    if (!c->set[i]) return bad("a field descriptor has no setter");
+  }
+  c->alloc = (newfunc)PyType_GetSlot((PyTypeObject *)c->cls, Py_tp_new);
+  if (!c->alloc) return bad("cls has no tp_new");
+  return 0;
+}
+
 static int read_cfg(PyObject *t, cfg_t *c) {
   PyObject *cast;
   Py_ssize_t i;
-  if (!PyTuple_Check(t) || PyTuple_Size(t) != C_N) return bad("the configuration is no tuple of 16");
+  if (!PyTuple_Check(t) || PyTuple_Size(t) != C_N) return bad("the configuration is no tuple of 18");
   c->out = PyTuple_GetItem(t, C_OUT), c->op = PyTuple_GetItem(t, C_OP), c->dt = PyTuple_GetItem(t, C_DT);
   c->tag = PyTuple_GetItem(t, C_TAG), c->start = PyTuple_GetItem(t, C_START), c->src = PyTuple_GetItem(t, C_SRC);
   c->pdata = PyTuple_GetItem(t, C_PDATA), c->alu = PyTuple_GetItem(t, C_ALU), c->dtypes = PyTuple_GetItem(t, C_DTYPES);
@@ -72,7 +96,9 @@ static int read_cfg(PyObject *t, cfg_t *c) {
     if (!PyTuple_GetItem(c->weak, i)) return -1;
   c->make = (ternaryfunc)PyType_GetSlot(&PyType_Type, Py_tp_call);
   if (!c->make) return bad("type has no call");
-  return 0;
+  c->lazy = PyTuple_GetItem(t, C_LAZY);
+  if (c->lazy != Py_None && !PyCallable_Check(c->lazy)) return bad("lazy must be callable or None");
+  return read_fields(PyTuple_GetItem(t, C_FIELDS), c);
 }
 
 /* the entry of table t (a tuple) at i, borrowed, or NULL (no error) if i is out of it or the entry is None */
@@ -94,6 +120,24 @@ static int is_weak(const cfg_t *c, PyObject *x) {
   return r;
 }
 
+/* a new node with the fields of key (a tuple of 5): the class called, or a bare instance given them (its __init__
+   would set just these); a new reference, or NULL with an exception set */
+static PyObject *make(const cfg_t *c, PyObject *key) {
+  PyObject *t, *none;
+  int i;
+  if (!c->alloc) return c->make(c->cls, key, NULL);
+  if (!(none = PyTuple_New(0))) return NULL;
+  t = c->alloc((PyTypeObject *)c->cls, none, NULL);
+  Py_DECREF(none);
+  if (!t) return NULL;
+  for (i = 0; i < 5; i++)
+    if (c->set[i](c->fields[i], t, PyTuple_GetItem(key, i)) < 0) {
+      Py_DECREF(t);
+      return NULL;
+    }
+  return t;
+}
+
 /* the hash-consed node of key (a new reference; *fresh set if made here), or NULL with an exception set */
 static PyObject *node_of(const cfg_t *c, PyObject *key, int *fresh) {
   PyObject *w = PyDict_GetItemWithError(c->cache, key), *t;
@@ -106,7 +150,7 @@ static PyObject *node_of(const cfg_t *c, PyObject *key, int *fresh) {
     if (t != Py_None) return t;
     Py_DECREF(t);
   } else if (PyErr_Occurred()) return NULL;
-  if (!(t = c->make(c->cls, key, NULL))) return NULL;
+  if (!(t = make(c, key))) return NULL;
   if (!(w = PyWeakref_NewRef(t, NULL)) || PyDict_SetItem(c->cache, key, w) < 0) {
     Py_XDECREF(w);
     Py_DECREF(t);
@@ -165,12 +209,17 @@ static int one_row(const cfg_t *c, Py_ssize_t i) {
       goto fail;
     }
     x = PyList_GetItem(c->out, j);
-    if (x == Py_None) goto later;  /* made by Python, lazily */
+    if (!x) goto fail;
+    if (x != Py_None) Py_INCREF(x);
+    else if (c->lazy == Py_None) goto later;  /* made by Python, lazily */
+    else if (!(x = PyObject_CallFunction(c->lazy, "l", j))) goto fail;  /* a helper row, made now */
     if (top && !typed) {
-      if ((r = is_weak(c, x)) < 0) goto fail;
+      if ((r = is_weak(c, x)) < 0) {
+        Py_DECREF(x);
+        goto fail;
+      }
       typed = !r;
     }
-    Py_INCREF(x);
     PyTuple_SetItem(src, k, x);  /* steals x */
   }
   if (top && !typed) goto later;  /* every operand weak: the foreign IR's promotion decides (Python) */

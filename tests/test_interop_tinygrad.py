@@ -406,14 +406,15 @@ def test_c_loop_of_the_way_out_checks_its_arguments():
   """Bad arguments to the C loop are Python exceptions, never a crash."""
   from pygrad.core import CORE
   from tinygrad.uop.ops import UOpMetaClass
+  import pygrad.interop.tinygrad_tables as pt_tables
   f = CORE.foreign_rows
   if f is None: pytest.skip("the pure-Python core has no C loop")
   cast = (0, TOps.CAST, 0, TOps.BITCAST)
 
-  def cfg(out=None, op=(1,), start=(0, 0), src=(), cache=None, cls=TUOp, cst=cast, md=None):
+  def cfg(out=None, op=(1,), start=(0, 0), src=(), cache=None, cls=TUOp, cst=cast, md=None, lazy=None, fields=None):
     out = [None] if out is None else out
     return (out, list(op), [0], [0], list(start), list(src), [0], (), (), (), UOpMetaClass.ucache if cache is None
-            else cache, cls, cst, md, None, {})
+            else cache, cls, cst, md, None, {}, lazy, fields)
   with pytest.raises(TypeError): f(cfg(), None, 0)
   with pytest.raises(TypeError): f((1, 2), None, 0, 1)
   with pytest.raises(TypeError): f(cfg(out=(None,)), None, 0, 1)
@@ -431,6 +432,23 @@ def test_c_loop_of_the_way_out_checks_its_arguments():
   with pytest.raises(IndexError): f(tables(cfg(start=(0, 1), src=(7,))), None, 0, 1)
   with pytest.raises(TypeError): f(tables(cfg(start=(0, 3), src=(0,))), None, 0, 1)
   with pytest.raises(TypeError): f(tables(cfg(start=(0, 1), src=("x",))), None, 0, 1)
+  with pytest.raises(TypeError): f(cfg(lazy=1), None, 0, 1)
+  with pytest.raises(TypeError): f(cfg(fields=(1, 2)), None, 0, 1)
+  with pytest.raises(TypeError): f(cfg(fields=(1, 2, 3, 4, 5)), None, 0, 1)  # no descriptors
+  # a row whose source is made by `lazy`: its error is raised, a non-node source is a TypeError from the dtype read
+  def row(lazy, fields=None):  # row 1, an ADD of row 0, which is not made yet
+    c = cfg(out=[None, None], op=(0, 1), start=(0, 0, 1), src=(0,), lazy=lazy, fields=fields)
+    return tables(c[:2] + ([0, 0], [0, 0]) + c[4:6] + ([0, 0],) + c[7:])
+  with pytest.raises(ZeroDivisionError): f(row(lazy=lambda j: 1 / 0), [1], 0, 1)
+  with pytest.raises(AttributeError): f(row(lazy=lambda j: 7), [1], 0, 1)
+  # descriptors of another class: the setter's own type check (a TypeError), never a crash
+  class Other:
+    __slots__ = ("op", "dtype", "src", "arg", "tag")
+  other = tuple(Other.__dict__[k] for k in Other.__slots__)
+  x = TUOp.const(2.5, tdtypes.float32)
+  with pytest.raises(TypeError): f(row(lazy=lambda j: x, fields=other), [1], 0, 1)
+  c = row(lambda j: x, pt_tables._tfields())
+  assert f(c, [1], 0, 1) == 1 and c[0][1] is TUOp(TOps.ADD, tdtypes.float32, (x,))
 
 
 @pytest.mark.parametrize("model", MODELS + ["W1", "W2"], ids=lambda f: getattr(f, "__name__", f))
@@ -516,3 +534,35 @@ def test_c_walk_of_the_way_in_checks_its_arguments():
   f(good, x)  # converted already: nothing to do
   with pytest.raises(TypeError, match="tuple"):  # value sources must be a tuple
     f(good[:21] + (lambda u: [],) + good[22:], TUOp(TOps.SINK, src=(x * 3.0,)))
+
+
+def test_nodes_are_made_without_init_only_where_init_just_sets_the_fields():
+  """The C loop of the way out skips tinygrad's __init__ frame only for a class whose __init__ is the one dataclass
+  generates for the five slots (tinygrad 0.14.0's UOp): any other __init__, a __post_init__ or __setattr__ of its
+  own, and the class is called as before."""
+  import dataclasses
+  from pygrad.interop.tinygrad_tables import _tfields
+  assert _tfields() is not None
+
+  @dataclasses.dataclass(eq=False, slots=True)
+  class A:
+    op: int
+    dtype: int = 0
+    src: tuple = ()
+    arg: object = None
+    tag: object = None
+
+  class B(A):
+    __slots__ = ()
+    def __init__(self, *a): super().__init__(*a)
+
+  @dataclasses.dataclass(eq=False, slots=True)
+  class C(A):
+    def __post_init__(self): pass
+
+  class D(A):
+    __slots__ = ()
+    def __setattr__(self, k, v): object.__setattr__(self, k, v)
+
+  assert _tfields(A) == tuple(A.__dict__[k] for k in ("op", "dtype", "src", "arg", "tag"))
+  assert _tfields(B) is None and _tfields(C) is None and _tfields(D) is None

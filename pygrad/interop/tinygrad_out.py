@@ -11,7 +11,7 @@ from pygrad.serialize import export, _rows_of
 from .tinygrad_tables import TMetadata, TOps, TUOp, _AFTER, _ASSIGN, _BCAST, _BITCAST, _BUFFER, _CALL, _CAST, _CONST, \
   _CONTIGUOUS, _COPY, _DEFINE_VAR, _EXPAND, _EXPANDOP, _FLIP, _FUNCTION, _GETTUPLE, _IDENT, _INFO, _MD_OUT, _NOOP, \
   _PAD, _PARAM, _PERMUTE, _REDUCE, _REDUCEOP, _RESHAPE, _SHRINK, _SINK, _TALU_I, _TDT_I, _TG, _TOPS, _TUPLE, _WEAK, \
-  _tcallinfo, _tg_metadata, _tmake_checked, _tmake_for, shape_to_shape_arg, UOpMetaClass
+  _tcallinfo, _tfields, _tg_metadata, _tmake_checked, _tmake_for, shape_to_shape_arg, UOpMetaClass
 
 _args_objs, _meta_vals, _core_info = ARGS.objs, META.vals, CORE.info
 _wref = weakref.ref
@@ -58,26 +58,28 @@ class _Out:
     direct = mk is not _tmake_checked
     ucache, new, ref = UOpMetaClass.ucache, type.__call__, weakref.ref
     ucget = ucache.get
-    todo = range(n)
+    # helper rows are made only when asked for (see _lazy), so the loop skips them
+    make = ~self._helpers(op, tag)
     if known:  # rows known already map back as they are; rows only they reach are not converted
       isk = np.isin(ids, np.fromiter(known, np.int64, len(known)))
       for i in np.flatnonzero(isk).tolist(): out[i] = known[idl[i]]
       need = CORE.toposort([r._id for r in roots], True, list(known))
       need = need.numpy() if hasattr(need, "numpy") else np.array(need, np.int64)  # the C core's Ids, or a list
-      todo = np.flatnonzero(np.isin(ids, need) & ~isk).tolist()
-    # the C core's loop makes the plain rows (typed ALU, CAST, BITCAST) as the branches below do, and stops at any
-    # other row, which the Python loop makes; with tinygrad's checked constructor in use, Python makes every row
+      make &= np.isin(ids, need) & ~isk
+    todo = np.flatnonzero(make).tolist()
+    # the C core's loop makes the plain rows (typed ALU, CAST, BITCAST) as the branches below do (sources not made
+    # yet by _lazy, as they do), and stops at any other row, which the Python loop makes; with tinygrad's checked
+    # constructor in use, Python makes every row
     fast, pos, end = CORE.foreign_rows if direct else None, 0, len(todo)
     if fast is not None:
       if md:
         for p in np.unique(pdata).tolist():
           if p: mds[p] = self._md(p)
       cfg = (out, opl, dtl, tagl, stl, srcl, pdl, _TALU_T, _TDT_T, _WEAK_T, ucache, TUOp,
-             (_CAST, _TCAST, _BITCAST, _TBITCAST), mdata if md else None, mdrm, mds)
-      tl = todo if type(todo) is list else None
+             (_CAST, _TCAST, _BITCAST, _TBITCAST), mdata if md else None, mdrm, mds, lazy, _TFIELDS)
     while pos < end:
       if fast is not None:
-        pos = fast(cfg, tl, pos, end)
+        pos = fast(cfg, todo, pos, end)
         if pos >= end: break
       i = todo[pos]
       pos += 1
@@ -115,14 +117,10 @@ class _Out:
         t = out[i] = mk(_TCAST if o == _CAST else _TBITCAST, d, (x,), d)
       else:
         tg = objs[tagl[i]] if tagl[i] else None
-        # the helper of a pair, or an explicit broadcast: made only if asked for on its own (see _lazy)
-        if tg is not None and (tg == _BCAST or tg == _EXPAND and o == _RESHAPE or tg == _REDUCE and o == _REDUCEOP):
-          continue
         if o == _REDUCEOP and tg is None:  # its keepdim reshape is made only if a user needs it (see _reshaped)
           t = self._reduce(i)
         elif o == _PERMUTE and tg is None and (got := reduced.get(srcl[stl[i]])) is not None:
           t = self._permuted(i, got)  # likewise
-        elif fold and o == _RESHAPE and tg is None: continue  # made on demand (see _reshaped)
         else: t = out[i] = one(i, o, tg)
       # all_metadata[t] = ... unless t has some, as tinygrad's WeakKeyDictionary would set it, minus its Python frames
       if md and (p := pdl[i]) and (fresh or _wref(t) not in mdata):
@@ -130,6 +128,18 @@ class _Out:
         if m is None: m = mds[p] = self._md(p)
         mdata[_wref(t, mdrm)] = m
     return [self._get(int(i)) for i in _rows_of(ids, [r._id for r in roots])]
+
+  def _helpers(self, op: np.ndarray, tag: np.ndarray) -> np.ndarray:
+    """The rows made only when asked for on their own (see _lazy): the helper of a pair (the RESHAPE of an EXPAND,
+    the REDUCE_AXIS of a REDUCE), an explicit broadcast, and with fold an untagged RESHAPE (see _reshaped)."""
+    skip = (op == _RESHAPE) & (tag == 0) if self.fold else np.zeros(len(op), bool)
+    ut, inv = np.unique(tag, return_inverse=True)
+    kind = np.zeros(len(ut), np.int8)  # 1: every row with the tag, 2: its RESHAPE rows, 3: its REDUCE_AXIS rows
+    for k, t in enumerate(ut.tolist()):
+      tg = _args_objs[t] if t else None
+      if type(tg) is str: kind[k] = 1 if tg == _BCAST else 2 if tg == _EXPAND else 3 if tg == _REDUCE else 0
+    kr = kind[inv]
+    return skip | (kr == 1) | (kr == 2) & (op == _RESHAPE) | (kr == 3) & (op == _REDUCEOP)
 
   @staticmethod
   def _md(pid: int) -> tuple:
@@ -326,4 +336,5 @@ _TCAST, _TBITCAST = TOps.CAST, TOps.BITCAST
 _TALU_T = tuple(_TALU_I.get(o) for o in range(max(_TALU_I) + 1))
 _TDT_T = tuple(_TDT_I.get(d) for d in range(max(_TDT_I) + 1))
 _WEAK_T = tuple(_WEAK)
+_TFIELDS = _tfields()  # the C loop makes tinygrad's nodes by setting these (see _tfields)
 _SLOT0 = -(1 << 48)  # below tinygrad's own slots (counters from 0, and -id(buffer) for adopted storage)

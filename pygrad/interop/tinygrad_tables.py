@@ -2,7 +2,7 @@
 ops both IRs share, the tags of pygrad nodes that encode a tinygrad node differently, which sources of a tinygrad
 node are values, and tinygrad's calls as pygrad calls (a tinygrad grad_fxn called from pygrad's derivation)."""
 from __future__ import annotations
-import contextlib, gc, threading, weakref
+import contextlib, gc, threading, types, weakref
 from pygrad import Ops, dtypes, CallInfo
 
 try:
@@ -163,6 +163,23 @@ def _tmake_for():
     ucache[key] = ref(t)
     return t
   return tmake
+
+
+def _tfields(cls=TUOp):
+  """The descriptors of cls's fields (op, dtype, src, arg, tag) if making a node is just setting them: cls has
+  object's __new__ and __setattr__, and its __init__ is the one dataclass generates for those slots (it assigns each
+  and does nothing else). The C loop of the way out (csrc/pyforeign.c) then sets them on a bare instance, skipping
+  the __init__ frame (a fifth of a node's cost); else None, and it calls the class."""
+  names = ("op", "dtype", "src", "arg", "tag")
+  init = cls.__dict__.get("__init__")
+  code = getattr(init, "__code__", None)
+  if code is None or code.co_varnames[:6] != ("self", *names) or code.co_argcount != 6 or \
+     code.co_filename != "<string>" or init.__qualname__ != f"{cls.__qualname__}.__init__" or hasattr(cls, "__post_init__") or \
+     cls.__new__ is not object.__new__ or cls.__setattr__ is not object.__setattr__ or \
+     getattr(cls, "__slots__", None) != names:
+    return None
+  ds = tuple(cls.__dict__.get(k) for k in names)
+  return ds if all(type(d) is types.MemberDescriptorType for d in ds) else None
 
 
 @contextlib.contextmanager
