@@ -105,7 +105,8 @@ _RESHAPE, _EXPAND, _PERMUTE, _PAD, _SHRINK, _REDUCE_AXIS = \
   Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.PAD, Ops.SHRINK, Ops.REDUCE_AXIS
 
 
-_COS_TOP = {"float16": 2.0 ** 15, "bfloat16": 2.0 ** 127, "float32": 2.0 ** 127, "float64": 2.0 ** 1023}  # 2x finite below
+# per float dtype, the |x| below which 2 * x is finite (cos computes sin(2x))
+_COS_TOP = {"float16": 2.0 ** 15, "bfloat16": 2.0 ** 127, "float32": 2.0 ** 127, "float64": 2.0 ** 1023}
 
 # tanh's Taylor coefficients, x**1 to x**15: 1, -1/3, 2/15, -17/315, 62/2835, -1382/155925, 21844/6081075, ...
 _TANH_TAYLOR = (1.0, -1 / 3, 2 / 15, -17 / 315, 62 / 2835, -1382 / 155925, 21844 / 6081075, -929569 / 638512875)
@@ -489,7 +490,8 @@ class MathMixin:
     if not -self.ndim <= axis < self.ndim: raise ValueError(f"shard: axis {axis} out of range for {self.ndim} dims")
     axis %= self.ndim
     size = self.shape[axis]
-    if size % len(devices): raise ValueError(f"shard: axis {axis} of size {size} does not split over {len(devices)} devices")
+    if size % len(devices):
+      raise ValueError(f"shard: axis {axis} of size {size} does not split over {len(devices)} devices")
     step = size // len(devices)
     pieces = []
     for i, d in enumerate(devices):
