@@ -11,7 +11,7 @@ from pygrad import UOp, dtypes
 
 program = pytest.importorskip("pygrad.engine.program", reason="the compiled interpreter is not built",
                               exc_type=ImportError)
-from pygrad.engine import planner, lower  # noqa: E402
+from pygrad.engine import planner, lower, kwalk  # noqa: E402
 from pygrad.engine.flatten import flatten  # noqa: E402
 from pygrad.engine.planner import Planner, Loop, CallStep  # noqa: E402
 from pygrad.bench import w1_model, MethodOps  # noqa: E402
@@ -88,7 +88,7 @@ def _plan(name: str, mode: str, monkeypatch):
     if mode != "py":
       m.setattr(planner, "_WALK_MIN_NODES", 0)
       m.setattr(planner, "_GRAPH_MIN_NODES", 0)
-    if mode == "c-cols": m.setattr(planner, "_SMALL_KERNEL", 0)
+    if mode == "c-cols": m.setattr(kwalk, "SMALL_KERNEL", 0)
     outs, ins = GRAPHS[name]()
     used = {"c": 0, "py": 0}
     c_build, py_build = Planner._build_c, Planner._build_py

@@ -10,131 +10,23 @@ leaves, so the expression is computed once per output element and an EXPAND is a
 from __future__ import annotations
 import math
 from functools import partial
-from itertools import chain, repeat
-from operator import attrgetter, itemgetter, is_not, not_
-from typing import NamedTuple
 import numpy as np
 from ..ops import Ops, GroupOp
-from ..dtype import BY_ID, DType, dtypes
-from .flatten import PNode, LazyNodes, _OPS
+from .flatten import PNode, LazyNodes
 from .views import View, apply
+from .kwalk import Graph as _Graph, Walk as _Walk, kcols as _kcols, alu_knodes as _alu_knodes, \
+  make_knodes as _make_knodes, PU_ALU as _PU_ALU, PU_ALU_MOVE as _PU_ALU_MOVE
+from . import kwalk
+from .records import compute_dtype, storage_dtype, Buf, KNode, Store, Loop, OutRef, CallStep  # noqa: F401 (re-exported)
 from .values import const_array, input_name, map_nested
 from ..ids import value
 
 VM_MAXSIZE = value("consts", "VM_MAXSIZE")  # csrc/tables.h: bytes of a VM buffer, elements of an index space
 
-_F16, _BF16 = dtypes.float16, dtypes.bfloat16
 _ALU = GroupOp.ALU | {Ops.CAST, Ops.BITCAST}
 _MOVE = GroupOp.Movement
 _ALU_MOVE = _ALU | _MOVE
 _PURE_ALU = GroupOp.ALU
-
-
-def compute_dtype(dt: DType) -> DType:
-  """The type a value is computed and kept in inside the VM (float16/bfloat16 in float32)."""
-  return dtypes.float32 if dt in (_F16, _BF16) else dt
-
-
-def storage_dtype(dt: DType) -> DType:
-  """The numpy storage of a value at the program boundary (bfloat16 as float32, as numpy_eval keeps it)."""
-  return dtypes.float32 if dt is _BF16 else dt
-
-
-class Buf:
-  """A buffer: kind "arena" (internal, placed by liveness), "input"/"output" (slot index), or "const" (data)."""
-  __slots__ = ("id", "kind", "index", "stype", "shape", "dtype", "data", "offset", "node", "nbytes")
-
-  def __init__(self, bid, kind, stype: DType, shape, dtype: DType, index=-1, data=None):
-    self.id, self.kind, self.stype, self.shape, self.dtype, self.index, self.data = bid, kind, stype, shape, dtype, \
-      index, data
-    self.offset, self.node = 0, None  # node: the PNode whose value it holds, for error messages
-    self.nbytes = math.prod(shape) * stype.itemsize  # (shape and stype never change; placement reads it often)
-
-  def describe(self) -> str:
-    """What the buffer holds, for error messages: the op (when known), dtype and shape."""
-    op = f"{self.node.op.name} " if self.node is not None else ""
-    return f"{op}{self.dtype.name}{list(self.shape)}"
-
-  def __repr__(self): return f"Buf#{self.id}({self.kind}{self.index if self.index >= 0 else ''}, {self.stype.name})"
-
-
-class KNode:
-  """One value of a kernel's expression, shaped like a UOp so that UPat patterns match it (lowering's peepholes).
-  A load has op BUFFER (or CONST, with the constant as arg, when it reads a constant broadcast to every index) and
-  reads `buf` through `view`; an ALU node (op in GroupOp.ALU, CAST, BITCAST) computes over `src` (KNodes), `sdtype`
-  being its first operand's dtype. `opcode` is the VM instruction's name when it is not the op's (a peephole's pick
-  that no Ops member names, e.g. ABS). `pos` is scratch for lowering (lower.allocate_c numbers the nodes in it)."""
-  __slots__ = ("op", "dtype", "src", "arg", "buf", "view", "sdtype", "opcode", "pos")
-
-  def __init__(self, op: Ops, dtype: DType, src: tuple = (), arg=None, buf=None, view=None, sdtype=None, opcode=None):
-    self.op, self.dtype, self.src, self.arg, self.buf, self.view, self.sdtype, self.opcode = op, dtype, src, arg, \
-      buf, view, sdtype, opcode
-
-  @staticmethod
-  def load(buf: Buf, view: View, dtype: DType) -> KNode:
-    if buf.kind == "const" and view.is_scalar(): return KNode(Ops.CONST, dtype, (), buf.data.item(), buf, view)
-    return KNode(Ops.BUFFER, dtype, (), None, buf, view)
-
-  @property
-  def is_load(self) -> bool: return self.buf is not None
-
-  def __repr__(self):
-    return f"KNode({self.op.name}, {self.dtype.name}, {self.buf if self.is_load else len(self.src)})"
-
-
-class Store(NamedTuple):
-  """A kernel's result: the value of `src` written to `buf` through `view`."""
-  src: KNode
-  buf: Buf
-  view: View
-
-
-class Loop:
-  """One VM loop kernel before lowering over index space `shape`: `knodes` (loads and ALU nodes in dependency
-  order), `stores`, and for a reduction the reduce op, the reduced axes and the result's dtype. `reachable`: every
-  knode is read by the stores, directly or not (the planner's walk made them from the stores' values). `loads`: the
-  load KNodes in knodes order. A kernel walked in C has `kcols` and may make its ALU KNodes only when `knodes` is
-  first read (`make`: a function returning knodes): lowering reads the columns, and the stores' sources and their
-  operands, which exist from the start and are the same objects in knodes."""
-  __slots__ = ("shape", "_knodes", "stores", "redop", "redaxes", "rdtype", "reachable", "kcols", "loads", "_make")
-
-  def __init__(self, shape, knodes: list[KNode] | None, stores: list[Store], redop=None, redaxes=(), rdtype=None,
-               reachable: bool = False, kcols=None, loads: list[KNode] | None = None, make=None):
-    self.shape, self._knodes, self.stores, self.redop, self.redaxes, self.rdtype = tuple(shape), knodes, stores, \
-      redop, tuple(redaxes), rdtype
-    self.reachable, self.kcols, self._make = reachable, kcols, make
-    self.loads = [k for k in knodes if k.buf is not None] if loads is None else loads
-
-  @property
-  def knodes(self) -> list[KNode]:
-    if self._knodes is None: self._knodes, self._make = self._make(), None
-    return self._knodes
-
-  @property
-  def made(self) -> bool:
-    """Whether the KNodes exist (else only the loads, the stores' sources and their operands do)."""
-    return self._knodes is not None
-
-  @property
-  def size(self) -> int:
-    """len(knodes), without making them."""
-    return len(self._knodes) if self._knodes is not None else self.kcols.nl + len(self.kcols.ns)
-
-
-class OutRef:
-  """Where a program output lives: its buffer, and the shape to return it in."""
-  __slots__ = ("buf", "shape")
-
-  def __init__(self, buf, shape):
-    self.buf, self.shape = buf, shape
-
-
-class CallStep:
-  """A CALL: run `fxn` on arrays holding these buffers, between two C segments."""
-  __slots__ = ("fxn", "name", "bufs")
-
-  def __init__(self, fxn, name, bufs):
-    self.fxn, self.name, self.bufs = fxn, name, bufs
 
 
 def _fused_shared(nodes: list[PNode]) -> bytearray:
@@ -166,216 +58,7 @@ def _fused_shared(nodes: list[PNode]) -> bytearray:
 _GRAPH_MIN_NODES = 4096  # graphs from which the planner's sweeps run in C over arrays
 _WALK_MIN_NODES, _WALK_PER_JOB = 4096, 64  # plans whose kernels average this many nodes walk them in C
 _MISS = object()
-_SMALL_KERNEL = 64  # kernels of at most this many walk entries have their KNodes made one by one (_knodes_small)
 _LAZY_MOVES = 64  # a graph with more than one movement op in this many nodes has its LazyNodes made at once
-_KW_LEAF, _KW_ALU, _KW_SCALAR, _KW_MOVE = 1, 2, 4, 8  # csrc/pygrad.h's PG_KW_* flags
-_PU_ALU, _PU_ALU_MOVE, _PU_OUTPUT = 2, 8, 16  # and PG_PU_*
-_G_SRC, _G_OP, _G_DTYPE, _G_OPCODE, _G_IDX, _G_VIEW, _G_SHAPE, _G_OUT, _G_ID = (attrgetter(a) for a in (
-  "src", "op", "dtype", "opcode", "idx", "view", "shape", "is_output", "id"))
-_G_SRC0 = itemgetter(0)
-_OP_FLAGS = np.zeros(max(int(o) for o in Ops) + 1, np.uint8)
-_OP_FLAGS[[int(o) for o in _ALU]] |= _PU_ALU
-_OP_FLAGS[[int(o) for o in _ALU_MOVE]] |= _PU_ALU_MOVE
-_PURE = 64  # (Python only: a pure ALU op, _visit's first case)
-_OP_FLAGS[[int(o) for o in _PURE_ALU]] |= _PURE
-
-
-class KCols(NamedTuple):
-  """A walked kernel's ALU KNodes as columns (in knodes order), for lowering (lower.allocate_cols): the loads come
-  first as positions 0..nl-1 (in knodes order), then the ALU nodes; `flat` lists every ALU node's operands as such
-  positions (`ns` of them each); ops, dtype ids, first operand's dtype ids; `special`: (rank, opcode name) of the
-  ALU nodes with an opcode of their own; `top`: the root's position."""
-  nl: int
-  ns: np.ndarray
-  flat: np.ndarray
-  ops: np.ndarray
-  dt: np.ndarray
-  sdt: np.ndarray
-  special: list
-  top: int
-
-
-def _kcols(g: _Graph, ent: np.ndarray, srcs: np.ndarray, first: np.ndarray, keep: np.ndarray, alu_e: np.ndarray,
-           ns: np.ndarray) -> KCols:
-  """_build_c's entries as KCols: an entry's position is its KNode's (a load read again is its first entry's)."""
-  leaf = ent[2::3] != 0
-  kept = keep & leaf
-  nl = int(kept.sum())
-  pos = np.where(leaf, (np.cumsum(kept) - 1)[first], nl + np.cumsum(~leaf) - 1)
-  node = ent[3 * alu_e]
-  ops = g.op_ids[node]
-  special = []  # (rank, opcode name) of the ALU nodes with an opcode of their own
-  if g.special:
-    at = np.flatnonzero(np.isin(node, np.fromiter(g.special, np.int64, len(g.special))))
-    special = [(r, g.special[i]) for r, i in zip(at.tolist(), node[at].tolist())]
-  return KCols(nl, ns, pos[srcs[:int(ns.sum())]].astype(np.int32), ops, g.dt_ids[node],
-               g.dt_ids[g.src[g.off[node]]], special, int(pos[len(pos) - 1]))
-
-
-class _Graph:
-  """The flattened graph as arrays (sources as node numbers, op classes, outputs, shape ids) for the C sweeps."""
-
-  def __init__(self, nodes: list[PNode], cols: dict | None = None):
-    n = self.n = len(nodes)
-    self.meta = None  # (per node a meta id: equal ids, equal shapes)
-    if cols is not None:  # flatten's columns (flatten.py, _flatten_plain)
-      self.nsrc, self.src, self.meta = cols["nsrc"], cols["src"], cols["meta"]
-      self.op_ids, self.dt_ids = cols["op"], cols["dtype"]
-    else:
-      srcs = list(map(_G_SRC, nodes))
-      self.nsrc = np.fromiter(map(len, srcs), np.int32, n)
-      self.src = np.fromiter(map(_G_IDX, chain.from_iterable(srcs)), np.int32)
-      self.op_ids = np.fromiter(map(_G_OP, nodes), np.int64, n)
-      self.dt_ids = np.fromiter(map(_G_ID, map(_G_DTYPE, nodes)), np.int64, n)
-    self.ops = _OP_FLAGS[self.op_ids]
-    sp = (cols["special"] if cols is not None else
-          [i for i, o in enumerate(map(_G_OPCODE, nodes)) if o is not None])  # (flatten's quotients: few)
-    self.special = {i: nodes[i].opcode for i in sp}  # node -> its opcode name
-    self.off = np.cumsum(self.nsrc, dtype=np.int64) - self.nsrc
-    from .vmlib import ffi, lib  # (the planner itself needs no compiled module)
-    self.ffi, self.lib = ffi, lib
-
-  def users_fused(self, nodes: list[PNode] | LazyNodes, outs: list[int]) -> bytearray:
-    """Sets every node's users (Planner.__init__'s count) and returns _fused_shared's flags. outs: the outputs'
-    node numbers."""
-    n = self.n
-    is_out = np.zeros(n, np.uint8)
-    is_out[outs] = _PU_OUTPUT
-    flags = (self.ops & (_PU_ALU | _PU_ALU_MOVE)) | is_out
-    # equal shapes, one id: canonical among the distinct meta ids, or else the distinct tuple objects
-    keys = self.meta if self.meta is not None else np.fromiter(map(id, map(_G_SHAPE, nodes)), np.int64, n)
-    first, inv = np.unique(keys, return_index=True, return_inverse=True)[1:]
-    canon: dict = {}
-    shapes = [nodes[i].shape for i in first.tolist()]
-    self.scalar = np.array([not sh for sh in shapes], bool)[inv]  # (per node: shape ())
-    sid = self.sid = np.array([canon.setdefault(sh, len(canon)) for sh in shapes], np.int32)[inv]
-    self.sid_shapes = list(canon)  # (shape id -> the shape)
-    users, fused = np.empty(n, np.int32), np.empty(n, np.uint8)
-    cp = self.ffi.from_buffer
-    rc = self.lib.pg_plan_users(n, cp("int32_t[]", self.nsrc), cp("int64_t[]", self.off), cp("int32_t[]", self.src),
-                                len(self.src), cp("uint8_t[]", flags), cp("int32_t[]", sid), cp("int32_t[]", users),
-                                cp("uint8_t[]", fused))
-    if rc == self.lib.PG_ERR_NOMEM: raise MemoryError(f"pygrad planner: no memory for the users of {n} nodes")
-    if rc < 0: raise RuntimeError(f"pygrad planner: the users sweep refused {n} nodes with {len(self.src)} edges "
-                                  f"(at most {2**31 - 1} edges in one program) ({rc})")
-    ul = users.tolist()
-    if type(nodes) is LazyNodes:  # the nodes made so far, and any made later
-      nodes.users = ul
-      for i in nodes.made_idx: nodes[i].users = ul[i]
-    else:
-      for _ in map(setattr, nodes, repeat("users"), ul): pass
-    # the nodes _visit has anything to do for: a pure ALU node neither an output nor read twice stays an expression
-    self.visit = np.flatnonzero(~((self.ops & _PURE) != 0) | ((flags & _PU_OUTPUT) != 0) | (users >= 2)).tolist()
-    return bytearray(fused.tobytes())
-
-
-class _Walk:
-  """The graph's arrays with each node's class for csrc/kwalk.c (made once per plan, once every node has its
-  view), and the walk's scratch memory: a memo, all -1 between calls, and output buffers for the largest kernel."""
-
-  def __init__(self, g: _Graph, nodes: list[PNode]):
-    n = self.n = g.n
-    self.g, self.nsrc = g, g.nsrc
-    flags = g.ops & _KW_ALU
-    if type(nodes) is LazyNodes:  # a node not made has no view
-      made = nodes.made_idx
-      flags[made] |= np.fromiter(map(is_not, (nodes[i].view for i in made), repeat(None)), bool,
-                                 len(made)).astype(np.uint8) * _KW_LEAF
-    else: flags |= np.fromiter(map(is_not, map(_G_VIEW, nodes), repeat(None)), bool, n).astype(np.uint8) * _KW_LEAF
-    scalar = getattr(g, "scalar", None)
-    if scalar is None: scalar = np.fromiter(map(not_, map(_G_SHAPE, nodes)), bool, n)
-    flags |= scalar.astype(np.uint8) * _KW_SCALAR
-    moves = np.flatnonzero((g.ops & (_PU_ALU | _PU_ALU_MOVE)) == _PU_ALU_MOVE)  # the movement ops
-    flags[moves] |= _KW_MOVE
-    self.flags = flags
-    self.moves = len(moves) > 0  # (else every kernel takes csrc/kwalk.c's walk, with its dense memo)
-    if self.moves:
-      # a movement's class: equal (op, arg), equal class, as _build_py's cells key them; shape ids for broadcasts
-      classes: dict = {}
-      mvclass = np.full(n, -1, np.int32)
-      mvclass[moves] = [classes.setdefault((nd.op.name, tuple(nd.arg) if nd.op is Ops.FLIP else nd.arg), len(classes))
-                        for nd in map(nodes.__getitem__, moves.tolist())]
-      self.mv = list(classes)  # class -> (op name, arg)
-      sid = getattr(g, "sid", None)
-      if sid is None:
-        canon: dict = {}
-        sid = np.fromiter((canon.setdefault(nd.shape, len(canon)) for nd in nodes), np.int32, n)
-        g.sid, g.sid_shapes = sid, list(canon)
-      self.mvclass, self.sid, self.sid_shapes = mvclass, sid, g.sid_shapes
-      self.info, self.pycells = np.zeros(2, np.int64), []  # pycells: the plan's cells as _build_py's (cells())
-      self.max_cells = n + 64
-      self.keys = np.empty(2 * n + self.max_cells, np.int64)  # (an entry per (node, cell): 2n, see out below)
-      st = g.lib.pg_kwm_new()
-      if st == g.ffi.NULL: raise MemoryError("pygrad planner: no memory for the kernel walk's state")
-      self.kwm = g.ffi.gc(st, g.lib.pg_kwm_free)
-    self.memo = np.full(2 * n, -1, np.int32)
-    self.out, self.out_src = np.empty(6 * n, np.int32), np.empty(6 * n, np.int32)
-    self._lib, cp = g.lib, g.ffi.from_buffer
-    self._args = (cp("int32_t[]", g.nsrc), cp("int64_t[]", g.off), cp("int32_t[]", g.src), len(g.src),
-                  cp("uint8_t[]", self.flags))
-    self._mem = (cp("int32_t[]", self.memo), cp("int32_t[]", self.out), len(self.out) // 3,
-                 cp("int32_t[]", self.out_src), len(self.out_src))
-    if self.moves:
-      self._margs = (*self._args, cp("int32_t[]", self.mvclass), cp("int32_t[]", self.sid))
-      self._mmem = (cp("int32_t[]", self.out), len(self.out) // 3, cp("int32_t[]", self.out_src), len(self.out_src),
-                    self.max_cells, cp("int64_t[]", self.keys), cp("int64_t[]", self.info))
-
-  def run(self, top: int, top_leaf: bool):
-    """(entries as a flat int array, or a list for a small kernel: node, cell + 1 (0: no pending movement), leaf
-    per entry; the ALU entries' operands as entry numbers; the cells, as _build_py's) or (None, None, None) when
-    the C walk leaves the kernel to _build_py (csrc/kwalk.c: it has a movement op; kwalk_moves.c: it passes the
-    buffers). Without movements in the graph, the cells are this kernel's: cell 0 is the broadcast to its shape
-    (None is returned for them); with them, they are the plan's (`pycells`, one list for every kernel)."""
-    lib = self._lib
-    if not self.moves:
-      m = lib.pg_kernel_walk(self.n, *self._args, top, int(top_leaf), *self._mem)
-      if m == lib.PG_KW_MOVES: return None, None, None
-      if m < 0: raise RuntimeError(f"pygrad planner: the kernel walk failed ({m})")
-      ent = self.out[:3 * m].copy()
-      nsrc = int(self.nsrc[ent[0::3]][ent[2::3] == 0].sum())
-      return ent, self.out_src[:nsrc].copy(), None
-    m = lib.pg_kernel_walk_moves(self.kwm, self.n, *self._margs, top, int(top_leaf), *self._mmem)
-    if m == lib.PG_KW_MOVES or m == lib.PG_KW_FULL: return None, None, None
-    if m == lib.PG_ERR_NOMEM: raise MemoryError("pygrad planner: no memory for a kernel's walk")
-    if m < 0: raise RuntimeError(f"pygrad planner: the kernel walk failed ({m})")
-    nsrc, ncell = self.info.tolist()
-    if ncell > len(self.pycells): self._new_cells(ncell)
-    if m <= _SMALL_KERNEL:  # (_knodes_small reads lists)
-      return self.out[:3 * m].tolist(), self.out_src[:nsrc].tolist(), self.pycells
-    return self.out[:3 * m].copy(), self.out_src[:nsrc].copy(), self.pycells
-
-  def _new_cells(self, ncell: int) -> None:
-    """The cells the walks made since the last call, as _build_py's: (movement (op name, arg) or ("BCAST", shape),
-    parent cell or None)."""
-    k = ncell - len(self.pycells)
-    flat = np.empty(2 * k, np.int32)
-    got = self._lib.pg_kwm_cells(self.kwm, len(self.pycells), self.g.ffi.from_buffer("int32_t[]", flat), k)
-    if got != k: raise RuntimeError(f"pygrad planner: the walk's cells were not read ({got} of {k})")
-    mv, shapes, fl = self.mv, self.sid_shapes, flat.tolist()
-    self.pycells += [(mv[c] if c >= 0 else ("BCAST", shapes[-2 - c]), p if p >= 0 else None)
-                     for c, p in zip(fl[0::2], fl[1::2])]
-
-
-def _alu_knodes(g: _Graph, kn_of: np.ndarray, ent: np.ndarray, at: np.ndarray) -> None:
-  """The KNodes of the walk's ALU entries at (without operands yet) into kn_of, from the graph's columns (op, dtype,
-  first operand's dtype, a quotient's opcode) as _build_py makes them from the PNodes."""
-  node = ent[3 * at]
-  ops, dts, sdts = g.op_ids[node].tolist(), g.dt_ids[node].tolist(), g.dt_ids[g.src[g.off[node]]].tolist()
-  opc = map(g.special.get, node.tolist()) if g.special else repeat(None)
-  kn_of[at] = list(map(KNode, map(_OPS.__getitem__, ops), map(BY_ID.__getitem__, dts), repeat(()), repeat(None),
-                       repeat(None), repeat(None), map(BY_ID.__getitem__, sdts), opc))
-
-
-def _make_knodes(g, kn_of, ent, srcs, keep, alu_e, ns, start, made) -> list[KNode]:
-  """_build_c's knodes: the ALU KNodes not made yet (made: the entries that are), all given their operands a
-  column at a time."""
-  _alu_knodes(g, kn_of, ent, np.setdiff1d(alu_e, made, assume_unique=True))
-  for k in range(1, int(ns.max()) + 1):
-    at = np.flatnonzero(ns == k)
-    if not len(at): continue
-    cols = [kn_of[srcs[start[at] + j]].tolist() for j in range(k)]
-    for _ in map(setattr, kn_of[alu_e[at]].tolist(), repeat("src"), zip(*cols)): pass
-  return kn_of[keep].tolist()
 
 
 class Planner:
@@ -589,7 +272,7 @@ class Planner:
     Store is made for a kernel the cache has seen. False (the walk kept for _build_c) when it is not such a kernel."""
     if self.cache is None or self.walk is None: return False
     w = self.walk.run(top.idx, (top.op not in _ALU_MOVE) if expand_top else (top.view is not None))
-    if w[0] is None or len(w[0]) // 3 > min(_SMALL_KERNEL, self.cache.max_nodes):
+    if w[0] is None or len(w[0]) // 3 > min(kwalk.SMALL_KERNEL, self.cache.max_nodes):
       self.prewalk = w
       return False
     self.kernels += self.cache.walked(self, w, top, kshape, (tuple(kshape), *red), b, view)
@@ -615,7 +298,7 @@ class Planner:
     else: ent, srcs, cells = w.run(top.idx, (top.op not in _ALU_MOVE) if expand_top else (top.view is not None))
     if ent is None: return None
     m = len(ent) // 3
-    if m <= _SMALL_KERNEL:
+    if m <= kwalk.SMALL_KERNEL:
       if type(ent) is not list: ent, srcs = ent.tolist(), srcs.tolist()
       return self._knodes_small(ent, srcs, cells, top, kshape)
     nodes = self.nodes
