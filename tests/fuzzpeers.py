@@ -141,7 +141,11 @@ class Fuzz:
     names = BIN + (BIN_F if f else [] if b_ else BIN_I) + (["and", "or", "xor"] if b_ else [])
     if b_: names = [n for n in names if n not in ("sub",)]
     name = str(r.choice(names))
-    b = self.pick(lambda n: n.u.dtype is a.u.dtype and (n.u.shape == a.u.shape or n.u.shape == ()))
+    # gradients: no x / x, whose derivatives are rounding noise (eps / x**2 at order 2) in pygrad and torch alike,
+    # which a later matmul magnifies past any tolerance (seeds 835413 --grad32, 902950 --grad)
+    same_ok = not (self.grad and name == "truediv")
+    b = self.pick(lambda n: n.u.dtype is a.u.dtype and (n.u.shape == a.u.shape or n.u.shape == ()) and
+                  (same_ok or n.u is not a.u))
     if b is None or r.random() < 0.25:
       v = _values(r, (), a.u.dtype, bool(self.grad)).item()
       b = Node(UOp.const(v, a.u.dtype), _tensor(np.asarray(v, np.float32 if a.u.dtype is dtypes.bfloat16
