@@ -79,8 +79,8 @@ _FMOD64_STEPS = 4  # exact for |a / b| < 2**99
 
 
 def _fmod64(a, b):
-  """C's fmod(a, b) of float64 values: exact for |a / b| < 2**99, and past that a remainder off by the roundings of
-  one last product (no wider type to work in, and the quotient's exponent reaches 2098). As _fmod32, on r = |a| by
+  """C's fmod(a, b) of float64 values, exact for |a / b| < 2**99, and where it is exact: past 2**99 the steps leave a
+  remainder not reduced (no wider type to work in, and the quotient's exponent reaches 2098). As _fmod32, on r = |a| by
   steps r -= t * (|b| * 2**k), now with |b| split into a high part of 26 significant bits and a low part (exact
   sum): t < 2**25, so t * high and t * low are exact, r - t * high is below high * 2**k in b's units (t is taken
   from it), and the result is a multiple of b's unit below 2**53 of them: each subtraction exact. A step takes 25
@@ -107,8 +107,8 @@ def _fmod64(a, b):
 
 
 def _approx_divmod(a, b):
-  """floor(a / b) from the rounded quotient, moved by one where the remainder a - b * q lies outside [0, b), and
-  that remainder: within a few roundings of numpy's, for float64 quotients past _fmod64's exact range."""
+  """floor(a / b) from the rounded quotient, moved by one where the remainder a - b * q lies outside [0, b): numpy's
+  float64 quotient past _fmod64's exact range (and that remainder, which is not numpy's there)."""
   q = (a / b).floor()
   r = a - b * q
   pos, neg = b > 0, b < 0
@@ -123,7 +123,10 @@ def _float_divmod(a, b, div_too: bool = True):
   nonzero with a sign other than b's, mod += b and div -= 1; a zero mod takes b's sign; the floor of div rounded to
   nearest (div - floor(div) > 0.5 adds 1), a zero quotient taking the sign of a / b; for b = 0, a / b and NaN.
   float16/bfloat16 compute in float32 and round once, as numpy's half and ml_dtypes' bfloat16 do. Without div_too,
-  (None, a % b): the quotient's nodes, which a % b does not read, are not built."""
+  (None, a % b): the quotient's nodes, which a % b does not read, are not built. A float64 remainder past the exact
+  fmod's range (|a / b| >= 2**99) is NaN: no remainder computed there is numpy's, not even near it (a - b * (a // b)
+  with a // b rounded to 53 bits is off by up to 2**46 times b; it gave -inf for 1.0 % 5e-324), and a NaN says so
+  where a finite wrong number would not."""
   dt = a.dtype
   if dt.itemsize == 2: a, b = a.cast(dtypes.float32), b.cast(dtypes.float32)
   mod, exact = _fmod64(a, b) if a.dtype is dtypes.float64 else (_fmod32(a, b), None)
@@ -132,7 +135,7 @@ def _float_divmod(a, b, div_too: bool = True):
   mod = fix.where(mod + b, mod)
   mod = mod.eq(0).where(signbit(b).where(-0.0, 0.0), mod)
   if not div_too:
-    if exact is not None: mod = exact.where(mod, _approx_divmod(a, b)[1])
+    if exact is not None: mod = exact.where(mod, math.nan)
     return None, mod.cast(dt)
   div = fix.where(div - 1, div)
   fl = div.floor()
@@ -140,8 +143,8 @@ def _float_divmod(a, b, div_too: bool = True):
   q = a / b
   div = b.eq(0).where(q, div.ne(0).where(fl, signbit(q).where(-0.0, 0.0)))
   if exact is not None:
-    qa, ra = _approx_divmod(a, b)
-    div, mod = exact.where(div, qa), exact.where(mod, ra)
+    qa, _ = _approx_divmod(a, b)
+    div, mod = exact.where(div, qa), exact.where(mod, math.nan)
   # a // b passes no gradient, as floor's is 0 (torch's floor_divide has none): its graph holds a / b (the b == 0
   # branch) and the approximate quotient, whose own gradients are 0 only by selection, so a NaN gradient arriving
   # (d/de of b ** e at b < 0) became NaN at order 2 (0 * NaN) where torch's is 0
@@ -154,7 +157,7 @@ def float_floordiv(a, b):
 
 
 def float_mod(a, b):
-  """a % b of two float UOps of one dtype, numpy's (float64: exact for |a / b| < 2**99, README)."""
+  """a % b of two float UOps of one dtype, numpy's (float64: for |a / b| < 2**99, else NaN; README)."""
   return _float_divmod(a, b, False)[1]
 
 

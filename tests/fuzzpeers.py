@@ -156,8 +156,8 @@ class Fuzz:
       # int division by zero is defined here (0) and an error in torch; MIN // -1 overflows in both
       peer = peer and not bool((b.t == 0).any()) and not bool((b.t == -1).any())
     if name == "mod" and a.u.dtype is dtypes.float64 and peer:
-      # float64 % is exact only for |a / b| < 2**99 (README): past that it is a - b * (a // b) (seed 724612: 2**255 %
-      # 255 is 0 here, 128 in torch and numpy)
+      # float64 % is exact only for |a / b| < 2**99 (README): past that it is NaN (seed 724612: 2**255 %
+      # 255 was 0 here, 128 in torch and numpy)
       at, bt = torch.broadcast_tensors(a.t, b.t)
       peer = not bool((torch.isfinite(at) & (bt != 0) & (at.abs() >= bt.abs() * 2.0 ** 99)).any())
     if name == "pow": peer = peer and a.u.dtype in (dtypes.float32, dtypes.float64)

@@ -448,8 +448,14 @@ def test_float_floordiv_and_mod_equal_numpy_everywhere(dt, engine):
     gn, wn = np.isnan(g.astype(np.float64)), np.isnan(w.astype(np.float64))
     ok = (gn & wn) | (g.view(f"u{g.itemsize}") == w.view(f"u{w.itemsize}")) | ~exact
     assert ok.all(), (name, [(p, q, r, s) for p, q, r, s, o in zip(a, b, g, w, ok) if not o][:6])
-  if dt is dtypes.float64:  # past the exact range: the quotient is still numpy's
-    assert _bits_equal(got[0], want[0])
+  if dt is dtypes.float64:  # past the exact range: the quotient is still numpy's, the remainder NaN (never a number
+    assert _bits_equal(got[0], want[0])  # that is not numpy's: a - b * (a // b) gave -inf for 1.0 % 5e-324)
+    g, w = got[1][~exact], want[1][~exact]  # (a remainder the steps still reduced there is exact: numpy's)
+    assert np.isnan(g).sum() > 100 and (np.isnan(g) | (g.view(np.uint64) == w.view(np.uint64))).all()
+    p, q = UOp.placeholder((2,), dt), UOp.placeholder((2,), dt)
+    one = pygrad.evaluate(p % q, {p: np.array([1.0, 3 * 2.0 ** 900]), q: np.array([5e-324, 2.0 ** -100])},
+                          engine=engine)
+    assert np.isnan(one[0]) and one[1] == 0.0  # (the second reduces in its steps: exact)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
