@@ -381,6 +381,14 @@ static void load_row(int32_t stype, const char *src, int64_t ss, int64_t n, char
     for (i = 0; i < n; i++) ((float *)dst)[i] = vm_bf16_to_f32(s[i * ss]);
   } else if (ss == 1) {
     memcpy(dst, src, (size_t)(n * es));
+  } else if (ss == 0 && es == 4) {  /* one value along the row (a column broadcast): a fill the compiler vectorizes */
+    uint32_t x;
+    memcpy(&x, src, 4);
+    for (i = 0; i < n; i++) ((uint32_t *)dst)[i] = x;
+  } else if (ss == 0 && es == 8) {
+    uint64_t x;
+    memcpy(&x, src, 8);
+    for (i = 0; i < n; i++) ((uint64_t *)dst)[i] = x;
   } else if (es == 1) {
     for (i = 0; i < n; i++) dst[i] = src[i * ss];
   } else if (es == 2) {
@@ -463,6 +471,16 @@ static void gather(const vm_view *v, const char *base, const int64_t *shape, int
   int runs = nd >= 1 && !v->masked && v->stype == vm_ct(v->stype) && si == 1 && c0 == 0 && nc == shape[nd] &&
              v->st[nd - 1] == nc;
   if (gather_columns(v, base, shape, nd, idx0, nr, c0, nc, dst)) return;
+  if (v->rowinv && nr > 1) {  /* the same row for every outer index (a bias over a batch): one row, then doubled */
+    int64_t have = 1, rb = nc * ces;
+    load_row(v->stype, base + (row_off(v, idx0, nd) + c0 * si) * v->esize, si, nc, dst);
+    while (have < nr) {
+      int64_t more = nr - have < have ? nr - have : have;
+      memcpy(dst + have * rb, dst, (size_t)(more * rb));
+      have += more;
+    }
+    return;
+  }
   for (d = 0; d < nd; d++) idx[d] = idx0[d];
   for (r = 0; r < nr; r++) {
     char *o = dst + r * nc * ces;
@@ -701,6 +719,8 @@ static void loop_task(void *ctx, int64_t lo, int64_t hi, int32_t w) {
 #define PAR_MIN_WORK ((int64_t)1 << 15)
 /* below this many, a kernel split over threads is split in one part per thread */
 #define PAR_FEW_PARTS ((int64_t)1 << 20)
+/* from this many, in sixteen parts per thread */
+#define PAR_MANY_PARTS ((int64_t)1 << 24)
 
 /* whether rows that differ in outer dim d may share an output element: d is reduced, or a store does not move
    along it */
@@ -732,8 +752,10 @@ static int run_loop(const vm_kernel *k, char *const *bufp, char *ws, int64_t wss
     if (j.inner > k->T && !(j.inner > 1 && dim_shared(k, nd))) j.ntg = (j.inner + k->T - 1) / k->T;
     units = j.rows / j.block * j.ntg;
     /* one part per thread for a small kernel (each part claimed is a compare-and-swap on a cache line both cores
-       write, and repeats the part's invariant and bias gathers), four per thread to even out larger ones */
-    per = work < PAR_FEW_PARTS ? 1 : 4;
+       write, and repeats the part's invariant and bias gathers), four per thread to even out larger ones, and
+       sixteen for the largest (milliseconds a thread): the last part a thread takes from a late peer is then a
+       thirty-second of the job, not an eighth */
+    per = work < PAR_FEW_PARTS ? 1 : work < PAR_MANY_PARTS ? 4 : 16;
     chunk = (units + per * (int64_t)nthreads - 1) / (per * (int64_t)nthreads);
     if (chunk * (work / units) < PAR_MIN_WORK / 2) chunk = (PAR_MIN_WORK / 2 + work / units) / (work / units + 1);
     vm_pool_for(units, chunk, loop_task, &j, nthreads);

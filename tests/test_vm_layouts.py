@@ -95,6 +95,26 @@ def test_row_broadcast_is_exact(shapes, dt, restore_threads):
     for g, w in zip(prog(vx, vb, vw), want): np.testing.assert_array_equal(g, w)
 
 
+# (shape of x, shape of the column broadcast over it): one value along each row (a softmax's row max or sum over
+# 10 classes), filled across the row
+COLS = [((128, 10), (128, 1)), ((7, 33), (7, 1)), ((1000, 3), (1000, 1)), ((3, 50, 70), (3, 50, 1)),
+        ((4, 5, 6), (4, 1, 1))]
+
+
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float64, dtypes.int32, dtypes.float16], ids=lambda d: d.name)
+@pytest.mark.parametrize("shapes", COLS, ids=lambda s: f"{s[0]}+{s[1]}")
+def test_column_broadcast_is_exact(shapes, dt, restore_threads):
+  xs, cs = shapes
+  x, c = UOp.placeholder(xs, dt, "x"), UOp.placeholder(cs, dt, "c")
+  vx, vc = _val(xs, 9, dt.numpy), _val(cs, 10, dt.numpy)
+  outs = [x + c, (x * c).maximum(c)]
+  prog = pygrad.compile(outs, [x, c])
+  want = numpy_eval.evaluate(outs, {x: vx, c: vc})
+  for n in (1, 2, 3):
+    pygrad.set_num_threads(n)
+    for g, w in zip(prog(vx, vc), want): np.testing.assert_array_equal(g, w)
+
+
 # a matrix broadcast over an outer dim, in a loop that multiplies and reduces (the backward of sum(x @ w) has this
 # shape: a constant times w, summed): the tile's rows are whole rows of w that follow each other in memory, copied
 # one run at a time (csrc/vm.c, gather). Runs that a tile cuts, runs longer than a tile, and rows of odd length;
