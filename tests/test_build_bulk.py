@@ -69,6 +69,33 @@ def test_equal_rows_are_one_node():
   assert len(UOp.sink(*r).toposort()) == 9  # eight distinct nodes and the sink
 
 
+def test_rows_no_root_reaches_are_freed_and_the_rest_live_on():
+  """The builder keeps a reference only on rows no node it made uses (it hands the others' over to their first user:
+  csrc/serial.c, build_hand_over); every row must still be freed exactly when nothing reaches it: rows under no root
+  at once, sources named twice (x * x) counted twice, and the rest when the roots go. Built twice: the second build
+  makes every row in C (the first asks Python for each new signature)."""
+  x = UOp.placeholder((5,), dtypes.float32, name="bulk_w")
+  rows = [(Ops.BUFFER, ()), (Ops.MUL, (0, 0)), (Ops.SIN, (1,)), (Ops.EXP2, (1,)), (Ops.ADD, (2, 2)), (Ops.LOG2, (3,)),
+          (Ops.SQRT, (4,)), (Ops.MUL, (4, 4)), (Ops.EXP2, (7,)), (Ops.SIN, (5,))]
+  ops, dts, srcs = _table(rows)
+  args = [x.arg] + [None] * (len(rows) - 1)
+  before = pygrad.live_nodes()
+  for _ in range(2):
+    r = pygrad.build(ops, dts, srcs, args, roots=[6, 8, 2])
+    sq = x * x
+    assert r[0] is (sq.sin() + sq.sin()).sqrt() and r[2] is sq.sin() and r[1] is ((sq.sin() + sq.sin()) *
+                                                                                 (sq.sin() + sq.sin())).exp2()
+    del sq
+    assert pygrad.live_nodes() == before + 6  # x * x, sin, add, sqrt, mul, exp2: rows 3, 5 and 9 went at once
+    keep = r[2]
+    del r
+    gc.collect()
+    assert pygrad.live_nodes() == before + 2  # sin(x * x) keeps x * x
+    del keep
+    gc.collect()
+    assert pygrad.live_nodes() == before
+
+
 def test_long_chain_with_repeats_matches_methods():
   """A table much larger than the store's empty hash table (it grows once, before the rows are made), whose rows
   now and then repeat earlier ones."""
