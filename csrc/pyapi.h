@@ -47,7 +47,7 @@ void pg_py_lock_take(struct pg_store *st);
    pg_reg_unlink: empty h's slot if it holds h (a cleared or dying handle). pg_reg_release: h's core reference
    queued for release (dropped in batches of PG_REG_BATCH); pg_reg_flush: every queued reference dropped now.
    pg_reg_capsule / pg_reg_from: the registry in a capsule and back (pg_reg_store: its store); pg_reg_calls(capsule): the tuple of its
-   builtins for uop.py (wrap, lookup, flush) */
+   builtins for uop.py (wrap, lookup, flush, wrap_many) */
 #define PG_REG_BATCH 256
 pg_reg *pg_reg_new(PyObject *storecap, PyTypeObject *cls);
 PyObject *pg_reg_live(const pg_reg *r, int32_t id);

@@ -246,7 +246,7 @@ static PyObject *cached_maker(PyObject *cap, PyObject *cache) {
 static PyMethodDef cached_maker_def = {"cached_maker", cached_maker, METH_O,
                                        "cached_maker(cache): the movement methods' hit path over this cache"};
 
-/* makers(cls): (unary, binary, binaryk, moved, leaf, cached_maker, wrap, lookup, flush, install, md, placeholder_maker, tmpl_install, prog)
+/* makers(cls): (unary, binary, binaryk, moved, leaf, cached_maker, wrap, lookup, flush, wrap_many, install, md, placeholder_maker, tmpl_install, prog)
    for handles of cls (a subclass of the handle type) on this store (self, its capsule): the makers above, the
    registry's calls (pyreg.c), the methods' installer (pymeth.c) and the placeholder's maker (pyleaf.c), all bound to one new registry, and the templated
    methods' installer and program maker (pytmpl.c), bound to the store. Called once per process (uop.py): a registry is never freed (see pyreg.c) */
@@ -286,4 +286,4 @@ static PyObject *makers(PyObject *self, PyObject *cls) {
 }
 
 PyMethodDef pg_py_makers_def = {"makers", makers, METH_O,
-                                "makers(cls): (unary, binary, binaryk, moved, leaf, cached_maker, wrap, lookup, flush, install, md, placeholder_maker, tmpl_install, prog)"};
+                                "makers(cls): (unary, binary, binaryk, moved, leaf, cached_maker, wrap, lookup, flush, wrap_many, install, md, placeholder_maker, tmpl_install, prog)"};

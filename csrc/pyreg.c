@@ -195,6 +195,92 @@ static PyObject *reg_wrap(PyObject *self, PyObject *const *args, Py_ssize_t narg
   return pg_reg_wrap(r, id, args[1], args[2], args[3], args[4], args[5], args[6], args[7]);
 }
 
+/* the int32 column k of wrap_many's arguments (bytes of n int32s), or NULL with an exception set */
+static const int32_t *int32_col(PyObject *b, Py_ssize_t n, const char *what) {
+  char *p;
+  Py_ssize_t len;
+  if (!PyBytes_Check(b) || PyBytes_AsStringAndSize(b, &p, &len) < 0 || len != 4 * n) {
+    if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "pygrad C core: wrap_many: %s must be bytes of %zd int32s",
+                                        what, n);
+    return NULL;
+  }
+  return (const int32_t *)(void *)p;
+}
+
+/* item i of table t (a tuple, list or dict, as what names), borrowed; NULL with an exception set if it has none */
+static PyObject *table_item(PyObject *t, int32_t i, const char *what) {
+  PyObject *o = NULL, *key;
+  if (PyTuple_Check(t)) o = i >= 0 && i < PyTuple_Size(t) ? PyTuple_GetItem(t, i) : NULL;
+  else if (PyList_Check(t)) o = i >= 0 && i < PyList_Size(t) ? PyList_GetItem(t, i) : NULL;
+  else if (PyDict_Check(t) && (key = PyLong_FromLong(i)) != NULL) {
+    o = PyDict_GetItemWithError(t, key);
+    Py_DECREF(key);
+    if (!o && PyErr_Occurred()) return NULL;
+  } else if (!PyErr_Occurred()) PyErr_Format(PyExc_TypeError, "pygrad C core: wrap_many: %s is no table", what);
+  if (!o && !PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "pygrad C core: wrap_many: no %s %d", what, (int)i);
+  return o;
+}
+
+/* wrap_many(ids, metas, ops, dtypes, args, tags, optab, dttab, argobjs, metavals): [wrap(ids[k], optab[ops[k]],
+   dttab[dtypes[k]], argobjs[args[k]], argobjs[tags[k]] or None, *metavals[metas[k]], metas[k]) for each k], the six
+   columns bytes of int32s: a loader's roots in one call (through uop.py's wrap, ~0.5 us a root; a graph may have
+   tens of thousands). Takes over a reference the caller holds on every id, also on failure (then each is dropped),
+   unless an argument is bad (checked first: then nothing is taken over) */
+static PyObject *reg_wrap_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  pg_reg *r = reg_of(self);
+  const int32_t *col[6];
+  const char *names[6] = {"ids", "metas", "ops", "dtypes", "args", "tags"};
+  PyObject *out = NULL;
+  Py_ssize_t n, k, done = 0;
+  int i, live = 1;
+  if (!r) return NULL;
+  if (nargs != 10) return PyErr_Format(PyExc_TypeError, "pygrad C core: wrap_many takes 10 arguments");
+  if (!PyBytes_Check(args[0])) return PyErr_Format(PyExc_TypeError, "pygrad C core: wrap_many: ids must be bytes");
+  n = PyBytes_Size(args[0]) / 4;
+  for (i = 0; i < 6; i++)
+    if (!(col[i] = int32_col(args[i], n, names[i]))) return NULL;  /* (no reference taken over yet: ids unread) */
+  pg_py_lock_take(r->st);
+  for (k = 0; k < n && live; k++) live = pg_node_live(r->st, col[0][k]) != NULL;
+  pg_lock_drop(&r->st->lock);
+  if (!live) return PyErr_Format(PyExc_ValueError, "pygrad C core: wrap_many: no live node %d", (int)col[0][k - 1]);
+  if (!(out = PyList_New(n))) goto fail;
+  for (; done < n; done++) {
+    PyObject *op, *dt, *arg, *tag = Py_None, *mv, *meta, *h;
+    if (!(op = table_item(args[6], col[2][done], "op")) || !(dt = table_item(args[7], col[3][done], "dtype")) ||
+        !(arg = table_item(args[8], col[4][done], "arg")) ||
+        (col[5][done] && !(tag = table_item(args[8], col[5][done], "tag"))) ||
+        !(mv = table_item(args[9], col[1][done], "meta")))
+      goto fail;
+    if (!PyTuple_Check(mv) || PyTuple_Size(mv) != 2) {
+      PyErr_Format(PyExc_TypeError, "pygrad C core: wrap_many: meta %d is no (shape, device) pair", (int)col[1][done]);
+      goto fail;
+    }
+    Py_INCREF(op), Py_INCREF(dt), Py_INCREF(arg), Py_INCREF(tag), Py_INCREF(mv);  /* wrap may run a collection */
+    h = (meta = PyLong_FromLong(col[1][done])) != NULL ?
+      pg_reg_wrap(r, col[0][done], op, dt, arg, tag, PyTuple_GetItem(mv, 0), PyTuple_GetItem(mv, 1), meta) : NULL;
+    Py_XDECREF(meta);
+    Py_DECREF(op), Py_DECREF(dt), Py_DECREF(arg), Py_DECREF(tag), Py_DECREF(mv);
+    if (!meta) goto fail;
+    if (!h) {  /* pg_reg_wrap dropped this one's reference */
+      done++;
+      goto fail;
+    }
+    PyList_SetItem(out, done, h);  /* steals h */
+  }
+  return out;
+fail:
+  Py_XDECREF(out);  /* the handles made so far own their references */
+  if (done < n) {
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    pg_py_lock_take(r->st);
+    for (k = done; k < n; k++) pg_store_decref_locked(r->st, col[0][k]);
+    pg_lock_drop(&r->st->lock);
+    PyErr_Restore(et, ev, tb);
+  }
+  return NULL;
+}
+
 /* lookup(id): the live handle of node id, or None */
 static PyObject *reg_lookup(PyObject *self, PyObject *v) {
   pg_reg *r = reg_of(self);
@@ -222,6 +308,8 @@ static PyMethodDef reg_defs[] = {
    "wrap(id, op, dtype, arg, tag, shape, device, meta): the handle of node id, taking over a reference on it"},
   {"lookup", reg_lookup, METH_O, "lookup(id): the live handle of node id, or None"},
   {"flush", reg_flush, METH_NOARGS, "flush(): drop the core references of the handles that died"},
+  {"wrap_many", (PyCFunction)(void (*)(void))reg_wrap_many, METH_FASTCALL,
+   "wrap_many(ids, metas, ops, dtypes, args, tags, optab, dttab, argobjs, metavals): the handles of many nodes"},
 };
 #define NREG ((int)(sizeof reg_defs / sizeof reg_defs[0]))
 

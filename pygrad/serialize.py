@@ -159,11 +159,13 @@ def _intern_all(objs: list, keys: list | None) -> np.ndarray:
 
 
 def _build(op, dt, start, src, argref, tagref, pdref, objs: list, roots, given=None, keys=None, ids=None,
-           infer: bool = True):
+           infer: bool = True, notags: bool = False):
   """The nodes of a checked table whose arg columns are 1-based references into objs (0: none): the roots, as UOps.
   given: the ids of live nodes that are the table's first rows (their columns are zeros); then also the ids of the
   other rows, as an int32 array. ids: _intern_all(objs, keys), if the caller has just made it. infer: on the C core,
-  infer the metas of leaves the store's signature cache lacks up front (else the builder asks for each)."""
+  infer the metas of leaves the store's signature cache lacks up front (else the builder asks for each). notags:
+  tagref is all zeros (known to the caller: no numpy pass to find out, which cost ~15 us of a small load, its code
+  and data cold after what ran between loads)."""
   n = len(op)
   if pdref is not None and pdref.any(): _uop._md_count += 1  # the gradient copies metadata only once some exists
   for _ in range(64):  # an interned id may be drained between interning and the builder's hold: intern again
@@ -173,8 +175,8 @@ def _build(op, dt, start, src, argref, tagref, pdref, objs: list, roots, given=N
         ng = 0 if given is None else len(given)
         take = lambda ref: ref if not ref.any() else ids.take(ref)  # noqa: E731  (ids[0] is 0: zeros stay)
         pdata = None if pdref is None else take(pdref)
-        return _build_c(op, dt, start, src, ids.take(argref), take(tagref), pdata, ids, objs, argref, tagref, roots,
-                        given, infer and n - ng > _SMALL)
+        return _build_c(op, dt, start, src, ids.take(argref), tagref if notags else take(tagref), pdata, ids, objs,
+                        argref, tagref, roots, given, infer and n - ng > _SMALL)
       return _build_py(op, dt, start, src, argref, tagref, pdref, objs, ids, roots, given)
     except ArgGone:
       ids = None  # intern again
@@ -260,8 +262,8 @@ def _build_c(op, dt, start, src, arg, tag, pdata, holds, objs, argref, tagref, r
   if b == ffi.NULL:
     if err[0] == lib.PG_ERR_ARG_GONE: raise ArgGone()
     if err[0] == lib.PG_ERR_NOMEM: raise MemoryError(f"pygrad.build: out of memory for {len(op)} nodes")
-    _check_sources(start, src)
-    raise ValueError(f"pygrad.build: bad node table at row {where[0]}")
+    if not (np.diff(start) < 0).any(): _check_sources(start, src)
+    raise _BadTable(f"pygrad.build: bad node table at row {where[0]}")
   b = ffi.gc(b, lib.pg_serial_build_delete)
   if infer:
     miss = np.empty(len(op) - ng, np.int64)
@@ -310,9 +312,8 @@ def _roots_c(b, roots, op, dt, arg, tag) -> list[UOp]:
                                ffi.from_buffer("int32_t[]", metas))
   if r: raise MemoryError("pygrad.build: out of memory") if r == lib.PG_ERR_NOMEM else \
     RuntimeError(f"pygrad.build: core error {r} for the roots")
-  return [adopt(i, _OPS[o], BY_ID[d], objs[a], objs[t] if t else None, m) for i, o, d, a, t, m in
-          zip(ids.tolist(), op[rows].tolist(), dt[rows].tolist(), arg[rows].tolist(), tag[rows].tolist(),
-              metas.tolist())]
+  col = lambda c: np.ascontiguousarray(c[rows], np.int32).tobytes()  # noqa: E731
+  return _uop.adopt_rows(ids.tobytes(), metas.tobytes(), col(op), col(dt), col(arg), col(tag))
 
 
 def _build_py(op, dt, start, src, argref, tagref, pdref, objs, ids, roots, given):
@@ -335,12 +336,32 @@ def _check_sources(start: np.ndarray, src: np.ndarray) -> None:
   if bad.any(): raise ValueError(f"pygrad.build: node {int(rows[bad][0])} names a source that is not an earlier row")
 
 
-def _int_col(a, n: int, name: str, lo: int, hi: int) -> np.ndarray:
+class _BadTable(ValueError):
+  """The C builder refused a table (pygrad.build then names the problem, if its cheap checks skipped it)."""
+
+
+def _fits(a: np.ndarray) -> bool:
+  """Whether every value of int array a is an int32 as it is (cast, a wider value would wrap into range)."""
+  return a.dtype.itemsize < 4 or (a.dtype.itemsize == 4 and a.dtype.kind == "i")
+
+
+def _int_col(a, n: int, name: str, lo: int, hi: int, checked: bool = False) -> np.ndarray:
+  """a as an int32 column of n values in [lo, hi); checked: the C builder checks the range (and build names the
+  problem when it refuses the table), so only values that would not survive the cast to int32 are looked at."""
   a = np.asarray(a)
   if a.shape != (n,) or a.dtype.kind not in "iu":
     raise ValueError(f"pygrad.build: {name} must be an integer array of shape ({n},), got {a.dtype} {a.shape}")
-  if n and (a.min() < lo or a.max() >= hi): raise ValueError(f"pygrad.build: {name} out of range [{lo}, {hi})")
+  if n and not (checked and CORE.name == "c" and _fits(a)) and (a.min() < lo or a.max() >= hi):
+    raise ValueError(f"pygrad.build: {name} out of range [{lo}, {hi})")
   return np.ascontiguousarray(a, np.int32)
+
+
+def _name_problem(op: np.ndarray, dt: np.ndarray, start: np.ndarray) -> None:
+  """Raise ValueError naming what the C builder found wrong with a table, among the checks build left to it."""
+  _int_col(op, len(op), "ops", 0, _NOPS)
+  _int_col(dt, len(dt), "dtypes", 0, _NDT)
+  if (np.diff(start) < 0).any():
+    raise ValueError("pygrad.build: srcs (starts, flat) must have n + 1 increasing starts from 0 to len(flat)")
 
 
 def build(ops, dtypes, srcs, args=None, arg_index=None, tags=None, roots=None) -> list[UOp]:
@@ -353,13 +374,15 @@ def build(ops, dtypes, srcs, args=None, arg_index=None, tags=None, roots=None) -
   arg_index points into. tags: None, or a sequence of n tags. roots: row positions to return (default: every row
   no other row uses, in table order). Every node is validated as `UOp(...)` would; a bad table raises ValueError."""
   n = len(ops)
-  op = _int_col(ops, n, "ops", 0, _NOPS)
-  dt = _int_col(dtypes, n, "dtypes", 0, _NDT)
+  # the C builder checks ops, dtypes, starts and sources itself (one pass, in rows_ok): only what it cannot is
+  # checked here, and a table it refuses is looked at again to name the problem (_name_problem)
+  op = _int_col(ops, n, "ops", 0, _NOPS, True)
+  dt = _int_col(dtypes, n, "dtypes", 0, _NDT, True)
   if isinstance(srcs, tuple) and len(srcs) == 2:
     start = np.ascontiguousarray(srcs[0], np.int64)
     src = np.asarray(srcs[1])
-    if start.shape != (n + 1,) or (n and (start[0] != 0 or (np.diff(start) < 0).any())) or src.ndim != 1 \
-       or start[-1] != len(src):
+    if start.shape != (n + 1,) or (n and (start[0] != 0 or (CORE.name != "c" and (np.diff(start) < 0).any()))) \
+       or src.ndim != 1 or start[-1] != len(src):
       raise ValueError("pygrad.build: srcs (starts, flat) must have n + 1 increasing starts from 0 to len(flat)")
   else:
     try: s2 = np.asarray(srcs)
@@ -376,8 +399,8 @@ def build(ops, dtypes, srcs, args=None, arg_index=None, tags=None, roots=None) -
     start = _starts(keep.sum(1))
     src = s2[keep]
   if len(src) and src.dtype.kind not in "iu": raise ValueError("pygrad.build: source positions must be integers")
-  if len(src) and (src.min() < 0 or src.max() >= n): _check_sources(start, src)  # raises, naming the node
   if CORE.name != "c": _check_sources(start, src)
+  elif len(src) and not _fits(src) and (src.min() < 0 or src.max() >= n): _check_sources(start, src)  # (raises)
   src = np.ascontiguousarray(src, np.int32)  # in [0, n): the C builder checks that each row's come earlier
   if arg_index is None:
     objs = [] if args is None else list(args)
@@ -400,7 +423,10 @@ def build(ops, dtypes, srcs, args=None, arg_index=None, tags=None, roots=None) -
   else:
     rts = np.asarray(roots, np.int64).reshape(-1)
     if len(rts) and (rts.min() < 0 or rts.max() >= n): raise ValueError("pygrad.build: a root is not a row")
-  return _build(op, dt, start, src, argref, tagref, None, objs, rts)
+  try: return _build(op, dt, start, src, argref, tagref, None, objs, rts, notags=tags is None)
+  except _BadTable:
+    _name_problem(op, dt, start)
+    raise
 
 
 # ---- the binary format ----
@@ -574,8 +600,8 @@ def _nodes(r: _Reader, n: int, m: int, nroots: int, srcw: int, argw: int, objs: 
   read = _nodes_c if CORE.name == "c" else _nodes_py
   op, dt, start, src, argref, tagref, pdref, rts, nside = read(r, n, m, nroots, srcw, argw, len(objs), ng)
   if nside: _check_pdata(pdref, objs)
-  else: pdref = None  # no side entries: no row has metadata (and the builder need not look)
-  return _build(op, dt, start, src, argref, tagref, pdref, objs, rts, given, keys, ids, infer)
+  else: pdref = None  # no side entries: no row has metadata or a tag (and the builder need not look)
+  return _build(op, dt, start, src, argref, tagref, pdref, objs, rts, given, keys, ids, infer, not nside)
 
 
 def _nodes_py(r: _Reader, n: int, m: int, nroots: int, srcw: int, argw: int, nargs: int, ng: int):

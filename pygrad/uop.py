@@ -651,7 +651,7 @@ else:
   # Python forms above, which weighed a weak reference object and a dict entry per handle.
   _hnew = CORE.handle_ctor(UOp)  # (an unpublished handle: no registry entry, no core reference)
   _mk_unary, _mk_binary, _mk_binaryk, _mk_moved, _mk_leaf, _cached_maker, _cwrap, _lookup, CORE.flush_handles, \
-    _meth_install, _meth_md, _leaf_maker, _tmpl_install, _prog_cap = CORE.makers(UOp)
+    _cwrap_many, _meth_install, _meth_md, _leaf_maker, _tmpl_install, _prog_cap = CORE.makers(UOp)
   _cached = _cached_maker(_moved)
 
   def _wrap(nid: int, op: Ops, dtype: DType, arg, tag, shape, device, meta: int) -> UOp:  # noqa: F811
@@ -673,6 +673,11 @@ else:
     """handle(nid) for a node whose fields the caller knows, taking over a reference the caller holds on it."""
     shape, device = _meta_vals[meta]
     return _cwrap(nid, op, dtype, arg, tag, shape, device, meta)
+
+  def adopt_rows(ids: bytes, metas: bytes, ops: bytes, dts: bytes, args: bytes, tags: bytes) -> list[UOp]:
+    """adopt for many nodes in one C call (csrc/pyreg.c): int32 columns as bytes, args and tags interned ids (a
+    loader's roots: through adopt, ~0.5 us each)."""
+    return _cwrap_many(ids, metas, ops, dts, args, tags, _OPS, BY_ID, _args_objs, _meta_vals)
 
   def _registered(nid: int) -> bool:  # noqa: F811
     """Whether the registry holds a live handle of node nid."""

@@ -208,3 +208,32 @@ def test_raw_builder_sources_with_many_users(seed):
   got, want = _raw_build(CCore(), rows), _py_build(PyCore(), rows)
   assert got == want
   assert len(set(got)) == len({rows[i] for i in range(len(rows))})
+
+
+@pytest.mark.skipif(pygrad.core_name() != "c", reason="the loaders' roots are wrapped in one C call on the C core")
+def test_adopt_rows_takes_over_the_references_also_on_failure():
+  """uop.adopt_rows (csrc/pyreg.c wrap_many): the handles of many nodes at once, each taking over a reference the
+  caller holds (dropped if the handle exists); on a bad row the rest are dropped too, and on a bad argument none is
+  taken over."""
+  from pygrad import uop as U
+  from pygrad.core import CORE
+  base = pygrad.live_nodes()
+  x = UOp.placeholder((3,), dtypes.float32, name="adopt_x")
+  y = x.sin()
+  ids = [x._id, y._id]
+  info = [CORE.info(i) for i in ids]
+  col = lambda *v: np.array(v, np.int32).tobytes()  # noqa: E731
+  cols = lambda metas: (col(*ids), col(*metas), col(*(f[0] for f in info)), col(*(f[1] for f in info)),  # noqa: E731
+                        col(*(f[3] for f in info)), col(*(f[4] for f in info)))
+  metas = [f[5] for f in info]
+  for i in ids: CORE.incref(i)
+  got = U.adopt_rows(*cols(metas))
+  assert got[0] is x and got[1] is y  # the handles exist: the references were dropped
+  for i in ids: CORE.incref(i)
+  with pytest.raises(ValueError, match="no meta"):
+    U.adopt_rows(*cols([metas[0], 1 << 30]))  # the first is wrapped, the second is not: both references go
+  with pytest.raises(ValueError, match="metas must be bytes of 2 int32s"):
+    U.adopt_rows(col(*ids), col(0), *cols(metas)[2:])  # a column of the wrong size: nothing taken over
+  del x, y, got
+  gc.collect()
+  assert pygrad.live_nodes() == base

@@ -334,6 +334,29 @@ def test_build_rejects_bad_tables(ops, dts, srcs, args, match):
     pygrad.build(np.array([int(o) for o in ops]), np.array(dts), np.array(srcs), args)
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.int32, np.int64, np.uint64])
+def test_build_names_bad_columns_of_every_int_type(dtype):
+  """Columns that fit int32 are range-checked by the C builder alone, and build names what it refused; wider ones
+  are checked before the cast (2**32 + 1 would wrap to row 1)."""
+  buf = (0, (2,), "CPU", None)
+  ok_ops, ok_dts = np.array([int(Ops.BUFFER), int(Ops.SIN)]), np.array([11, 11])
+  flat = lambda *v: np.array(v).astype(dtype)  # noqa: E731
+  cases = [((np.array([int(Ops.BUFFER), 99]), ok_dts, (np.array([0, 0, 1]), flat(0))), "ops out of range"),
+           ((ok_ops, np.array([11, 200]), (np.array([0, 0, 1]), flat(0))), "dtypes out of range"),
+           ((ok_ops, ok_dts, (np.array([0, 1, 1]), flat(0))), "not an earlier row"),
+           ((ok_ops, ok_dts, (np.array([0, 0, 1]), flat(1))), "not an earlier row"),
+           ((np.array([int(Ops.BUFFER), int(Ops.SIN), int(Ops.SIN)]), np.array([11, 11, 11]),
+             (np.array([0, 0, 2, 1]), flat(0))), "increasing starts")]  # (row 1 would read past flat)
+  if np.dtype(dtype).itemsize == 8: cases.append(((ok_ops, ok_dts, (np.array([0, 0, 1]), flat(2 ** 32 + 1))),
+                                                   "not an earlier row"))
+  for (ops, dts, srcs), match in cases:
+    args = [buf] + [None] * (len(ops) - 1)
+    with pytest.raises(ValueError, match=match):
+      pygrad.build(ops.astype(dtype), dts.astype(dtype), srcs, args)
+  (r,) = pygrad.build(ok_ops.astype(dtype), ok_dts.astype(dtype), (np.array([0, 0, 1]), flat(0)), [buf, None])
+  assert r.op is Ops.SIN and r.src[0].arg == buf
+
+
 def test_build_names_ragged_source_rows():
   """Sources as a list of rows of different lengths (not the padded array or the (starts, flat) pair build takes)."""
   with pytest.raises(ValueError, match="srcs must be an int array.*rows of different lengths"):
