@@ -1,7 +1,8 @@
 /* The walk of tinygrad -> pygrad conversion (pygrad/interop/tinygrad_in.py, _In._walk) as one CPython builtin: a
    post-order over a foreign graph's value sources (an explicit stack, never recursion), marking which nodes lie on a
    path to a target, and making the node table's rows of the usual nodes (an elementwise op whose operands are
-   converted, typed and of its shape; a reshape or permute of a converted node) as the Python walk makes them. Every
+   converted or opaque, typed and of its shape; a reshape or permute of a converted node; a reduce; a buffer; a
+   DETACH or CONTIGUOUS) as the Python walk makes them. Every
    other node is made by a Python callback, which is the Python walk's own code for a node. The foreign IR is
    described by the caller's tables (no tinygrad name is known here). Every argument is checked: a wrong one raises
    TypeError, never crashes. */
@@ -9,7 +10,7 @@
 #include <stdlib.h>
 
 /* cfg: (live, memo, targets, rows, puts, mdd, tsh, shapes, plain, smove, alu, dti, cmp, weak, param, reshape,
-   permute, ints, shn, node, meta, vsrc, mdata, md1, dt, where, reduce, buffer, rop, paramarg, leaf)
+   permute, ints, shn, node, meta, vsrc, mdata, md1, dt, where, reduce, buffer, rop, paramarg, leaf, same)
    live: dict node -> whether it is on a path to a target (every node visited); memo: dict node -> its row; targets:
    a set, or None (every node is converted); rows, puts: lists the rows and (row, node) pairs are appended to; mdd:
    dict row -> metadata; tsh: dict node -> its shape; shapes: dict shape or axes -> the one object of it; plain,
@@ -23,10 +24,11 @@
    converted in the dtype of its op, or of its typed operands for a comparison or WHERE, is memo's (operand, that
    dtype)); where: the op whose first source is its condition; reduce, buffer: those ops; rop: dict reduce op -> the
    row's (missing: the same); paramarg: the class of a buffer's arg that names it; leaf: a set of the ops with no
-   value sources (vsrc is not called for them). */
+   value sources (vsrc is not called for them); same: dict op -> the row's op, for the ops of one source, no arg and
+   its source's dtype (DETACH, CONTIGUOUS). */
 enum { W_LIVE, W_MEMO, W_TARGETS, W_ROWS, W_PUTS, W_MDD, W_TSH, W_SHAPES, W_PLAIN, W_SMOVE, W_ALU, W_DTI, W_CMP,
        W_WEAK, W_PARAM, W_RESHAPE, W_PERMUTE, W_INTS, W_SHN, W_NODE, W_META, W_VSRC, W_MDATA, W_MD1, W_DT, W_WHERE,
-       W_REDUCE, W_BUFFER, W_ROP, W_PARAMARG, W_LEAF, W_N };
+       W_REDUCE, W_BUFFER, W_ROP, W_PARAMARG, W_LEAF, W_SAME, W_N };
 
 /* the metadata dict's entries keyed by their nodes themselves, made once the walk has met an eighth as many nodes
    as the dict has entries (so it costs at most what it saves): a lookup by weak reference compares the references'
@@ -63,13 +65,13 @@ static int intern_names(void) {
 static int read_cfg(PyObject *t, walk_t *w) {
   int i;
   PyObject *ints;
-  if (!PyTuple_Check(t) || PyTuple_Size(t) != W_N) return bad("the configuration is no tuple of 31");
+  if (!PyTuple_Check(t) || PyTuple_Size(t) != W_N) return bad("the configuration is no tuple of 32");
   for (i = 0; i < W_N; i++) w->f[i] = PyTuple_GetItem(t, i);
   if (!PyDict_Check(w->f[W_LIVE]) || !PyDict_Check(w->f[W_MEMO]) || !PyDict_Check(w->f[W_MDD]) ||
       !PyDict_Check(w->f[W_TSH]) || !PyDict_Check(w->f[W_SHAPES]) || !PyDict_Check(w->f[W_ALU]) ||
       !PyDict_Check(w->f[W_DTI]) || !PyDict_Check(w->f[W_MD1]) || !PyDict_Check(w->f[W_DT]) ||
-      !PyDict_Check(w->f[W_ROP]))
-    return bad("live, memo, mdd, tsh, shapes, alu, dti, md1, dt and rop must be dicts");
+      !PyDict_Check(w->f[W_ROP]) || !PyDict_Check(w->f[W_SAME]))
+    return bad("live, memo, mdd, tsh, shapes, alu, dti, md1, dt, rop and same must be dicts");
   if (!PyType_Check(w->f[W_PARAMARG])) return bad("paramarg must be a class");
   if (w->f[W_MDATA] != Py_None && !PyDict_Check(w->f[W_MDATA])) return bad("mdata must be a dict or None");
   if (!PyList_Check(w->f[W_ROWS]) || !PyList_Check(w->f[W_PUTS])) return bad("rows and puts must be lists");
@@ -360,7 +362,7 @@ static PyObject *inline_row(const walk_t *w, PyObject *u, PyObject *op, PyObject
         if (!(k = PyTuple_Pack(2, s, want))) return NULL;
         x = PyDict_GetItemWithError(w->f[W_MEMO], k);
         Py_DECREF(k);
-      } else x = PyDict_GetItemWithError(w->f[W_MEMO], s);
+      } else x = src_row(w, s);  /* converted, or an opaque BUFFER made now for a source off every target path */
       if (!x) goto none_or_fail;
       if (!(ss = cached_shape(w, s, 1))) goto none_or_fail;
       if (ss != shape && ss != Py_None) {  /* a shape of its own: the same, () or a broadcast */
@@ -401,7 +403,21 @@ static PyObject *inline_row(const walk_t *w, PyObject *u, PyObject *op, PyObject
     if (!arg) goto none_or_fail;
     if (!(srcs = PyTuple_Pack(1, x))) return NULL;
     row = PyTuple_Pack(5, op == w->f[W_RESHAPE] ? w->r_reshape : w->r_permute, sdt, srcs, arg, Py_None);
-  } else if (op == w->f[W_REDUCE]) {
+  } else if ((a = PyDict_GetItemWithError(w->f[W_SAME], op)) != NULL) {
+    PyObject *x, *xrow, *ua;
+    if (PyTuple_Size(vs) != 1 || !(ua = PyObject_GetAttr(u, s_arg))) goto none_or_fail;
+    Py_DECREF(ua);
+    if (ua != Py_None) goto none;  /* an arg: Python raises its ValueError */
+    if (!(x = src_row(w, PyTuple_GetItem(vs, 0)))) goto none_or_fail;
+    if (!PyLong_Check(x) || !(xrow = PyList_GetItem(w->f[W_ROWS], PyLong_AsSsize_t(x))) || !PyTuple_Check(xrow) ||
+        PyTuple_Size(xrow) != 5) {
+      bad("a source's row is no tuple of 5");
+      return NULL;
+    }
+    if (!(srcs = PyTuple_Pack(1, x))) return NULL;
+    row = PyTuple_Pack(5, a, PyTuple_GetItem(xrow, 1), srcs, Py_None, Py_None);
+  } else if (PyErr_Occurred()) return NULL;
+  else if (op == w->f[W_REDUCE]) {
     if (!(row = reduce_rows(w, u, vs))) return NULL;
   } else if (op == w->f[W_BUFFER]) {
     if (!(row = opaque_row(w, u, op, dt, 1))) return NULL;

@@ -516,6 +516,35 @@ def test_c_walk_makes_reduces_buffers_and_opaque_sources_itself():
   assert sum(u.op is Ops.REDUCE_AXIS for u in c.toposort()) == 2
 
 
+def test_c_walk_makes_alu_ops_of_opaque_operands_and_detach_itself():
+  """The C walk makes an elementwise op one of whose operands lies off every target path (that operand's opaque
+  BUFFER made on the way, broadcast if need be) and a DETACH: W2's convert in leaves only the device-less constants
+  to the Python walk; the graph is the Python walk's, whole graphs and compute_gradient's part."""
+  import pygrad.interop.tinygrad_in as pin
+  fast = pin._FWALK[0]
+  if fast is None: pytest.skip("the pure-Python core has no C walk")
+  root, rg, targets = _bench_graph("W2", 2)
+  ops, node = [], pin._In._node
+  try:
+    pin._In._node = lambda self, u, vs: ops.append((u.op, [s.device for s in vs])) or node(self, u, vs)
+    c_in = pt.convert_in(root, rg, targets)
+  finally:
+    pin._In._node = node
+  assert ops and all(None in d for _, d in ops), ops  # a device-less (constant) operand: Python's
+  x, g = Tensor.empty(2, 3, device=DEV), Tensor.empty(3, device=DEV)
+  y = (x * g + g).detach().exp2() * (x + 1.0).contiguous()
+  try:
+    c = pt.from_tinygrad(y.uop), pt.convert_in(y.uop, y.uop.const_like(1.0), [x.uop])
+    pin._FWALK[0] = None
+    py = pt.from_tinygrad(y.uop), pt.convert_in(y.uop, y.uop.const_like(1.0), [x.uop])
+    py_in = pt.convert_in(root, rg, targets)
+  finally:
+    pin._FWALK[0] = fast
+  assert c[0] is py[0] and c[1][1] is py[1][1]
+  assert {Ops.DETACH, Ops.CONTIGUOUS} <= {u.op for u in c[0].toposort()}
+  assert c_in[1] is py_in[1] and list(c_in[3].values()) == list(py_in[3].values())
+
+
 def test_c_walk_of_the_way_in_checks_its_arguments():
   """Bad arguments to the C walk are Python exceptions, never a crash."""
   import pygrad.interop.tinygrad_in as pin

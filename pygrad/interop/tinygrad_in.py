@@ -160,7 +160,7 @@ class _In:
                       _PLAIN, _SHAPED_MOVE, _ALU_I, _DTI, _CMP, _WEAK_SET, TOps.PARAM, TOps.RESHAPE, TOps.PERMUTE,
                       (_RESHAPE, _PERMUTE, _BOOL, _EXPANDOP, _BCAST, _REDUCEOP, _BUFFER, _REDUCE), _SHN, self._node,
                       self._meta, _value_srcs, _tg_metadata.data if self.mdon else None, _MD_IN1, _DT, TOps.WHERE,
-                      TOps.REDUCE, TOps.BUFFER, _ROP, ParamArg, _LEAF)
+                      TOps.REDUCE, TOps.BUFFER, _ROP, ParamArg, _LEAF, _SAME_I)
       _FWALK[0](self._wcfg, root)
       return
     live, memo, targets, known, node, meta = self.live, self.memo, self.targets, self.known, self._node, self._meta
