@@ -13,7 +13,8 @@ if _typing.TYPE_CHECKING:  # what __getattr__ loads on first use, as type checke
   from .rewrite import graph_rewrite
   from .gradient import compute_gradient
   from .engine import evaluate, compile
-  from .serialize import build, dumps, loads, save, load
+  from .builder import build
+  from .serialize import dumps, loads, save, load
   from .threads import set_num_threads, get_num_threads
   from . import gradient, engine, simplify, rewrite, upat, viz
 
@@ -33,9 +34,9 @@ def __getattr__(name):
     from . import engine
     return getattr(engine, name)
   if name in ("build", "dumps", "loads", "save", "load"):
-    from . import serialize
-    globals()[name] = f = getattr(serialize, name)  # found directly from now on: pygrad.loads is called per load
-    return f
+    from . import builder, serialize
+    globals()[name] = f = getattr(builder if name == "build" else serialize, name)  # found directly from now on:
+    return f  # pygrad.loads is called per load
   if name in ("set_num_threads", "get_num_threads"):
     from . import threads
     return getattr(threads, name)

@@ -382,7 +382,7 @@ class Walk:
     return u._id in self._set
   def __repr__(self): return f"<Walk of {len(self)} nodes>"
   def __reduce__(self):
-    from .serialize import reduce_walk
+    from .pickling import reduce_walk
     return reduce_walk(self)
   @property
   def ids(self):
@@ -411,7 +411,7 @@ class UOp(CORE.handle_base or _Fields, MathMixin):  # type: ignore[misc]
     return _make(op, d, src, arg, tag, shape, device)
 
   def __reduce__(self):  # the graph in pygrad's binary format (pygrad/serialize.py), not a Python object per node
-    from .serialize import reduce_uop
+    from .pickling import reduce_uop
     return reduce_uop(self)
   def __copy__(self): return self  # nodes are immutable and hash-consed: a copy is the same node
   def __deepcopy__(self, memo): return self

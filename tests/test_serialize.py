@@ -368,7 +368,7 @@ def test_build_names_ragged_source_rows():
 def test_second_load_asks_python_for_no_signature(monkeypatch):
   """The store keeps the builder's signatures between loads: loading a graph of a model seen before (a checkpoint,
   the pieces of a pickle) infers no node in Python, and still gives the same nodes."""
-  import pygrad.serialize as S
+  import pygrad.builder as S
   asked = []
   real = S._ask
   monkeypatch.setattr(S, "_ask", lambda i, *a: asked.append(i) or real(i, *a))
@@ -396,7 +396,7 @@ def test_second_load_infers_no_leaf_again(monkeypatch):
   shape in Python up front (_leaf_metas, ~40% of loading a 2,800-node W1 graph), also when the same model was
   loaded before. The builder now remembers those leaves' signatures and names only the ones it lacks: the second
   load infers none, the first each distinct leaf once, and the nodes are the same."""
-  import pygrad.serialize as S
+  import pygrad.builder as S
   if pygrad.core_name() != "c": pytest.skip("the pure core builds node by node: no leaf inference up front")
   seen = []
   real = S._leaf_metas
@@ -573,8 +573,8 @@ def test_pickle_calls_do_not_share_tables():
 
 
 def test_bad_pickled_pieces_raise_value_error(monkeypatch):
-  import pygrad.serialize as ser
-  from pygrad.serialize import _load_piece, _load_part, _load_row
+  import pygrad.pickling as ser
+  from pygrad.pickling import _load_piece, _load_part, _load_row
   _, y, heads = _trunk(50)
   gc.collect()
   ser._local.session = None  # a new pickling session (one an earlier test left open would list the heads)
@@ -617,9 +617,10 @@ def test_pickle_of_many_uops_decodes_no_arg_table_per_uop(monkeypatch):
   pygrad.loads of their table). Now such a piece carries its args as the interned objects (pickle's memo writes
   each once per stream): the stream's arg tables are decoded once, for its first, large piece."""
   import pygrad.argtable as at
+  import pygrad.pickling as pk
   import pygrad.serialize as ser
   _, y, heads = _trunk(3000)  # the first piece (y's graph and heads[0]) has more than _PART rows
-  assert len(y.toposort()) > ser._PART
+  assert len(y.toposort()) > pk._PART
   calls = []
   real = at.decode_args
   monkeypatch.setattr(ser, "decode_args", lambda *a: calls.append(1) or real(*a))

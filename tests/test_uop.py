@@ -844,11 +844,11 @@ def test_handles_of_every_path_are_one_registry():
   assert z is y
   g = y.sum().gradient(x)[0]
   assert handle(g._id) is g and g is y.sum().gradient(x)[0]
-  from pygrad import serialize
+  from pygrad import builder, serialize
   assert serialize.loads(serialize.dumps(y)) is y
   n = 3  # the bulk builder: placeholder-free rows, so the table's nodes are the method-made ones
   c = UOp.const(1.5)
-  built = serialize.build([int(Ops.CONST), int(Ops.SIN), int(Ops.EXP2)][:n], [F32.id] * n,
+  built = builder.build([int(Ops.CONST), int(Ops.SIN), int(Ops.EXP2)][:n], [F32.id] * n,
                           np.array([[-1], [0], [1]]), [1.5, None, None])
   assert built[0] is c.sin().exp2() and built[0].src[0].src[0] is c
   del y, z, g, c, built

@@ -4,7 +4,7 @@ import itertools, weakref
 import numpy as np
 from pygrad import UOp, Metadata
 from pygrad.uop import handle
-from pygrad.serialize import _build
+from pygrad.builder import _build
 from pygrad.core import CORE
 from .tinygrad_tables import AddrSpace, ParamArg, TOps, TUOp, _AFTER, _ALU_I, _ASSIGN, _BCAST, _BITCAST, _BOOL, \
   _BUFFER, _CALL, _CAST, _CMP, _CONST, _CONTIGUOUS, _COPY, _DEFINE_VAR, _DT, _DTI, _EXPAND, _EXPANDOP, _FLIP, \
