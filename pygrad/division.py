@@ -106,16 +106,15 @@ def _fmod64(a, b):
   return mod, bad | binf | ((r >= 0) & (r < ab))  # and where it is exact (reduced into [0, |b|))
 
 
-def _approx_divmod(a, b):
+def _approx_floordiv(a, b):
   """floor(a / b) from the rounded quotient, moved by one where the remainder a - b * q lies outside [0, b): numpy's
-  float64 quotient past _fmod64's exact range (and that remainder, which is not numpy's there)."""
+  float64 quotient past _fmod64's exact range (where no remainder computed from it is numpy's: the caller gives NaN)."""
   q = (a / b).floor()
   r = a - b * q
   pos, neg = b > 0, b < 0
   low = (pos & (r < 0)) | (neg & (r > 0))
   high = (pos & (r >= b)) | (neg & (r <= b))
-  q = low.where(q - 1, high.where(q + 1, q))
-  return q, a - b * q
+  return low.where(q - 1, high.where(q + 1, q))
 
 
 def _float_divmod(a, b, div_too: bool = True):
@@ -143,7 +142,7 @@ def _float_divmod(a, b, div_too: bool = True):
   q = a / b
   div = b.eq(0).where(q, div.ne(0).where(fl, signbit(q).where(-0.0, 0.0)))
   if exact is not None:
-    qa, _ = _approx_divmod(a, b)
+    qa = _approx_floordiv(a, b)
     div, mod = exact.where(div, qa), exact.where(mod, math.nan)
   # a // b passes no gradient, as floor's is 0 (torch's floor_divide has none): its graph holds a / b (the b == 0
   # branch) and the approximate quotient, whose own gradients are 0 only by selection, so a NaN gradient arriving

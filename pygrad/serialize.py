@@ -22,17 +22,11 @@ import os, struct, zlib
 from operator import is_
 from typing import Sequence
 import numpy as np
-from .ops import Ops
-from .dtype import BY_ID
 from .core import CORE
 from .intern import ARGS
 from .argtable import encode_args, decode_args, keep
 from .uop import UOp, Metadata
-from .builder import _build, _intern_all, _starts
-
-if CORE.name == "c":  # bound once: an import statement in each call was a few microseconds of every small load
-  from .core.ccore import ffi as _ffi, lib as _lib
-else: _ffi = _lib = None
+from .builder import _build, _intern_all, _starts, _ffi, _lib, _NOPS, _NDT
 
 MAGIC = b"PYGRAD\x00G"
 VERSION = 2  # 2: the arg table by skeleton (pygrad/argtable.py); 1 stored each arg's items in turn
@@ -40,7 +34,6 @@ VERSION = 2  # 2: the arg table by skeleton (pygrad/argtable.py); 1 stored each 
 # loader supplies (a piece of pickle's shared table continues the pieces before it; 0 in every file dumps writes)
 _HEAD = struct.Struct("<8sIIQQQQQBBxxI")
 _F_SINGLE = 1                           # flags: one UOp was saved (loads returns it, not a list)
-_NOPS, _NDT = len(Ops), len(BY_ID)
 _U32 = struct.Struct("<I")
 
 

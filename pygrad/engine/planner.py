@@ -15,7 +15,7 @@ from ..ops import Ops, GroupOp
 from .flatten import PNode, LazyNodes
 from .views import View, apply
 from .kwalk import Graph as _Graph, Walk as _Walk, kcols as _kcols, alu_knodes as _alu_knodes, \
-  make_knodes as _make_knodes, PU_ALU as _PU_ALU, PU_ALU_MOVE as _PU_ALU_MOVE
+  make_knodes as _make_knodes, PU_ALU as _PU_ALU, PU_ALU_MOVE as _PU_ALU_MOVE, _ALU, _ALU_MOVE
 from . import kwalk
 from .records import compute_dtype, storage_dtype, Buf, KNode, Store, Loop, OutRef, CallStep  # noqa: F401 (re-exported)
 from .values import const_array, input_name, map_nested
@@ -23,9 +23,7 @@ from ..ids import value
 
 VM_MAXSIZE = value("consts", "VM_MAXSIZE")  # csrc/tables.h: bytes of a VM buffer, elements of an index space
 
-_ALU = GroupOp.ALU | {Ops.CAST, Ops.BITCAST}
 _MOVE = GroupOp.Movement
-_ALU_MOVE = _ALU | _MOVE
 _PURE_ALU = GroupOp.ALU
 
 
