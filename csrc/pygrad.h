@@ -36,6 +36,7 @@ int32_t pg_store_src(pg_store *st, int32_t id, int32_t *out, int32_t cap);
 int64_t pg_store_rows(pg_store *st, const int32_t *ids, int64_t n, pg_info *info, int32_t *src, int64_t cap);
 int pg_store_set_pdata(pg_store *st, int32_t id, int32_t pdata);
 int64_t pg_store_live(pg_store *st);
+void pg_store_free_order(pg_store *st, int64_t k);  /* the next k recycled ids ascending (store_impl.h) */
 int64_t pg_store_id_bound(pg_store *st);
 int pg_store_arg_register(pg_store *st, int32_t aid);
 int64_t pg_store_arg_drain(pg_store *st, int32_t *out, int64_t cap);

@@ -713,6 +713,7 @@ pg_build *pg_serial_build_new(pg_store *st, int64_t n, const int32_t *op, const 
     b->held = 1;
     pg_store_retain_locked(st);
     pg_store_reserve_locked(st, n - ngiven);  /* room for every row at once (they may all be new) */
+    pg_store_free_order_locked(st, n - ngiven);  /* and rows on ascending nodes, as in a fresh process */
     for (i = 0; i < ngiven; i++) {  /* the given rows count as made: the builder holds each */
       pg_node *nd = pg_node_live(st, given[i]);
       if (!nd || nd->rc == UINT32_MAX || nd->dtype > INT16_MAX) {

@@ -47,6 +47,35 @@ static int table_grow(pg_store *st) {
   return 0;
 }
 
+/* see store_impl.h. The top k free ids become ascending from the top: a bitmap over the ids below nalloc, set for
+   each, then read from the highest word down (O(k + nalloc / 64), no sort). */
+void pg_store_free_order_locked(pg_store *st, int64_t k) {
+  uint64_t *bits;
+  uint32_t i, lo, top, w;
+  if (k < PG_FREE_ORDER_MIN || st->nfree < 2) return;
+  lo = k < (int64_t)st->nfree ? st->nfree - (uint32_t)k : 0;
+  if (!(bits = (uint64_t *)calloc(((size_t)st->nalloc >> 6) + 1, sizeof *bits))) return;  /* order is a speed hint */
+  for (i = lo; i < st->nfree; i++) bits[st->freeids[i] >> 6] |= (uint64_t)1 << (st->freeids[i] & 63);
+  top = lo;
+  for (w = (st->nalloc >> 6) + 1; w-- > 0;) {
+    uint64_t b = bits[w];
+    int j;
+    for (j = 63; b && j >= 0; j--)
+      if (b >> j & 1) {
+        st->freeids[top++] = (w << 6) | (uint32_t)j;
+        b &= ~((uint64_t)1 << j);
+      }
+  }
+  free(bits);
+}
+
+/* see pygrad.h */
+void pg_store_free_order(pg_store *st, int64_t k) {
+  pg_lock_take(&st->lock);
+  pg_store_free_order_locked(st, k);
+  pg_lock_drop(&st->lock);
+}
+
 /* grow the table (with the lock held) so that extra more nodes fit under its 3/4 load without growing on the way:
    a bulk builder calls it once instead of doubling the table many times while it inserts. Best effort: without
    memory the table stays as it is (and grows as needed later). */

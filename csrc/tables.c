@@ -17,7 +17,7 @@ static const entry redops[] = {PG_VM_REDOPS(PAIR_ROW) {NULL, 0, 0}};
 static const entry consts[] = {{"VM_MAGIC", PG_VM_MAGIC, 0}, {"VM_VERSION", PG_VM_VERSION, 0},
                                {"VM_MAXDIM", PG_VM_MAXDIM, 0}, {"VM_MAXSIZE", PG_VM_MAXSIZE, 0},
                                {"VM_MAXREGS", PG_VM_MAXREGS, 0}, {"VM_MAXREGFILE", PG_VM_MAXREGFILE, 0},
-                               {"ARG_SLOT_BITS", PG_ARG_SLOT_BITS, 0},
+                               {"ARG_SLOT_BITS", PG_ARG_SLOT_BITS, 0}, {"FREE_ORDER_MIN", PG_FREE_ORDER_MIN, 0},
                                {NULL, 0, 0}};
 static const entry rule_in[] = {PG_TPL_RULE_INPUTS(POS_ROW) {NULL, 0, 0}};
 static const entry acc_in[] = {PG_TPL_ACC_INPUTS(POS_ROW) {NULL, 0, 0}};

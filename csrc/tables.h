@@ -44,6 +44,7 @@
    across its drain is told apart from the slot's next id (it reads as gone) and the counts stay as many as the ids
    alive at once, however many were ever made */
 #define PG_ARG_SLOT_BITS 24
+#define PG_FREE_ORDER_MIN 16384  /* a bulk build of at least this many rows takes recycled ids in ascending order */
 
 /* the inputs of a gradient template program (grad.c fills them, pygrad/gradfast.py records them), in order:
    a rule's (the node, its sources, its incoming gradient) and an accumulation's (the gradient so far, absent when

@@ -202,6 +202,7 @@ def _roots_c(b, roots, op, dt, arg, tag) -> list[UOp]:
 
 def _build_py(op, dt, start, src, argref, tagref, pdref, objs, ids, roots, given):
   made: list[UOp] = [] if given is None else [handle(int(g)) for g in given]
+  CORE.free_order(len(op) - len(made))  # as the C builder does: the same ids on both cores
   for i in range(len(made), len(op)):
     u = _ask(i, op, dt, start, src, argref, tagref, objs, made.__getitem__)
     p = int(pdref[i]) if pdref is not None else 0

@@ -150,8 +150,10 @@ def _raw_build(core: CCore, rows: list[tuple[int, tuple[int, ...]]]) -> list[int
   return ids.tolist()
 
 
-def _py_build(core: PyCore, rows) -> list[int]:
-  """The same rows made one by one (the reference: lookups, and the same id recycling)."""
+def _py_build(core: PyCore, rows, bulk: bool = False) -> list[int]:
+  """The same rows made one by one (the reference: lookups, and the same id recycling); bulk: as a bulk builder
+  of the rows does, first ordering the ids it recycles (free_order)."""
+  if bulk: core.free_order(len(rows))
   ids: list[int] = []
   for o, s in rows: ids.append(core.make(o, 1, tuple(ids[j] for j in s), 0, 0, 0))
   return ids
@@ -184,10 +186,33 @@ def test_raw_builder_matches_pycore_id_for_id(seed):
     drop = random.Random(seed + 100).sample(range(len(ids)), 1500)
     for i in drop: core.decref(ids[i])
     kept.append([ids[i] for i in sorted(set(range(len(ids))) - set(drop))])
-  got, want = _raw_build(c, rows), _py_build(p, rows)
+  got, want = _raw_build(c, rows), _py_build(p, rows, bulk=True)
   assert got == want and c.live() == p.live()
   again = [c.make(o, 1, tuple(got[j] for j in s), 0, 0, 0) for o, s in rows]
   assert again == got
+
+
+@pytest.mark.skipif(CCore is None, reason="pygrad._core is not built")
+@pytest.mark.parametrize("k", [0, 100, 16383, 16384, 20000, 10 ** 9])
+def test_free_order_takes_recycled_ids_ascending_on_both_cores(k):
+  """After a graph is freed its ids wait in the order it was freed; a bulk build of k >= FREE_ORDER_MIN rows takes
+  the next k of them in ascending order (consecutive rows on nearby nodes: each build-and-free cycle otherwise
+  scattered them further), both cores alike, and a smaller one leaves the order alone."""
+  c, p = CCore(), PyCore()
+  assert c.free_order_min == p.free_order_min == 16384
+  n = 30000
+  got = []
+  for core in (c, p):
+    a = [core.make(LEAF, 1, (), 0, 0, 0)]  # a chain, kept
+    for _ in range(n - 1): a.append(core.make(SIN, 1, (a[-1],), 0, 0, 0))
+    b = [core.make(ADD, 1, (u, u), 0, 0, 0) for u in a]  # a user of each: freed in a scrambled order
+    for i in random.Random(7).sample(range(n), n): core.decref(b[i])
+    core.free_order(k)
+    got.append([core.make(ADD, 1, (u, a[0]), 0, 0, 0) for u in a])  # n new nodes
+  assert got[0] == got[1]
+  top = min(k, n) if k >= 16384 else 0
+  assert got[0][:top] == sorted(got[0][:top])
+  if top < n: assert got[0][top:] != sorted(got[0][top:])  # the rest as freed
 
 
 @pytest.mark.skipif(CCore is None, reason="pygrad._core is not built")
@@ -205,7 +230,7 @@ def test_raw_builder_sources_with_many_users(seed):
     else:
       users.append(len(rows))
       rows.append((ADD, (a, b)))
-  got, want = _raw_build(CCore(), rows), _py_build(PyCore(), rows)
+  got, want = _raw_build(CCore(), rows), _py_build(PyCore(), rows, bulk=True)
   assert got == want
   assert len(set(got)) == len({rows[i] for i in range(len(rows))})
 

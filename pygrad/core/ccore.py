@@ -118,6 +118,7 @@ class CCore:
   call takes the store's mutex, so threads may share one CCore; cffi releases the GIL meanwhile."""
   name = "c"
   arg_slot_bits = tables()["consts"]["ARG_SLOT_BITS"][0]
+  free_order_min = tables()["consts"]["FREE_ORDER_MIN"][0]
 
   def __init__(self):
     p = lib.pg_store_new()
@@ -251,6 +252,10 @@ class CCore:
   def id_bound(self) -> int:
     """One past the largest node id handed out so far (every live id is below it)."""
     return lib.pg_store_id_bound(self._st)
+
+  def free_order(self, k: int) -> None:
+    """The next k recycled ids ascending, when k >= free_order_min (PyCore.free_order; the C builder does this)."""
+    lib.pg_store_free_order(self._st, k)
 
   def arg_drain(self) -> list[int]:
     """Ids whose last user was freed; they are marked gone (a later `make` naming one raises ArgGone)."""

@@ -26,6 +26,7 @@ class PyCore:
   # the C core's handle type and calls (uop.py and the tinygrad interop have Python forms)
   handle_base = handle_ctor = makers = foreign_rows = foreign_walk = None
   arg_slot_bits = 24  # csrc/tables.h's PG_ARG_SLOT_BITS
+  free_order_min = 16384  # and its PG_FREE_ORDER_MIN
 
   def __init__(self):
     self._table: dict[tuple, int] = {}
@@ -152,6 +153,15 @@ class PyCore:
   def id_bound(self) -> int:
     """One past the largest node id handed out so far (every live id is below it)."""
     return len(self._rc)
+
+  def free_order(self, k: int) -> None:
+    """The next k ids that makes recycle are taken in ascending order (a bulk builder's rows then sit on ascending
+    nodes; csrc/store_impl.h says why), when k >= free_order_min; the same ids as the C core's."""
+    with self._lock:
+      f = self._free
+      if k < self.free_order_min or len(f) < 2: return
+      lo = max(len(f) - k, 0)
+      f[lo:] = sorted(f[lo:], reverse=True)
 
   def _arg_gone(self, aid: int) -> bool:
     """Whether a registered id was drained (or its slot reused); ValueError for an id never registered."""
