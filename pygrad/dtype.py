@@ -92,3 +92,22 @@ def promote(a: DType, b: DType) -> DType:
   if u.itemsize == 8:
     raise TypeError(f"no integer dtype holds both {a.name} and {b.name}: cast one of them first")
   return {1: dtypes.int16, 2: dtypes.int32, 4: dtypes.int64}[u.itemsize]
+
+
+INT_RANGE = {d: ((0, 2 ** (8 * d.itemsize) - 1) if dtypes.is_unsigned(d) else
+                 (-2 ** (8 * d.itemsize - 1), 2 ** (8 * d.itemsize - 1) - 1)) for d in BY_ID if dtypes.is_int(d)}
+
+
+def coerce(value, dtype: DType):
+  """value as the Python scalar a CONST of dtype holds: a float, a bool, or an int in range (a ValueError for a
+  fraction, NaN or inf as an int, or an int out of range: never truncated or wrapped silently)."""
+  if dtypes.is_float(dtype): return float(value)
+  if dtypes.is_bool(dtype): return bool(value)
+  if dtypes.is_int(dtype):
+    if isinstance(value, float) and not value.is_integer():  # NaN, inf and fractions: never truncated silently
+      raise ValueError(f"CONST: {value} has no {dtype.name} value")
+    v = int(value)
+    lo, hi = INT_RANGE[dtype]
+    if not lo <= v <= hi: raise ValueError(f"CONST: {v} out of range for {dtype.name}")
+    return v
+  raise TypeError(f"CONST: dtype {dtype.name} holds no value")

@@ -7,6 +7,8 @@ has a handle, an error code -- goes through uop._wrap, alu1/alu2/alu2k and the g
 precise errors."""
 from __future__ import annotations
 from .ops import Ops
+from .dtype import BY_ID
+from .mathops import MathMixin
 from .intern import ARGS
 from . import uop as _u
 from .uop import UOp, alu1, alu2, alu2k, _attach_current, _wrap, _args_get, _UNARY_OK, _BINARY_OUT, _NONE, _META0, \
@@ -88,3 +90,30 @@ def _scalar_aid(x: float) -> int:
 
 
 ARGS.on_wrap.append(_kaids.clear)
+
+
+def install_c(UOp, made, meth_install, tmpl_install) -> None:
+  """The C core: the single-node methods' fast paths in C (csrc/pymeth.c) -- `a + b`, `a * b`, `&`, `|`, `^` as the
+  handle type's number slots, the named ones as method descriptors set on UOp -- each falling back to the Python
+  method made above for anything off its fast path."""
+  ndt = max(d.id for d in BY_ID) + 1
+  dts = tuple(next((d for d in BY_ID if d.id == i), None) for i in range(ndt))
+  rev = {name: fn for name, op, r, fn in made if r}
+  specs = []
+  for name, op, r, fn in made:
+    if r: continue
+    if r is None:
+      ok = _UNARY_OK.get(op, frozenset())
+      outs = tuple(i if d is not None and d in ok else -1 for i, d in enumerate(dts))
+      specs.append((0, name, op, op.value, outs, fn, None))
+      continue
+    table = _BINARY_OUT.get(op, _NONE)
+    outs = tuple(table[d].id if d is not None and d in table else -1 for i, d in enumerate(dts))
+    if name in ("__add__", "__mul__", "__and__", "__or__", "__xor__"):
+      specs.append((2, name, op, op.value, outs, fn, rev.get("__r" + name[2:])))
+    elif not name.startswith("__"): specs.append((1, name, op, op.value, outs, fn, None))
+  for name, descr in meth_install(UOp, dts, tuple(specs)).items(): setattr(UOp, name, descr)
+  # -, / and @ are number slots of the handle type too (csrc/pytmpl.c: templates.py's hit path); until templates
+  # installs its methods there they call MathMixin's
+  tmpl_install(UOp, None, None, tuple((2, n, n, getattr(MathMixin, n), getattr(MathMixin, "__r" + n[2:]))
+                                       for n in ("__sub__", "__truediv__", "__matmul__")))

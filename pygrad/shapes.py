@@ -319,3 +319,27 @@ INFER = {
   Ops.FUNCTION: _function, Ops.CALL: _function, Ops.AFTER: _after,
 }
 assert set(INFER) == set(Ops), set(Ops) - set(INFER)
+
+
+def dtype_tables():
+  """Which unary ops take which dtypes, and which dtype each binary op gives per operand dtype, by probing the
+  generic inference once: op -> frozenset of dtypes, op -> {dtype: result dtype} (no tuple key to build per call)."""
+  from .ops import GroupOp
+  from .dtype import VALUE_DTYPES
+  from types import SimpleNamespace
+  probe = {d: SimpleNamespace(op=Ops.CONST, dtype=d, shape=(), device=None) for d in VALUE_DTYPES}
+  un: dict = {}
+  bi: dict = {}
+  for op in GroupOp.Unary:
+    ok = set()
+    for d, p in probe.items():
+      try: INFER[op](op, None, (p,), None)
+      except (TypeError, ValueError): continue
+      ok.add(d)
+    un[op] = frozenset(ok)
+  for op in GroupOp.Binary:
+    outs = bi[op] = {}
+    for d, p in probe.items():
+      try: outs[d] = INFER[op](op, None, (p, p), None)[0]
+      except (TypeError, ValueError): continue
+  return un, bi

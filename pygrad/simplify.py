@@ -7,7 +7,8 @@ import math
 from .ops import Ops, GroupOp
 from .dtype import DType, dtypes
 from .upat import UPat, PatternMatcher
-from .uop import UOp, _coerce
+from .uop import UOp
+from .dtype import coerce as _coerce
 from .rewrite import graph_rewrite
 
 _FOLDABLE = GroupOp.ALU | {Ops.CAST, Ops.BITCAST}

@@ -9,10 +9,10 @@ from operator import attrgetter
 from collections.abc import Mapping
 from typing import Any, Callable, Iterator
 from .ops import Ops
-from .dtype import DType, dtypes, BY_ID
+from .dtype import DType, dtypes, BY_ID, coerce as _coerce, INT_RANGE as _INT_RANGE
 from .core import CORE, ArgGone
 from .intern import _INTS, ARGS, META, argkey
-from .shapes import INFER, SHAPE as _SHAPE
+from .shapes import INFER, SHAPE as _SHAPE, dtype_tables
 from .mathops import MathMixin
 
 _handles: dict[int, weakref.ref] = {}
@@ -690,23 +690,6 @@ def rebuild(u: UOp, src: tuple) -> UOp:
   return UOp(u.op, u.dtype if u.op in _KEEP_DTYPE else None, src, u.arg, u.tag)
 
 
-_INT_RANGE = {d: ((0, 2 ** (8 * d.itemsize) - 1) if dtypes.is_unsigned(d) else
-                  (-2 ** (8 * d.itemsize - 1), 2 ** (8 * d.itemsize - 1) - 1)) for d in BY_ID if dtypes.is_int(d)}
-
-
-def _coerce(value, dtype: DType):
-  if dtypes.is_float(dtype): return float(value)
-  if dtypes.is_bool(dtype): return bool(value)
-  if dtypes.is_int(dtype):
-    if isinstance(value, float) and not value.is_integer():  # NaN, inf and fractions: never truncated silently
-      raise ValueError(f"CONST: {value} has no {dtype.name} value")
-    v = int(value)
-    lo, hi = _INT_RANGE[dtype]
-    if not lo <= v <= hi: raise ValueError(f"CONST: {v} out of range for {dtype.name}")
-    return v
-  raise TypeError(f"CONST: dtype {dtype.name} holds no value")
-
-
 def live_nodes() -> int:
   """How many nodes the core holds now."""
   return CORE.live()
@@ -717,67 +700,15 @@ def core_name() -> str:
   return CORE.name
 
 
-def _tables():
-  """Which unary ops take which dtypes, and which dtype each binary op gives per operand dtype, by probing the
-  generic inference once: op -> frozenset of dtypes, op -> {dtype: result dtype} (no tuple key to build per call)."""
-  from .shapes import INFER as _inf
-  from .ops import GroupOp
-  from .dtype import VALUE_DTYPES
-  from types import SimpleNamespace
-  probe = {d: SimpleNamespace(op=Ops.CONST, dtype=d, shape=(), device=None) for d in VALUE_DTYPES}
-  un: dict = {}
-  bi: dict = {}
-  for op in GroupOp.Unary:
-    ok = set()
-    for d, p in probe.items():
-      try: _inf[op](op, None, (p,), None)
-      except (TypeError, ValueError): continue
-      ok.add(d)
-    un[op] = frozenset(ok)
-  for op in GroupOp.Binary:
-    outs = bi[op] = {}
-    for d, p in probe.items():
-      try: outs[d] = _inf[op](op, None, (p, p), None)[0]
-      except (TypeError, ValueError): continue
-  return un, bi
-
-
 _NONE: dict = {}
-_UNARY_OK, _BINARY_OUT = _tables()
+_UNARY_OK, _BINARY_OUT = dtype_tables()
 from . import mathops as _mathops  # noqa: E402
 _META0 = META.get((), None)
-from .fastmethods import unary_method, binary_method  # noqa: E402
+from .fastmethods import unary_method, binary_method, install_c  # noqa: E402
 _made = _mathops._bind(UOp, alu2, const, movement, node, unary_method, binary_method, _cached)
 
 
-def _methods_in_c(made) -> None:
-  """The C core: the single-node methods' fast paths in C (csrc/pymeth.c) -- `a + b`, `a * b`, `&`, `|`, `^` as the
-  handle type's number slots, the named ones as method descriptors set on UOp -- each falling back to the Python
-  method made above for anything off its fast path."""
-  ndt = max(d.id for d in BY_ID) + 1
-  dts = tuple(next((d for d in BY_ID if d.id == i), None) for i in range(ndt))
-  rev = {name: fn for name, op, r, fn in made if r}
-  specs = []
-  for name, op, r, fn in made:
-    if r: continue
-    if r is None:
-      ok = _UNARY_OK.get(op, frozenset())
-      outs = tuple(i if d is not None and d in ok else -1 for i, d in enumerate(dts))
-      specs.append((0, name, op, op.value, outs, fn, None))
-      continue
-    table = _BINARY_OUT.get(op, _NONE)
-    outs = tuple(table[d].id if d is not None and d in table else -1 for i, d in enumerate(dts))
-    if name in ("__add__", "__mul__", "__and__", "__or__", "__xor__"):
-      specs.append((2, name, op, op.value, outs, fn, rev.get("__r" + name[2:])))
-    elif not name.startswith("__"): specs.append((1, name, op, op.value, outs, fn, None))
-  for name, descr in _meth_install(UOp, dts, tuple(specs)).items(): setattr(UOp, name, descr)
-  # -, / and @ are number slots of the handle type too (csrc/pytmpl.c: templates.py's hit path); until templates
-  # installs its methods there they call MathMixin's
-  _tmpl_install(UOp, None, None, tuple((2, n, n, getattr(MathMixin, n), getattr(MathMixin, "__r" + n[2:]))
-                                       for n in ("__sub__", "__truediv__", "__matmul__")))
-
-
-if _meth_md is not None: _methods_in_c(_made)
+if _meth_md is not None: install_c(UOp, _made, _meth_install, _tmpl_install)
 del _made
 if _leaf_maker is not None:
   # UOp.placeholder's common case in one C call (csrc/pyleaf.c): the same steps as placeholder and _buffer, falling
