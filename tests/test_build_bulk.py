@@ -1,4 +1,4 @@
-"""The bulk builder's fast path (csrc/serial.c, pg_serial_build_run): rows proved new skip the table lookup and are
+"""The bulk builder's fast path (csrc/serial_build.c, pg_serial_build_run): rows proved new skip the table lookup and are
 entered in the table in batches. Identity must not change: rows equal to live nodes, to each other, or to nodes
 made earlier in the same build give those nodes, on both cores (pygrad.build) and id for id with PyCore (the raw
 builder on a private C store)."""
@@ -71,7 +71,7 @@ def test_equal_rows_are_one_node():
 
 def test_rows_no_root_reaches_are_freed_and_the_rest_live_on():
   """The builder keeps a reference only on rows no node it made uses (it hands the others' over to their first user:
-  csrc/serial.c, build_hand_over); every row must still be freed exactly when nothing reaches it: rows under no root
+  csrc/serial_build.c, build_hand_over); every row must still be freed exactly when nothing reaches it: rows under no root
   at once, sources named twice (x * x) counted twice, and the rest when the roots go. Built twice: the second build
   makes every row in C (the first asks Python for each new signature)."""
   x = UOp.placeholder((5,), dtypes.float32, name="bulk_w")
@@ -218,7 +218,7 @@ def test_free_order_takes_recycled_ids_ascending_on_both_cores(k):
 @pytest.mark.skipif(CCore is None, reason="pygrad._core is not built")
 @pytest.mark.parametrize("seed", range(3))
 def test_raw_builder_sources_with_many_users(seed):
-  """Sources with more users than the builder lists per row (csrc/serial.c BUILD_SCAN: 64), and rows equal to
+  """Sources with more users than the builder lists per row (csrc/serial_build.c BUILD_SCAN: 64), and rows equal to
   users listed before and after that point: the same ids as PyCore, and each repeat is the earlier node."""
   rng = random.Random(seed)
   rows = [(LEAF, ())]
