@@ -73,6 +73,50 @@ def test_weight_gradient_contraction_written_transposed(nkm, dt, restore_threads
   np.testing.assert_allclose(ref, vx.T.astype(np.float64) @ vc.astype(np.float64), rtol=tol, atol=tol * k)
 
 
+
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float64], ids=lambda d: d.name)
+@pytest.mark.parametrize("nkm", [(256, 128, 256), (64, 128, 256), (256, 128, 10), (37, 53, 300)])
+def test_weight_gradient_stored_as_the_update_reads_it(nkm, dt, restore_threads, monkeypatch):
+  """engine/layout.py: the gradient's buffer, which only the SGD update reads (transposed), is stored transposed,
+  so the update reads it row by row: the same values as numpy's update of the gradient, the same bits on 1, 2 and
+  3 threads, and the same as when the layout is left alone."""
+  from pygrad.engine import program as prog_mod
+  n, k, m = nkm
+  x, w, c = UOp.placeholder((k, n), dt, "x"), UOp.placeholder((n, m), dt, "w"), UOp.placeholder((k, m), dt, "c")
+  vx, vw, vc = _val((k, n), 3, dt.numpy), _val((n, m), 4, dt.numpy), _val((k, m), 5, dt.numpy)
+  gw, = ((x @ w) * c).sum().gradient(w)
+  outs = [w - gw * 0.5, gw * 0.25 + w]
+  counts = []
+  real = prog_mod.relayout
+  monkeypatch.setattr(prog_mod, "relayout", lambda steps: counts.append(real(steps)) or counts[-1])
+  prog = pygrad.compile(outs, [x, w, c])
+  assert counts == [1]
+  monkeypatch.setattr(prog_mod, "relayout", lambda steps: 0)
+  plain = pygrad.compile(outs, [x, w, c])
+  ref = None
+  for nt in (1, 2, 3):
+    pygrad.set_num_threads(nt)
+    got = [np.asarray(o) for o in prog(vx, vw, vc)]
+    assert [g.tobytes() for g in got] == [np.asarray(o).tobytes() for o in plain(vx, vw, vc)]
+    if ref is None: ref = got[0]
+    assert got[0].tobytes() == ref.tobytes(), f"{nt} threads differ from 1"
+  tol = 2e-4 if dt is dtypes.float32 else 1e-10
+  want = vw - 0.5 * (vx.T.astype(np.float64) @ vc.astype(np.float64))
+  np.testing.assert_allclose(ref, want, rtol=tol, atol=tol * k)
+
+
+def test_a_gradient_read_as_it_is_stored_keeps_its_layout(monkeypatch):
+  """No change where the readers read the buffer row by row already, or one of them is not elementwise."""
+  from pygrad.engine import program as prog_mod
+  x, g = UOp.placeholder((128, 64), dtypes.float32, "x"), UOp.placeholder((128, 32), dtypes.float32, "g")
+  counts = []
+  real = prog_mod.relayout
+  monkeypatch.setattr(prog_mod, "relayout", lambda steps: counts.append(real(steps)) or counts[-1])
+  pygrad.compile([(x.T @ g) * 2.0], [x, g])
+  pygrad.compile([(g.T @ x).T * 2.0, (g.T @ x).sum(0)], [x, g])
+  assert counts == [0, 0]
+
+
 # (shape of x, shape of the row broadcast over it): tiles of several rows reuse the row they gathered first
 ROWS = [((128, 256), (256,)), ((129, 100), (100,)), ((7, 33), (33,)), ((3, 50, 70), (70,)), ((6, 5, 40), (1, 5, 40)),
         ((1000, 3), (3,)), ((2, 9000), (9000,))]

@@ -16,6 +16,7 @@ from .planner import Planner, Loop, CallStep, Buf, compute_dtype
 from .lower import Part, VK_GEMM
 from .kcache import KernelCache, Words, assemble
 from .npkernel import NumpyKernel
+from .layout import relayout
 from .fastcall import MISS, make_fast_call
 from .values import input_value, round_bfloat16, bindings, map_nested
 
@@ -194,6 +195,7 @@ class Program:
         k = NumpyKernel(k)  # more dims or registers than the VM takes: a numpy step between two C segments
         nnp += 1
       steps.append(k)
+    relayout(steps)  # (a weight's gradient stored as its update reads it)
     self.arena_bytes = _place(steps, pl.bufs)
     _check_memory(self.arena_bytes, pl.bufs)
     for b in pl.bufs: b.node = None  # (named in errors until here) no buffer keeps the graph alive, nor a cycle

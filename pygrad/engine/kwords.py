@@ -1,0 +1,82 @@
+"""Reading and editing lowered kernels' words (csrc/vm.c's format, as lower.emit and lower.contraction write them)
+for the passes that run on the program's steps after lowering (engine/layout.py, engine/epilogue.py): where each
+view of a VK_LOOP kernel lies, and a contraction's operands."""
+from __future__ import annotations
+from typing import NamedTuple
+from .lower import VK_LOOP, VK_GEMM
+
+
+def words_of(part) -> list[int]:
+  """A Part's words as a list of ints (cached kernels hold a template: kcache.Words)."""
+  w = part.words
+  return w if type(w) is list else w.tolist()
+
+
+class LoopView(NamedTuple):
+  """A view of a VK_LOOP kernel: its first word's position (register, buffer, storage type, offset, mask flag,
+  strides follow), whether it is a store, and its buffer id."""
+  pos: int
+  store: bool
+  buf: int
+
+  def strides(self, w: list[int], nd: int) -> list[int]: return w[self.pos + 5:self.pos + 5 + nd]
+  def offset(self, w: list[int]) -> int: return w[self.pos + 3]
+  def masked(self, w: list[int]) -> bool: return w[self.pos + 4] != 0
+
+
+class LoopWords(NamedTuple):
+  """A VK_LOOP kernel's layout: dims, index space, reduce op and views."""
+  nd: int
+  shape: list
+  redop: int
+  views: list
+
+
+def loop_words(w: list[int]) -> LoopWords:
+  """The layout of VK_LOOP words w (lower.emit's order: header, shape, registers, loads, instructions, stores)."""
+  assert w[0] == VK_LOOP
+  nd, redop = w[1], w[3]
+  shape = w[7:7 + nd]
+  i = 7 + nd
+  i += 1 + 2 * w[i]  # registers
+  views = []
+  for store in (False, True):
+    if store: i += 1 + 6 * w[i]  # instructions
+    n, i = w[i], i + 1
+    for _ in range(n):
+      views.append(LoopView(i, store, w[i + 1]))
+      i += 5 + nd + (2 * nd if w[i + 4] else 0)
+  assert i == len(w)
+  return LoopWords(nd, shape, redop, views)
+
+
+class GemmWords(NamedTuple):
+  """A VK_GEMM kernel (lower.contraction's words): C[n][m] = sum_k A[n][k] B[k][m] with element strides, and its
+  batch dims."""
+  a: int
+  offa: int
+  b: int
+  offb: int
+  c: int
+  offc: int
+  n: int
+  m: int
+  k: int
+  san: int
+  sak: int
+  sbk: int
+  sbm: int
+  scn: int
+  scm: int
+  nbatch: int
+
+
+GEMM_SCN = 15  # the position of C's strides (scn, scm) in VK_GEMM words
+
+
+def gemm_words(w: list[int]) -> GemmWords:
+  assert w[0] == VK_GEMM
+  return GemmWords(*w[2:18])
+
+
+__all__ = ["words_of", "LoopView", "LoopWords", "loop_words", "GemmWords", "gemm_words", "GEMM_SCN"]
