@@ -356,10 +356,19 @@ int pg_vm_prepare(const int64_t *code, int64_t ncode, pg_vm **out, char *msg, in
   }
   for (i = 0; i < vm->nkern && !r.err; i++) {
     vm_kernel *k = &vm->kern[i];
-    k->kind = (int32_t)rd_get(&r, VK_LOOP, VK_GEMM, "kernel kind out of range");
+    k->kind = (int32_t)rd_get(&r, VK_LOOP, VK_EPILOGUE, "kernel kind out of range");
     if (r.err) break;
     if (k->kind == VK_LOOP) read_loop(&r, vm, k);
-    else read_gemm(&r, vm, k);
+    else if (k->kind == VK_GEMM) read_gemm(&r, vm, k);
+    else {  /* an epilogue: whether its index space is transposed, then a loop kernel */
+      k->epi_tr = (int32_t)rd_get(&r, 0, 1, "epilogue orientation out of range");
+      if (!r.err) read_loop(&r, vm, k);
+      if (!r.err) {
+        const char *why = vm_epilogue_check(vm, i);
+        if (why) rd_fail(&r, why);
+      }
+      vm->hasepi = 1;
+    }
     if (!r.err && k->wsbytes > vm->wsbytes) vm->wsbytes = k->wsbytes;
   }
   if (!r.err && r.i != r.n) rd_fail(&r, "trailing words");
@@ -586,6 +595,7 @@ typedef struct loop_job {
   char *ws;
   const vm_isa *isa;
   int64_t wsstride, rows, inner, block, ntg;  /* rows per independent block; tile groups a block splits into */
+  int sub;  /* an epilogue's tile: a part's columns [cs, ce) narrower than a row still take several rows a tile */
   uint8_t *zf;  /* a float product's second run (vm_prodz.c): flags per output from offset zlo; else NULL */
   int64_t zlo;
   char *ztile;  /* that run's copy of a tile's values, T of them */
@@ -623,6 +633,7 @@ static void loop_part(const loop_job *j, char *ws, int64_t r0, int64_t r1, int64
   }
   row_index(r0, k->shape, nd, idx);
   rpt = inner >= k->T || cs > 0 || ce < inner ? 1 : k->T / inner;
+  if (j->sub && ce - cs < k->T) rpt = k->T / (ce - cs);
   for (r = r0; r < r1;) {
     int64_t nr = r1 - r < rpt ? r1 - r : rpt;
     for (c0 = cs; c0 < ce; c0 += k->T) {
@@ -634,7 +645,8 @@ static void loop_part(const loop_job *j, char *ws, int64_t r0, int64_t r1, int64
           ptr[v->reg] = scratch[v->reg];
           continue;
         }
-        if (v->contig || (nr == 1 && v->st[nd] == 1 && !v->masked && v->stype == vm_ct(v->stype)))
+        if ((v->contig && (nr == 1 || nc == inner)) ||
+            (nr == 1 && v->st[nd] == 1 && !v->masked && v->stype == vm_ct(v->stype)))
           ptr[v->reg] = bufp[v->buf] + (row_off(v, idx, nd) + c0 * v->st[nd]) * v->esize;
         else {
           gather(v, bufp[v->buf], k->shape, nd, idx, nr, c0, nc, scratch[v->reg]);
@@ -648,7 +660,7 @@ static void loop_part(const loop_job *j, char *ws, int64_t r0, int64_t r1, int64
           const vm_view *s = &k->stores[i];
           if (k->regs[s->reg].isload || k->regs[s->reg].scalar || s->stype != vm_ct(s->stype)) continue;
           if (ptr[s->reg] != scratch[s->reg]) continue;
-          if (s->contig || (nr == 1 && s->st[nd] == 1))
+          if ((s->contig && (nr == 1 || nc == inner)) || (nr == 1 && s->st[nd] == 1))
             ptr[s->reg] = bufp[s->buf] + (row_off(s, idx, nd) + c0 * s->st[nd]) * s->esize;
         }
       dot = k->redop == VR_DOT && k->stores[0].st[nd] == 0;
@@ -737,7 +749,7 @@ static int run_loop(const vm_kernel *k, char *const *bufp, char *ws, int64_t wss
   int64_t work, units, chunk, span, per;
   loop_job j;
   j.k = k; j.bufp = bufp; j.ws = ws; j.isa = isa; j.wsstride = wsstride;
-  j.inner = k->shape[nd]; j.rows = 1; j.block = 1; j.ntg = 1; j.zf = NULL; j.zlo = 0; j.ztile = NULL;
+  j.inner = k->shape[nd]; j.rows = 1; j.block = 1; j.ntg = 1; j.zf = NULL; j.zlo = 0; j.ztile = NULL; j.sub = 0;
   for (d = 0; d < nd; d++) j.rows *= k->shape[d];
   if (k->redop) red_outputs(k, bufp[k->stores[0].buf], 0);
   if (j.rows == 0 || j.inner == 0) return 0;
@@ -783,7 +795,25 @@ typedef struct gemm_job {
   char *c, *ws;
   const vm_isa *isa;
   int64_t wsstride, es, rb, cb, nrb, ncb;  /* rows and columns per tile, tiles down and across */
+  const vm_kernel *epi;  /* the epilogues (nepi kernels), run on each tile after it, their registers at epiws */
+  int32_t nepi, swapped;  /* swapped: g is the program's contraction transposed (gemm_oriented) */
+  char *const *bufp;
+  int64_t epiws;
 } gemm_job;
+
+/* the epilogues of a contraction on C[i0:i1, j0:j1] (the program's orientation), just computed by this thread */
+static void gemm_epilogues(const gemm_job *gj, int64_t i0, int64_t i1, int64_t j0, int64_t j1, char *ws) {
+  int32_t e;
+  for (e = 0; e < gj->nepi; e++) {
+    const vm_kernel *k = &gj->epi[e];
+    loop_job j;
+    j.k = k; j.bufp = gj->bufp; j.ws = ws; j.isa = gj->isa; j.wsstride = 0;
+    j.inner = k->shape[1]; j.rows = k->shape[0]; j.block = 1; j.ntg = 1; j.zf = NULL; j.zlo = 0; j.ztile = NULL;
+    j.sub = 1;
+    if (k->epi_tr) loop_part(&j, ws, j0, j1, i0, i1);  /* its rows are C's columns */
+    else loop_part(&j, ws, i0, i1, j0, j1);
+  }
+}
 
 static void gemm_task(void *ctx, int64_t lo, int64_t hi, int32_t w) {
   const gemm_job *j = (const gemm_job *)ctx;
@@ -801,6 +831,9 @@ static void gemm_task(void *ctx, int64_t lo, int64_t hi, int32_t w) {
     }
     j->isa->gemm_part(g, j->a + oa * j->es, j->b + ob * j->es, j->c + oc * j->es, i0, i1, j0, j1,
                       j->ws + (int64_t)w * j->wsstride);
+    if (j->nepi == 0) continue;
+    if (j->swapped) gemm_epilogues(j, j0, j1, i0, i1, j->ws + (int64_t)w * j->wsstride + j->epiws);
+    else gemm_epilogues(j, i0, i1, j0, j1, j->ws + (int64_t)w * j->wsstride + j->epiws);
   }
 }
 
@@ -808,6 +841,8 @@ static void gemm_task(void *ctx, int64_t lo, int64_t hi, int32_t w) {
 #define PAR_MIN_GEMM ((int64_t)1 << 17)
 /* up to this many elements of B (depth x columns), packing all of it again per thread costs little */
 #define GEMM_SMALL_B ((int64_t)4096)
+/* up to this many elements, an operand is packed whole by every tile so that each tile holds whole epilogue rows */
+#define GEMM_EPI_PACK ((int64_t)32768)
 
 /* C^T = B^T A^T: the same contraction with the operands' roles swapped and C written transposed */
 static void gemm_transpose(const vm_gemm *g, vm_gemm *t) {
@@ -850,15 +885,17 @@ static int64_t gemm_ws_need(const pg_vm *vm, const vm_isa *isa) {
   return need;
 }
 
-/* a contraction; worker w packs into ws + w * wsstride (at least gemm_ws_need bytes each) */
-static int run_gemm(const vm_kernel *k, char *const *bufp, char *ws, int64_t wsstride, int32_t nthreads,
-                    const vm_isa *isa) {
+/* a contraction and its epilogues (the nepi kernels after it); worker w packs into ws + w * wsstride (at least
+   gemm_ws_need bytes each), and its epilogues' registers are at epiws past that */
+static int run_gemm(const vm_kernel *k, char *const *bufp, char *ws, int64_t wsstride, int64_t epiws,
+                    int32_t nthreads, const vm_isa *isa) {
   vm_gemm swapped;
   const vm_gemm *g = gemm_oriented(&k->gemm, &swapped);
   int64_t total = 1, flops, units;
   int d;
   gemm_job j;
   j.g = g; j.isa = isa; j.es = vm_esize(g->lt);
+  j.epi = k + 1; j.nepi = k->nepi; j.swapped = g != &k->gemm; j.bufp = bufp; j.epiws = epiws;
   j.a = bufp[g->a] + g->offa * j.es; j.b = bufp[g->b] + g->offb * j.es; j.c = bufp[g->c] + g->offc * j.es;
   for (d = 0; d < g->nbatch; d++) total *= g->bsize[d];
   if (total == 0 || g->n == 0 || g->m == 0) return 0;
@@ -872,8 +909,15 @@ static int run_gemm(const vm_kernel *k, char *const *bufp, char *ws, int64_t wss
        own share of each job), and the next kernel reads its rows from its own core's cache. Tiles stay multiples
        of 16 (every micro-tile width divides it) */
     int64_t parts = (int64_t)nthreads / total;
-    if (g->m >= g->n && !(g->k * g->m <= GEMM_SMALL_B && g->n >= 16 * parts))
-      j.cb = ((g->m + parts - 1) / parts + 15) / 16 * 16;
+    int cols = g->m >= g->n && !(g->k * g->m <= GEMM_SMALL_B && g->n >= 16 * parts);
+    /* with epilogues, tiles of whole epilogue rows (its rows are C's unless either it or g is transposed): over a
+       part of each row an epilogue would run row by row, or copy its operands, at several times its cost. When
+       that split packs a large operand whole in every tile, the epilogues run after it as loop kernels instead */
+    if (k->nepi > 0 && cols != (k[1].epi_tr != j.swapped)) {
+      if ((cols ? g->k * g->m : g->k * g->n) <= GEMM_EPI_PACK) cols = !cols;
+      else j.nepi = 0;
+    }
+    if (cols) j.cb = ((g->m + parts - 1) / parts + 15) / 16 * 16;
     else j.rb = ((g->n + parts - 1) / parts + 15) / 16 * 16;
   }
   j.nrb = (g->n + j.rb - 1) / j.rb;
@@ -884,6 +928,10 @@ static int run_gemm(const vm_kernel *k, char *const *bufp, char *ws, int64_t wss
   j.ws = ws;
   if (nthreads < 2) gemm_task(&j, 0, units, 0);
   else vm_pool_for(units, 1, gemm_task, &j, nthreads);
+  for (d = j.nepi; d < k->nepi; d++) {  /* epilogues not run on the tiles */
+    int rc = run_loop(&k[1 + d], bufp, ws, wsstride, nthreads, isa);
+    if (rc != 0) return rc;
+  }
   return 0;
 }
 
@@ -947,12 +995,16 @@ int pg_vm_run(pg_vm *vm, void *const *slots, const int64_t *sizes, int32_t nslot
   gws = vm->gws;
   pg_lock_drop(&vm->wslock);
   wsstride = (vm->wsbytes + 63) / 64 * 64;
-  if (gws > wsstride) wsstride = gws;
+  if (vm->hasepi) wsstride += gws;  /* an epilogue's registers beside its contraction's packing */
+  else if (gws > wsstride) wsstride = gws;
   if (wsstride > 0 && !(ws = ws_take(vm, (size_t)(wsstride * nthreads), &wscap))) { rc = PG_ERR_NOMEM; goto done; }
   for (i = 0; i < vm->nkern && rc == 0; i++) {
     const vm_kernel *k = &vm->kern[i];
     if (k->kind == VK_LOOP) rc = run_loop(k, bufp, ws, wsstride, nthreads, isa);
-    else rc = run_gemm(k, bufp, ws, wsstride, nthreads, isa);
+    else {
+      rc = run_gemm(k, bufp, ws, wsstride, vm->hasepi ? gws : 0, nthreads, isa);
+      i += k->nepi;  /* its epilogues ran with it */
+    }
   }
   if (ws) ws_give(vm, ws, wscap);
 done:

@@ -50,8 +50,10 @@ typedef struct vm_gemm {
   int64_t bsize[VM_MAXDIM], bsa[VM_MAXDIM], bsb[VM_MAXDIM], bsc[VM_MAXDIM];
 } vm_gemm;
 
+/* epi_tr: an EPILOGUE's index space is its contraction's (m, n), not (n, m); nepi: a GEMM's epilogues, the kernels
+   that follow it */
 typedef struct vm_kernel {
-  int32_t kind, ndim, redop, rlt, post, nregs, nloads, nins, nstores;
+  int32_t kind, ndim, redop, rlt, post, nregs, nloads, nins, nstores, epi_tr, nepi;
   int64_t T, shape[VM_MAXDIM], wsbytes;
   uint32_t redmask;
   vm_regdef *regs;
@@ -63,7 +65,7 @@ typedef struct vm_kernel {
 typedef struct vm_buf { int32_t slot; int64_t off, nbytes, align; } vm_buf;
 
 struct pg_vm {
-  int32_t nslots, nbufs, nkern;
+  int32_t nslots, nbufs, nkern, hasepi;
   int64_t *slotmin, wsbytes;
   vm_buf *bufs;
   vm_kernel *kern;
@@ -121,6 +123,9 @@ void vm_prodz_fix(const vm_kernel *k, char *base, const uint8_t *zf, int64_t lo)
 /* vm_transpose.c: d[r][c] (rows nc apart) = s[c * si + r * so], r < nr, c < nc, elements of esize (4 or 8) bytes */
 void vm_transpose_copy(const char *src, int64_t si, int64_t so, char *dst, int64_t nr, int64_t nc, int64_t esize);
 const vm_isa *vm_isa_current(void);
+/* vm_epilogue.c: EPILOGUE kernel ki (read) checked against its contraction's group, whose nepi it sets: NULL when
+   safe to run tile by tile, else what is wrong */
+const char *vm_epilogue_check(struct pg_vm *vm, int32_t ki);
 /* vm_gemm.c: the contraction entries of each instruction set */
 size_t vm_gemm_ws_base(const vm_gemm *g);
 void vm_gemm_part_base(const vm_gemm *g, const char *a, const char *b, char *c, int64_t i0, int64_t i1, int64_t j0,

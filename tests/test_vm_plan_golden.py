@@ -77,7 +77,7 @@ GOLDEN = {
   'random-7': '897f2013e80b1f683f7b8b8b',
   'random-8': 'ec0000791d79f9de9632dce1',
   'random-9': '756b8eff538d46a220ae07fb',
-  'w1-grad-4': 'dcd09534ef52aa196309f8f4',
+  'w1-grad-4': '4b598e557a1f29fca990286f',
 }
 
 

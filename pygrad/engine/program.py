@@ -17,6 +17,7 @@ from .lower import Part, VK_GEMM
 from .kcache import KernelCache, Words, assemble
 from .npkernel import NumpyKernel
 from .layout import relayout
+from .epilogue import fuse_epilogues
 from .fastcall import MISS, make_fast_call
 from .values import input_value, round_bfloat16, bindings, map_nested
 
@@ -196,6 +197,7 @@ class Program:
         nnp += 1
       steps.append(k)
     relayout(steps)  # (a weight's gradient stored as its update reads it)
+    fuse_epilogues(steps)  # (the loops after a contraction run on its tiles)
     self.arena_bytes = _place(steps, pl.bufs)
     _check_memory(self.arena_bytes, pl.bufs)
     for b in pl.bufs: b.node = None  # (named in errors until here) no buffer keeps the graph alive, nor a cycle
