@@ -135,6 +135,20 @@ int64_t pg_kernel_walk_moves(pg_kwm *st, int64_t n, const int32_t *nsrc, const i
                              int64_t top, int32_t top_leaf, int32_t *out, int64_t out_cap, int32_t *out_src,
                              int64_t src_cap, int64_t max_cells, int64_t *keys, int64_t *info);
 
+/* ---- kkey.c: the kernel cache's key of a small walked kernel (pygrad/engine/kcache.py, walked_c): leaves' loads
+   registered once per plan, a kernel's key made from its walk's entries and interned as a class ---- */
+#define PG_KKEY_MISS -32
+typedef struct pg_kkey pg_kkey;
+pg_kkey *pg_kkey_new(int64_t n);
+void pg_kkey_free(pg_kkey *st);
+int pg_kkey_node(pg_kkey *st, int64_t node, int32_t buf, int32_t vid);
+int pg_kkey_nodes(pg_kkey *st, int64_t k, const int32_t *node, const int32_t *buf, const int32_t *vid);
+int pg_kkey_view(pg_kkey *st, int32_t vid, int32_t cell, int32_t space, int32_t vid2);
+int64_t pg_kkey_make(pg_kkey *st, const int32_t *ent, int64_t m, const int32_t *srcs, int64_t nsrc,
+                     const int32_t *nsrcs, const int64_t *sig, int64_t n, const int32_t *obuf, const int32_t *ovid, int32_t space,
+                     int64_t head, int32_t sbuf, int64_t *codes, int32_t *lbuf, int32_t *lvid, int32_t *bufs,
+                     int32_t *miss, int64_t *info);
+
 /* ---- plan_users.c: the planner's users count and fused-value sweeps (pygrad/engine/planner.py, _Graph) ---- */
 #define PG_PU_ALU 2
 #define PG_PU_ALU_MOVE 8

@@ -41,24 +41,35 @@ def _w1(layers: int):
   return [loss, *loss.gradient(x, *ws)], [x, *ws]
 
 
-GRAPHS = {"one-thing-apart": _one_thing_apart, "w1-grad-4": lambda: _w1(4),
+def _copies():
+  """Leaves whose pending RESHAPE the strides cannot express (a copy kernel per read, emitted before the kernel that
+  reads it), read once, twice in one kernel, in several kernels, and beside leaves that are views."""
+  a, b = UOp.placeholder((6, 8), F32, "a"), UOp.placeholder((6, 8), F32, "b")
+  t = (a * 3.0).permute((1, 0)).reshape((48,))  # (pending at a's leaf: a transposed, then flattened)
+  u = (b * 2.0).permute((1, 0)).reshape((48,))
+  outs = [t.sin(), (t * t + 1.0).exp2(), (t + u).sin(), (t + b.reshape((48,))).sin(), (u * t).sum(),
+          ((a + 1.0).permute((1, 0)).reshape((48,)) + u).sin()]
+  return outs, [a, b]
+
+
+GRAPHS = {"one-thing-apart": _one_thing_apart, "copies": _copies, "w1-grad-4": lambda: _w1(4),
           "w1-grad-150": lambda: _w1(150),  # (flattened as LazyNodes: the keyed walk leaves most ALU nodes unmade)
           **{f"random-{s}": (lambda s=s: seeded_graph(s)) for s in range(200, 230)}}
 
 
-def _compile(name: str, walked: bool, monkeypatch):
+def _compile(name: str, walked: bool, monkeypatch, c_key: bool = True):
   """(words, outputs on fixed inputs, walked kernels) of the program, the plan walked in C, with small kernels keyed
-  from the walk (walked) or made into KNodes and Loops first."""
+  from the walk (walked: in C (csrc/kkey.c) with c_key, else by walked_key) or made into KNodes and Loops first."""
   with monkeypatch.context() as m:
     m.setattr(planner, "_WALK_MIN_NODES", 0)
     m.setattr(planner, "_GRAPH_MIN_NODES", 0)
+    m.setattr(planner, "_C_KEY", c_key)
     seen = {"n": 0}
-    orig = kcache.KernelCache.walked
-
-    def count(self, *a):
-      seen["n"] += 1
-      return orig(self, *a)
-    m.setattr(kcache.KernelCache, "walked", count)
+    for f in ("walked", "walked_c"):
+      def count(self, *a, orig=getattr(kcache.KernelCache, f)):
+        seen["n"] += 1
+        return orig(self, *a)
+      m.setattr(kcache.KernelCache, f, count)
     if not walked: m.setattr(Planner, "_walked", lambda self, *a: False)
     outs, ins = GRAPHS[name]()
     try:
@@ -72,9 +83,10 @@ def _compile(name: str, walked: bool, monkeypatch):
 
 
 @pytest.mark.parametrize("name", sorted(GRAPHS))
-def test_kernels_keyed_from_the_walk_get_the_knode_paths_words(name, monkeypatch):
+@pytest.mark.parametrize("c_key", [False, True])
+def test_kernels_keyed_from_the_walk_get_the_knode_paths_words(name, c_key, monkeypatch):
   want, wout, n0 = _compile(name, False, monkeypatch)
-  got, gout, n1 = _compile(name, True, monkeypatch)
+  got, gout, n1 = _compile(name, True, monkeypatch, c_key)
   assert n0 == 0
   assert got == want  # a key shared by two different kernels would give the second the first's words
   if wout is not None:
@@ -82,19 +94,24 @@ def test_kernels_keyed_from_the_walk_get_the_knode_paths_words(name, monkeypatch
   if name in ("one-thing-apart", "w1-grad-4"): assert n1 > 0
 
 
-def test_the_walked_key_tells_apart_kernels_one_thing_apart(monkeypatch):
-  """Every kernel of _one_thing_apart is keyed from the walk, and they are all different kernels: one key each."""
+@pytest.mark.parametrize("c_key", [False, True])
+def test_the_walked_key_tells_apart_kernels_one_thing_apart(c_key, monkeypatch):
+  """Every kernel of _one_thing_apart is keyed from the walk, and they are all different kernels: one key each (in
+  C: one class each)."""
+  from pygrad.engine import kkey
   keys = []
-  orig = kcache.walked_key
+  orig = kkey.KKey.make if c_key else kcache.walked_key
 
   def record(*a):
     r = orig(*a)
-    keys.append(r[0])
+    keys.append(r if c_key else r[0])
     return r
   with monkeypatch.context() as m:
     m.setattr(planner, "_WALK_MIN_NODES", 0)
     m.setattr(planner, "_GRAPH_MIN_NODES", 0)
-    m.setattr(kcache, "walked_key", record)
+    m.setattr(planner, "_C_KEY", c_key)
+    if c_key: m.setattr(kkey.KKey, "make", record)
+    else: m.setattr(kcache, "walked_key", record)
     outs, ins = _one_thing_apart()
     program.Program(outs, ins)
   assert len(keys) >= len(outs)
@@ -102,11 +119,13 @@ def test_the_walked_key_tells_apart_kernels_one_thing_apart(monkeypatch):
   # (a - b and b - a would share one: the same kernel over buffers numbered by first use)
 
 
-def test_a_layered_gradient_reuses_walked_kernels(monkeypatch):
+@pytest.mark.parametrize("c_key", [False, True])
+def test_a_layered_gradient_reuses_walked_kernels(c_key, monkeypatch):
   """The W1 chain's gradient repeats its kernels per layer: most of them are given an earlier kernel's words."""
   with monkeypatch.context() as m:
     m.setattr(planner, "_WALK_MIN_NODES", 0)
     m.setattr(planner, "_GRAPH_MIN_NODES", 0)
+    m.setattr(planner, "_C_KEY", c_key)
     caches = []
     orig = kcache.KernelCache.__init__
 
@@ -117,4 +136,5 @@ def test_a_layered_gradient_reuses_walked_kernels(monkeypatch):
     outs, ins = _w1(8)
     p = program.Program(outs, ins)
   (c,), = [caches]
-  assert len(c.wmemo) <= 20 and c.hits >= p.stats["kernels"] * 3 // 4
+  lowered = c.kkey.tmpl if c_key else c.wmemo  # (the first kernel of each key or class: lowered)
+  assert 0 < len(lowered) <= 20 and c.hits >= p.stats["kernels"] * 3 // 4

@@ -109,6 +109,17 @@ def test_every_kernel_walked_in_c_gives_the_same_program(name, cols, monkeypatch
 
 
 @pytest.mark.parametrize("name", sorted(GRAPHS))
+@pytest.mark.parametrize("c_key", [False, True])
+def test_every_small_kernel_keyed_in_c_gives_the_same_program(name, c_key, monkeypatch):
+  """Every plan walked in C with its small kernels keyed from the walk: by kcache.walked_key (Python) or in C
+  (csrc/kkey.c, kcache.walked_c: loads and classes numbered there), the same program."""
+  from pygrad.engine import planner
+  for k in ("_GRAPH_MIN_NODES", "_WALK_MIN_NODES", "_WALK_PER_JOB"): monkeypatch.setattr(planner, k, 0)
+  monkeypatch.setattr(planner, "_C_KEY", c_key)
+  assert digest(name) == GOLDEN[name]
+
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
 def test_every_plan_counted_in_c_gives_the_same_program(name, monkeypatch):
   """planner._Graph.users_fused (csrc/plan_users.c, for large graphs) on every plan: the users and fused flags of
   Planner.__init__'s loop and _fused_shared."""
@@ -205,3 +216,44 @@ def test_the_c_register_allocator_refuses_sources_past_its_array():
           cp("uint8_t[]", sc), cp("int32_t[]", fct), cp("uint8_t[]", fsc))
   assert lib.pg_regalloc(n, cp("int8_t[]", nsrc), cp("int32_t[]", src), 1, *args) == lib.PG_ERR_ARG
   assert lib.pg_regalloc(n, cp("int8_t[]", nsrc), cp("int32_t[]", src), 2, *args) == 3  # the whole array: 3 registers
+
+
+def test_the_c_kernel_key_refuses_arrays_out_of_range():
+  """pg_kkey_make reads nodes, cells and operands from the walk's arrays: a node past the graph, an operand that is
+  not an earlier entry, or a negative signature is refused (PG_ERR_ARG), as are registrations out of range; a leaf
+  not registered is reported as missed, and keyed once registered."""
+  import numpy as np
+  from pygrad.engine.vmlib import ffi, lib
+  assert lib.pg_kkey_new(0) == ffi.NULL
+  st = ffi.gc(lib.pg_kkey_new(3), lib.pg_kkey_free)
+  sig = np.array([-1, 7, 7], np.int64)  # node 0 a leaf, nodes 1 and 2 ALU ops of one operand
+  nsrcs = np.array([0, 1, 1], np.int32)
+  cp = ffi.from_buffer
+  codes, lbuf, lvid = np.empty(4, np.int64), np.empty(4, np.int32), np.empty(4, np.int32)
+  bufs, miss, info = np.empty(5, np.int32), np.empty(4, np.int32), np.zeros(4, np.int64)
+  outs = (cp("int64_t[]", codes), cp("int32_t[]", lbuf), cp("int32_t[]", lvid), cp("int32_t[]", bufs),
+          cp("int32_t[]", miss), cp("int64_t[]", info))
+
+  def make(ent, srcs, n=3):
+    ent, srcs = np.array(ent, np.int32), np.array(srcs or [0], np.int32)
+    return lib.pg_kkey_make(st, cp("int32_t[]", ent), len(ent) // 3, cp("int32_t[]", srcs), len(srcs),
+                            cp("int32_t[]", nsrcs), cp("int64_t[]", sig), n, ffi.NULL, ffi.NULL, 0, 0, 9, *outs)
+  good = [0, 0, 1, 1, 0, 0]  # a leaf (node 0), then node 1 of it
+  assert make(good, [0]) == lib.PG_KKEY_MISS and info[0] == 1 and miss[0] == 0
+  assert lib.pg_kkey_node(st, 3, 0, 0) == lib.PG_ERR_ARG and lib.pg_kkey_node(st, 0, -1, 0) == lib.PG_ERR_ARG
+  node, buf, vid = np.array([0, 5], np.int32), np.array([4, 4], np.int32), np.array([0, 0], np.int32)
+  assert lib.pg_kkey_nodes(st, 2, cp("int32_t[]", node), cp("int32_t[]", buf), cp("int32_t[]", vid)) == \
+      lib.PG_ERR_ARG  # (node 5 is past the graph: nothing registered)
+  assert make(good, [0]) == lib.PG_KKEY_MISS
+  assert lib.pg_kkey_nodes(st, 1, cp("int32_t[]", node), cp("int32_t[]", buf), cp("int32_t[]", vid)) == 0
+  assert make(good, [0]) == 0 and info[3] == 1 and codes[:2].tolist() == [-1, 7] and bufs[:2].tolist() == [4, 9]
+  assert make(good, [0]) == 0 and info[3] == 0  # (the same key: the same class, not a new one)
+  assert make([0, 1, 1, 1, 0, 0], [0]) == lib.PG_KKEY_MISS  # (a cell not registered for the view class)
+  assert lib.pg_kkey_view(st, 0, 0, 0, 1) == lib.PG_ERR_ARG and lib.pg_kkey_view(st, 0, 1, 0, 1) == 0
+  assert make([0, 1, 1, 1, 0, 0], [0]) == 1
+  assert make([3, 0, 1], None) == lib.PG_ERR_ARG  # a node past the graph
+  assert make(good + [0, 0, 1], [0, 0]) == lib.PG_ERR_ARG  # an operand no entry reads
+  assert make([1, 0, 0], [0]) == lib.PG_ERR_ARG  # an operand that is not an earlier entry (its own)
+  assert make(good, [2]) == lib.PG_ERR_ARG  # an operand past the entries
+  assert make([2, 0, 1, 0, 0, 0], [0]) == lib.PG_ERR_ARG  # node 0's signature is negative: not an ALU op
+  assert make(good, [0], n=4) == lib.PG_ERR_ARG  # (arrays of another graph)

@@ -16,6 +16,8 @@ from ..dtype import BY_ID
 from .planner import Loop, KNode, Store, Buf
 from .lower import lower_loop, Part
 from .views import View
+from .kkey import KKey
+from .kwalk import KW_LEAF
 from ..ids import value
 
 VM_MAXSIZE = value("consts", "VM_MAXSIZE")
@@ -36,6 +38,7 @@ class KernelCache:
     self.memo: dict = {}  # loop_key's keys -> Template, or None (the VM cannot take it)
     self.wmemo: dict = {}  # walked_key's (another form of key: the two never mix)
     self.hits = 0
+    self.kkey = None  # the plan's C key state (engine/kkey.py), once walked_c has run
 
   @property
   def max_nodes(self) -> int:
@@ -78,6 +81,35 @@ class KernelCache:
     loop = Loop(kshape, kn, [Store(top_kn, sbuf, sview)], head[1], head[2], head[3], reachable=True)
     if hit is None: return [loop]
     parts = self._miss(self.wmemo, loop, kt, bufs, num)
+    return [loop] if parts is None else parts
+
+
+  def walked_c(self, pl, m: int, nsrc: int, top, kshape, head: tuple, sbuf: Buf, sview: View) -> list:
+    """walked's result for the kernel the plan's C walk holds (m <= max_nodes entries, nsrc operands: Walk.run_raw),
+    keyed in C (engine/kkey.py): the same Parts, or Loop, and the same words."""
+    kk = pl.kkey
+    if kk is None:
+      if pl.sigs is None: pl.sigs = _sigs(pl.walk.g)
+      kk = pl.kkey = self.kkey = KKey(pl.walk, pl.sigs)
+      kk.nodes(pl.flat, np.flatnonzero(pl.walk.flags & KW_LEAF).tolist())
+    c = kk.make(pl, m, nsrc, head, sbuf, sview, top, kshape, _leaf)
+    hit = kk.tmpl.get(c, _MISS)
+    nb = kk.info[2]
+    ids = kk.ffi.unpack(kk.bufs, nb)
+    bl = pl.bufs
+    if hit is not _MISS and hit is not None:
+      self.hits += 1
+      return [Part(Words(hit, [ids[j] for j in hit.js]), hit.fused, [bl[i] for i in ids])]
+    w = pl.walk
+    ent, srcs = w.out[:3 * m].tolist(), w.out_src[:nsrc].tolist()
+    nl, unpack = kk.info[1], kk.ffi.unpack
+    codes = unpack(kk.codes, m)
+    lspecs = [(bl[b], *kk.vinfo[v]) for b, v in zip(unpack(kk.lbuf, nl), unpack(kk.lvid, nl))]
+    kn, top_kn = _knodes(pl, ent, srcs, lspecs, codes)
+    loop = Loop(kshape, kn, [Store(top_kn, sbuf, sview)], head[1], head[2], head[3], reachable=True)
+    if hit is None: return [loop]
+    bufs = [bl[i] for i in ids]
+    parts = self._miss(kk.tmpl, loop, c, bufs, {b.id: j for j, b in enumerate(bufs)})
     return [loop] if parts is None else parts
 
 

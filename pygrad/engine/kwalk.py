@@ -186,8 +186,23 @@ class Walk:
     if m < 0: raise RuntimeError(f"pygrad planner: the kernel walk failed ({m})")
     nsrc, ncell = self.info.tolist()
     if ncell > len(self.pycells): self._new_cells(ncell)
-    if m <= SMALL_KERNEL:  # (_knodes_small reads lists)
-      return self.out[:3 * m].tolist(), self.out_src[:nsrc].tolist(), self.pycells
+    return self.result(m, nsrc)  # (_knodes_small reads lists)
+
+  def run_raw(self, top: int, top_leaf: bool):
+    """run's walk through movement ops (self.moves only), its result left in the walk's buffers: (entries, operands)
+    counts, or None when the walk leaves the kernel to _build_py. `result` makes run's tuple of them."""
+    lib = self._lib
+    m = lib.pg_kernel_walk_moves(self.kwm, self.n, *self._margs, top, int(top_leaf), *self._mmem)
+    if m == lib.PG_KW_MOVES or m == lib.PG_KW_FULL: return None
+    if m == lib.PG_ERR_NOMEM: raise MemoryError("pygrad planner: no memory for a kernel's walk")
+    if m < 0: raise RuntimeError(f"pygrad planner: the kernel walk failed ({m})")
+    nsrc, ncell = self.info.tolist()
+    if ncell > len(self.pycells): self._new_cells(ncell)
+    return m, nsrc
+
+  def result(self, m: int, nsrc: int):
+    """run's result from the buffers run_raw filled."""
+    if m <= SMALL_KERNEL: return self.out[:3 * m].tolist(), self.out_src[:nsrc].tolist(), self.pycells
     return self.out[:3 * m].copy(), self.out_src[:nsrc].copy(), self.pycells
 
   def _new_cells(self, ncell: int) -> None:

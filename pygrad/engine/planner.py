@@ -56,6 +56,7 @@ def _fused_shared(nodes: list[PNode]) -> bytearray:
 _GRAPH_MIN_NODES = 4096  # graphs from which the planner's sweeps run in C over arrays
 _WALK_MIN_NODES, _WALK_PER_JOB = 4096, 64  # plans whose kernels average this many nodes walk them in C
 _MISS = object()
+_C_KEY = True  # small kernels keyed in C (csrc/kkey.c) when the graph has movement ops; else kcache.walked_key
 _LAZY_MOVES = 64  # a graph with more than one movement op in this many nodes has its LazyNodes made at once
 
 
@@ -102,6 +103,7 @@ class Planner:
     self.flat = nodes._made if type(nodes) is LazyNodes and None not in nodes._made else nodes
     self.vmemo: dict = {}  # (view key, cell) -> the view with the cell's movements applied (_knodes_small)
     self.lmemo, self.sigs = {}, None  # kcache.walked_key's: (node, cell) -> its load; per node its ALU signature
+    self.kkey = None  # (kcache.walked_c's state: engine/kkey.py)
     self.jobs.sort(key=lambda j: j[0])
     for j in self.jobs: j[2]()
     self.jobs = []  # its closures hold the planner: dropped, the plan is freed by reference counting
@@ -269,7 +271,16 @@ class Planner:
     from the walk's entries (red: reduce op, reduced axes, result dtype) and is appended lowered: no KNode, Loop or
     Store is made for a kernel the cache has seen. False (the walk kept for _build_c) when it is not such a kernel."""
     if self.cache is None or self.walk is None: return False
-    w = self.walk.run(top.idx, (top.op not in _ALU_MOVE) if expand_top else (top.view is not None))
+    top_leaf = (top.op not in _ALU_MOVE) if expand_top else (top.view is not None)
+    if self.walk.moves and _C_KEY:  # (keyed in C: engine/kkey.py)
+      r = self.walk.run_raw(top.idx, top_leaf)
+      if r is None: return False
+      if r[0] <= min(kwalk.SMALL_KERNEL, self.cache.max_nodes):
+        self.kernels += self.cache.walked_c(self, r[0], r[1], top, kshape, (tuple(kshape), *red), b, view)
+        return True
+      self.prewalk = self.walk.result(*r)
+      return False
+    w = self.walk.run(top.idx, top_leaf)
     if w[0] is None or len(w[0]) // 3 > min(kwalk.SMALL_KERNEL, self.cache.max_nodes):
       self.prewalk = w
       return False

@@ -1,0 +1,119 @@
+"""Small kernels keyed in C (csrc/kkey.c): kcache.walked_key's key made from the C walk's buffers, with no Python
+object per kernel once its leaves' nodes and movements have been seen. A leaf's load is its node's buffer and a
+*view class* (the load's op, dtype, constant, storage type and view, interned here: equal classes over one buffer
+are one load), with its pending movements applied; Python registers a node's buffer and class when a walk first
+reads it, and what a class becomes under a cell of movements (kcache._leaf, as walked_key reads it) once per plan.
+C numbers a kernel's loads and buffers, builds its key and interns it as a class: equal classes, equal walked_key
+keys, so a class's first kernel is lowered (KernelCache._miss) and every later one gets those words with its own
+buffers."""
+from __future__ import annotations
+from .kwalk import Walk
+from .records import Buf
+from .views import View
+
+_SMALL = 64  # outputs for kernels of up to this many entries (the cache's bound; the caller checks it)
+
+
+class KKey:
+  """One plan's key state: the C state, the output buffers of a make, the view classes (`vinfo`: per class the
+  load's (view, dtype)), and the ids of heads and index spaces."""
+
+  def __init__(self, walk: Walk, sig: list[int]):
+    import numpy as np
+    from .vmlib import ffi, lib
+    self.ffi, self.lib, self.walk = ffi, lib, walk
+    self.sig = np.array(sig, np.int64)
+    self.n = len(self.sig)
+    st = lib.pg_kkey_new(self.n)
+    if st == ffi.NULL: raise MemoryError(f"pygrad planner: no memory for the kernel keys of {self.n} nodes")
+    self.st = ffi.gc(st, lib.pg_kkey_free)
+    self._sig, self._nsrc = ffi.from_buffer("int64_t[]", self.sig), walk._args[0]  # (the graph's operand counts)
+    self._out, self._src = ffi.from_buffer("int32_t[]", walk.out), ffi.from_buffer("int32_t[]", walk.out_src)
+    new = ffi.new
+    self.codes, self.lbuf, self.lvid = new("int64_t[]", _SMALL), new("int32_t[]", _SMALL), new("int32_t[]", _SMALL)
+    self.bufs, self.miss, self.info = new("int32_t[]", _SMALL + 1), new("int32_t[]", _SMALL), new("int64_t[]", 4)
+    self.obuf, self.ovid = new("int32_t[]", [-1] * _SMALL), new("int32_t[]", [-1] * _SMALL)
+    self.vids: dict = {}  # a view class's identity -> its id
+    self.vinfo: list = []  # per view class: (view, dtype)
+    self.heads: dict = {}  # (head, store's storage type, store's view key) -> (head id, index space id)
+    self.spaces: dict = {}  # index space -> its id
+    self.tmpl: dict = {}  # class -> its Template, or None (the VM cannot take it)
+    self.vcache: dict = {}  # id(view) -> (view, {(dtype, buffer's storage type): class}) (non-constant buffers)
+
+  def nodes(self, flat, at: list[int]) -> None:
+    """Registers the buffer and view class of the nodes at (each has a view: every leaf a walk can reach), at once:
+    a kernel reading a new buffer then needs no Python. A view object shared by many nodes (View.contiguous's,
+    the planner's memo of movements) is classified once per dtype and storage type."""
+    bufs, vids, vc = [], [], self.vcache
+    for x in at:
+      n = flat[x]
+      b, v = n.view
+      bufs.append(b.id)
+      if b.kind == "const":
+        vids.append(self._vid(b, v, n.dtype))
+        continue
+      e = vc.get(id(v))
+      if e is None: e = vc[id(v)] = (v, {})  # (the view held: its id is not reused while cached)
+      k = (n.dtype, b.stype)
+      i = e[1].get(k)
+      if i is None: i = e[1][k] = self._vid(b, v, n.dtype)
+      vids.append(i)
+    arr = self.ffi.new
+    rc = self.lib.pg_kkey_nodes(self.st, len(at), arr("int32_t[]", at), arr("int32_t[]", bufs), arr("int32_t[]", vids))
+    if rc < 0: raise RuntimeError(f"pygrad planner: the nodes' views were refused ({rc})")
+
+  def make(self, pl, m: int, nsrc: int, head: tuple, sbuf: Buf, sview: View, top, kshape, leaf) -> int:
+    """The class of the kernel the walk's buffers hold (m <= 64 entries, nsrc operands). Leaves C misses are
+    registered (_register) and the key made again."""
+    hk = (head, sbuf.stype, sview.key())
+    h = self.heads.get(hk)
+    if h is None:
+      h = self.heads[hk] = (len(self.heads), self.spaces.setdefault(head[0], len(self.spaces)))
+    lib, null = self.lib, self.ffi.NULL
+    args = (self.st, self._out, m, self._src, nsrc, self._nsrc, self._sig, self.n)
+    outs = (h[1], h[0], sbuf.id, self.codes, self.lbuf, self.lvid, self.bufs, self.miss, self.info)
+    c = lib.pg_kkey_make(*args, null, null, *outs)
+    if c == lib.PG_KKEY_MISS:
+      missed = self._register(pl, h[1], top, kshape, leaf)
+      c = lib.pg_kkey_make(*args, self.obuf, self.ovid, *outs)
+      for e in missed: self.obuf[e] = self.ovid[e] = -1
+    if c < 0:
+      if c == lib.PG_ERR_NOMEM: raise MemoryError("pygrad planner: no memory for a kernel's key")
+      raise RuntimeError(f"pygrad planner: a kernel's key was refused ({c}) at a {len(kshape)}-d index space")
+    return c
+
+  def _vid(self, b: Buf, v: View, dtype) -> int:
+    """The view class of a load of buffer b through v as dtype: what walked_key's key piece holds (a constant's
+    value when the load is a broadcast constant), and the constant's value of any constant buffer (so that a
+    class's movements give one class whichever buffer they read)."""
+    cv = b.data.item() if b.kind == "const" else None
+    k = (v.key(), dtype, b.stype, cv, cv is not None and v.is_scalar())
+    i = self.vids.get(k)
+    if i is None:
+      i = self.vids[k] = len(self.vinfo)
+      self.vinfo.append((v, dtype))
+    return i
+
+  def _register(self, pl, space: int, top, kshape, leaf) -> list[int]:
+    """The leaves the last make missed, in entry order (as walked_key reads them): each node's buffer and view class
+    registered, and its cell's view read with leaf (kcache._leaf: it emits a copy kernel when a RESHAPE cannot be a
+    view, and fills its memo when the view may be kept: then registered for the plan). Each missed entry's load is
+    also passed to the next make (obuf, ovid: a copy's is that make's only). Returns the missed entries."""
+    lib, st, out, flat = self.lib, self.st, self._out, pl.flat
+    missed = self.ffi.unpack(self.miss, self.info[0])
+    for e in missed:
+      x, c = out[3 * e], out[3 * e + 1]
+      n = flat[x]
+      b, v = n.view
+      vid = self._vid(b, v, n.dtype)
+      if lib.pg_kkey_node(st, x, b.id, vid) < 0: raise RuntimeError(f"pygrad planner: node {x} was refused")
+      if c:
+        memo: dict = {}
+        b, _, _, (_, v2, dt) = leaf(pl, n, c, self.walk.pycells, top, kshape, memo, 0)
+        vid2 = self._vid(b, v2, dt)
+        if 0 in memo:  # (not a copy)
+          rc = lib.pg_kkey_view(st, vid, c, space, vid2)
+          if rc < 0: raise MemoryError("pygrad planner: no memory for a kernel's views")
+        vid = vid2
+      self.obuf[e], self.ovid[e] = b.id, vid
+    return missed
