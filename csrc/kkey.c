@@ -26,6 +26,12 @@ struct pg_kkey {
   int64_t *koff, nclass, koff_cap;
   int64_t *scratch;            /* one key being made */
   int64_t scratch_cap;
+  /* bound by pg_kkey_bind: the walk's buffers, the graph's columns, a make's outputs */
+  const int32_t *ent, *srcs, *nsrcs, *obuf, *ovid;
+  const int64_t *sig;
+  int64_t ent_cap, src_cap, out_cap;
+  int64_t *codes, *info;
+  int32_t *lbuf, *lvid, *bufs, *miss;
 };
 
 /* a map of capacity cap (a power of two), all slots empty; -1 without memory */
@@ -191,26 +197,46 @@ static int64_t kk_class(pg_kkey *st, const int64_t *key, int64_t len, int32_t *m
   return c;
 }
 
-/* The class of one walked kernel. ent: m entries (node, cell + 1, leaf) as csrc/kwalk*.c writes them; srcs: the
-   ALU entries' operands (nsrc of them, each an earlier entry); nsrcs, sig: per node of the graph (n of them) its
-   operand count and ALU signature (>= 0); obuf, ovid: per entry a (buffer, view class) that overrides what is registered for its leaf,
-   or -1 (NULL: none); space: the index space's id; head: the head's id; sbuf: the store's buffer id.
-   Outputs: codes[m] (per entry its signature, or -1 - its load's number), lbuf[m] and lvid[m] (the loads' buffers
-   and view classes, in load order: first read first), bufs[m + 1] (the buffer ids in number order), miss[m] (the
-   entries of leaves not registered, or whose movements need a copy), info[4] (misses, loads, buffers, made: 1 when
-   the class is new). Returns the class (>= 0), PG_KKEY_MISS when leaves are missed (info[0] of them: register them,
-   or pass them in obuf/ovid, and call again), PG_ERR_ARG on arrays out of range (a node past n, an operand not
-   before its entry), PG_ERR_NOMEM. */
-int64_t pg_kkey_make(pg_kkey *st, const int32_t *ent, int64_t m, const int32_t *srcs, int64_t nsrc,
-                     const int32_t *nsrcs, const int64_t *sig, int64_t n, const int32_t *obuf, const int32_t *ovid, int32_t space,
-                     int64_t head, int32_t sbuf, int64_t *codes, int32_t *lbuf, int32_t *lvid, int32_t *bufs,
-                     int32_t *miss, int64_t *info) {
+/* Binds the arrays pg_kkey_make reads and writes (they must outlive the state's use): the walk's buffers ent (3 *
+   ent_cap entries: node, cell + 1, leaf) and srcs (src_cap operands); per node of the graph (st's n) its operand
+   count nsrcs and ALU signature sig (>= 0 for an ALU node); per entry an override obuf, ovid of what is registered
+   for its leaf (a buffer and view class, or -1); and the outputs for kernels of up to out_cap entries: codes,
+   lbuf, lvid, miss (out_cap each), bufs (out_cap + 1), info (4). 0, or PG_ERR_ARG. */
+int pg_kkey_bind(pg_kkey *st, const int32_t *ent, int64_t ent_cap, const int32_t *srcs, int64_t src_cap,
+                 const int32_t *nsrcs, const int64_t *sig, const int32_t *obuf, const int32_t *ovid, int64_t out_cap,
+                 int64_t *codes, int32_t *lbuf, int32_t *lvid, int32_t *bufs, int32_t *miss, int64_t *info) {
+  if (!st || !ent || !srcs || !nsrcs || !sig || !obuf || !ovid || !codes || !lbuf || !lvid || !bufs || !miss ||
+      !info || ent_cap < 0 || src_cap < 0 || out_cap < 0)
+    return PG_ERR_ARG;
+  st->ent = ent, st->srcs = srcs, st->nsrcs = nsrcs, st->sig = sig, st->obuf = obuf, st->ovid = ovid;
+  st->ent_cap = ent_cap, st->src_cap = src_cap, st->out_cap = out_cap;
+  st->codes = codes, st->lbuf = lbuf, st->lvid = lvid, st->bufs = bufs, st->miss = miss, st->info = info;
+  return 0;
+}
+
+/* The class of the walked kernel in the bound buffers: m entries and nsrc operands (each an earlier entry), the
+   overrides read when over is 1, space the index space's id, head the head's id, sbuf the store's buffer id.
+   Writes codes (per entry its signature, or -1 - its load's number), lbuf and lvid (the loads' buffers and view
+   classes, in load order: first read first), bufs (the buffer ids in number order), miss (the entries of leaves not
+   registered, or whose movements need a copy), info (misses, loads, buffers, made: 1 when the class is new).
+   Returns the class (>= 0), PG_KKEY_MISS when leaves are missed (info[0] of them: register them, or pass them as
+   overrides, and call again), PG_ERR_ARG on arrays out of range (nothing bound, more entries or operands than the
+   buffers hold, a node past n, an operand not an earlier entry), PG_ERR_NOMEM. */
+int64_t pg_kkey_make(pg_kkey *st, int64_t m, int64_t nsrc, int32_t over, int32_t space, int64_t head, int32_t sbuf) {
+  const int32_t *ent, *srcs, *nsrcs, *obuf = NULL, *ovid = NULL;
+  const int64_t *sig;
+  int64_t *codes, *info, n;
+  int32_t *lbuf, *lvid, *bufs, *miss;
   int64_t e, i, j, nmiss = 0, nl = 0, nb = 0, len, p = 0;
   int64_t *key;
   int32_t made = 0;
-  if (!st || !ent || !srcs || !nsrcs || !sig || !codes || !lbuf || !lvid || !bufs || !miss || !info) return PG_ERR_ARG;
-  if (m <= 0 || m > INT32_MAX || nsrc < 0 || nsrc > INT32_MAX || n != st->n || sbuf < 0 || head < 0)
+  if (!st || !st->ent) return PG_ERR_ARG;
+  if (m <= 0 || m > st->ent_cap || m > st->out_cap || m > INT32_MAX || nsrc < 0 || nsrc > st->src_cap ||
+      sbuf < 0 || head < 0)
     return PG_ERR_ARG;
+  ent = st->ent, srcs = st->srcs, nsrcs = st->nsrcs, sig = st->sig, n = st->n;
+  codes = st->codes, info = st->info, lbuf = st->lbuf, lvid = st->lvid, bufs = st->bufs, miss = st->miss;
+  if (over) obuf = st->obuf, ovid = st->ovid;
   for (e = 0; e < m; e++) {  /* leaves to loads; every node and operand checked */
     int32_t x = ent[3 * e], c = ent[3 * e + 1], b, v;
     if (x < 0 || x >= n || c < 0) return PG_ERR_ARG;

@@ -144,10 +144,14 @@ void pg_kkey_free(pg_kkey *st);
 int pg_kkey_node(pg_kkey *st, int64_t node, int32_t buf, int32_t vid);
 int pg_kkey_nodes(pg_kkey *st, int64_t k, const int32_t *node, const int32_t *buf, const int32_t *vid);
 int pg_kkey_view(pg_kkey *st, int32_t vid, int32_t cell, int32_t space, int32_t vid2);
-int64_t pg_kkey_make(pg_kkey *st, const int32_t *ent, int64_t m, const int32_t *srcs, int64_t nsrc,
-                     const int32_t *nsrcs, const int64_t *sig, int64_t n, const int32_t *obuf, const int32_t *ovid, int32_t space,
-                     int64_t head, int32_t sbuf, int64_t *codes, int32_t *lbuf, int32_t *lvid, int32_t *bufs,
-                     int32_t *miss, int64_t *info);
+int pg_kkey_bind(pg_kkey *st, const int32_t *ent, int64_t ent_cap, const int32_t *srcs, int64_t src_cap,
+                 const int32_t *nsrcs, const int64_t *sig, const int32_t *obuf, const int32_t *ovid, int64_t out_cap,
+                 int64_t *codes, int32_t *lbuf, int32_t *lvid, int32_t *bufs, int32_t *miss, int64_t *info);
+int64_t pg_kkey_make(pg_kkey *st, int64_t m, int64_t nsrc, int32_t over, int32_t space, int64_t head, int32_t sbuf);
+
+/* ---- place.c: arena offsets of a program's internal buffers by liveness (pygrad/engine/program.py, _place) ---- */
+int64_t pg_place(int64_t nk, const int32_t *counts, const int32_t *ids, int64_t nids, int64_t nbufs,
+                 const uint8_t *arena, const int64_t *need, int64_t *offset);
 
 /* ---- plan_users.c: the planner's users count and fused-value sweeps (pygrad/engine/planner.py, _Graph) ---- */
 #define PG_PU_ALU 2

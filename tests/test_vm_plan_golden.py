@@ -120,6 +120,15 @@ def test_every_small_kernel_keyed_in_c_gives_the_same_program(name, c_key, monke
 
 
 @pytest.mark.parametrize("name", sorted(GRAPHS))
+@pytest.mark.parametrize("in_c", [False, True])
+def test_every_plan_placed_in_c_gives_the_same_program(name, in_c, monkeypatch):
+  """program._place_c (csrc/place.c, for plans of many kernels) on every plan, or the Python _place on every plan:
+  the same arena offsets (the slot table is in the words)."""
+  monkeypatch.setattr(program, "_PLACE_C_MIN", 0 if in_c else 1 << 62)
+  assert digest(name) == GOLDEN[name]
+
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
 def test_every_plan_counted_in_c_gives_the_same_program(name, monkeypatch):
   """planner._Graph.users_fused (csrc/plan_users.c, for large graphs) on every plan: the users and fused flags of
   Planner.__init__'s loop and _fused_shared."""
@@ -231,13 +240,17 @@ def test_the_c_kernel_key_refuses_arrays_out_of_range():
   cp = ffi.from_buffer
   codes, lbuf, lvid = np.empty(4, np.int64), np.empty(4, np.int32), np.empty(4, np.int32)
   bufs, miss, info = np.empty(5, np.int32), np.empty(4, np.int32), np.zeros(4, np.int64)
-  outs = (cp("int64_t[]", codes), cp("int32_t[]", lbuf), cp("int32_t[]", lvid), cp("int32_t[]", bufs),
-          cp("int32_t[]", miss), cp("int64_t[]", info))
+  ent_buf, src_buf, over = np.zeros(12, np.int32), np.zeros(4, np.int32), np.full(4, -1, np.int32)
+  bound = (cp("int32_t[]", ent_buf), 4, cp("int32_t[]", src_buf), 4, cp("int32_t[]", nsrcs), cp("int64_t[]", sig),
+           cp("int32_t[]", over), cp("int32_t[]", over), 4, cp("int64_t[]", codes), cp("int32_t[]", lbuf),
+           cp("int32_t[]", lvid), cp("int32_t[]", bufs), cp("int32_t[]", miss), cp("int64_t[]", info))
+  assert lib.pg_kkey_make(st, 1, 0, 0, 0, 0, 9) == lib.PG_ERR_ARG  # (nothing bound yet)
+  assert lib.pg_kkey_bind(st, ffi.NULL, *bound[1:]) == lib.PG_ERR_ARG
+  assert lib.pg_kkey_bind(st, *bound) == 0
 
-  def make(ent, srcs, n=3):
-    ent, srcs = np.array(ent, np.int32), np.array(srcs or [0], np.int32)
-    return lib.pg_kkey_make(st, cp("int32_t[]", ent), len(ent) // 3, cp("int32_t[]", srcs), len(srcs),
-                            cp("int32_t[]", nsrcs), cp("int64_t[]", sig), n, ffi.NULL, ffi.NULL, 0, 0, 9, *outs)
+  def make(ent, srcs, n=None):
+    ent_buf[:len(ent)], src_buf[:len(srcs or [])] = ent, srcs or []
+    return lib.pg_kkey_make(st, n or len(ent) // 3, len(srcs or []), 0, 0, 0, 9)
   good = [0, 0, 1, 1, 0, 0]  # a leaf (node 0), then node 1 of it
   assert make(good, [0]) == lib.PG_KKEY_MISS and info[0] == 1 and miss[0] == 0
   assert lib.pg_kkey_node(st, 3, 0, 0) == lib.PG_ERR_ARG and lib.pg_kkey_node(st, 0, -1, 0) == lib.PG_ERR_ARG
@@ -256,4 +269,30 @@ def test_the_c_kernel_key_refuses_arrays_out_of_range():
   assert make([1, 0, 0], [0]) == lib.PG_ERR_ARG  # an operand that is not an earlier entry (its own)
   assert make(good, [2]) == lib.PG_ERR_ARG  # an operand past the entries
   assert make([2, 0, 1, 0, 0, 0], [0]) == lib.PG_ERR_ARG  # node 0's signature is negative: not an ALU op
-  assert make(good, [0], n=4) == lib.PG_ERR_ARG  # (arrays of another graph)
+  assert make(good, [0], n=5) == lib.PG_ERR_ARG  # more entries than the buffers hold
+  assert lib.pg_kkey_make(st, 2, 5, 0, 0, 0, 9) == lib.PG_ERR_ARG  # more operands than the buffer holds
+
+
+def test_the_c_placement_refuses_arrays_out_of_range():
+  """pg_place reads each kernel's buffer ids from one array: counts that do not add up, an id past the buffers or a
+  size that is not positive are refused (PG_ERR_ARG), not read or written out of bounds; a valid plan reuses a
+  freed block (best fit) and coalesces freed neighbours."""
+  import numpy as np
+  from pygrad.engine.vmlib import ffi, lib
+  cp = ffi.from_buffer
+
+  def place(counts, ids, need, arena=None):
+    c, i, nd = np.array(counts, np.int32), np.array(ids, np.int32), np.array(need, np.int64)
+    ar = np.array(arena if arena is not None else [1] * len(need), np.uint8)
+    off = np.full(len(need), -1, np.int64)
+    top = lib.pg_place(len(c), cp("int32_t[]", c), cp("int32_t[]", i), len(i), len(nd), cp("uint8_t[]", ar),
+                       cp("int64_t[]", nd), cp("int64_t[]", off))
+    return top, off.tolist()
+  assert place([2], [0, 1, 1], [64, 64])[0] == lib.PG_ERR_ARG  # counts name two ids, three are given
+  assert place([2], [0, 2], [64, 64])[0] == lib.PG_ERR_ARG  # id 2 past the two buffers
+  assert place([1], [0], [0])[0] == lib.PG_ERR_ARG  # a size that is not positive
+  assert place([1], [0], [0], arena=[0]) == (0, [-1])  # (not the arena's: not placed, its size not read)
+  # a (128) and b (64) live in kernels 0-1 and are freed together into one block 0..192; c (64, kernels 2-3) is
+  # cut from its start; d (192, kernel 3) no longer fits in what is left (64..192): it goes on top
+  top, off = place([2, 2, 1, 2], [0, 1, 0, 1, 2, 2, 3], [128, 64, 64, 192])
+  assert off[:3] == [0, 128, 0] and off[3] == top - 192

@@ -27,12 +27,17 @@ class KKey:
     st = lib.pg_kkey_new(self.n)
     if st == ffi.NULL: raise MemoryError(f"pygrad planner: no memory for the kernel keys of {self.n} nodes")
     self.st = ffi.gc(st, lib.pg_kkey_free)
-    self._sig, self._nsrc = ffi.from_buffer("int64_t[]", self.sig), walk._args[0]  # (the graph's operand counts)
-    self._out, self._src = ffi.from_buffer("int32_t[]", walk.out), ffi.from_buffer("int32_t[]", walk.out_src)
+    self._sig = ffi.from_buffer("int64_t[]", self.sig)
+    self._out = ffi.from_buffer("int32_t[]", walk.out)
     new = ffi.new
     self.codes, self.lbuf, self.lvid = new("int64_t[]", _SMALL), new("int32_t[]", _SMALL), new("int32_t[]", _SMALL)
     self.bufs, self.miss, self.info = new("int32_t[]", _SMALL + 1), new("int32_t[]", _SMALL), new("int64_t[]", 4)
     self.obuf, self.ovid = new("int32_t[]", [-1] * _SMALL), new("int32_t[]", [-1] * _SMALL)
+    # (the walk's buffers and the graph's operand counts, walk._args[0], are the walk's: held through self.walk)
+    rc = lib.pg_kkey_bind(self.st, self._out, len(walk.out) // 3, ffi.from_buffer("int32_t[]", walk.out_src),
+                          len(walk.out_src), walk._args[0], self._sig, self.obuf, self.ovid, _SMALL, self.codes,
+                          self.lbuf, self.lvid, self.bufs, self.miss, self.info)
+    if rc < 0: raise RuntimeError(f"pygrad planner: the kernel keys' arrays were refused ({rc})")
     self.vids: dict = {}  # a view class's identity -> its id
     self.vinfo: list = []  # per view class: (view, dtype)
     self.heads: dict = {}  # (head, store's storage type, store's view key) -> (head id, index space id)
@@ -69,13 +74,11 @@ class KKey:
     h = self.heads.get(hk)
     if h is None:
       h = self.heads[hk] = (len(self.heads), self.spaces.setdefault(head[0], len(self.spaces)))
-    lib, null = self.lib, self.ffi.NULL
-    args = (self.st, self._out, m, self._src, nsrc, self._nsrc, self._sig, self.n)
-    outs = (h[1], h[0], sbuf.id, self.codes, self.lbuf, self.lvid, self.bufs, self.miss, self.info)
-    c = lib.pg_kkey_make(*args, null, null, *outs)
+    lib = self.lib
+    c = lib.pg_kkey_make(self.st, m, nsrc, 0, h[1], h[0], sbuf.id)
     if c == lib.PG_KKEY_MISS:
       missed = self._register(pl, h[1], top, kshape, leaf)
-      c = lib.pg_kkey_make(*args, self.obuf, self.ovid, *outs)
+      c = lib.pg_kkey_make(self.st, m, nsrc, 1, h[1], h[0], sbuf.id)
       for e in missed: self.obuf[e] = self.ovid[e] = -1
     if c < 0:
       if c == lib.PG_ERR_NOMEM: raise MemoryError("pygrad planner: no memory for a kernel's key")

@@ -3,6 +3,8 @@ lower, place buffers by liveness) and `program(*arrays)` runs it with one call i
 unless the graph has CALLs, whose Python kernels run between segments. `evaluate_c` is compile-and-run-once."""
 from __future__ import annotations
 import bisect, contextlib, gc, heapq, mmap, os
+from itertools import compress
+from operator import attrgetter
 from typing import Any
 import numpy as np
 from ..ops import Ops
@@ -25,6 +27,7 @@ _MAGIC, _VERSION = value("consts", "VM_MAGIC"), value("consts", "VM_VERSION")
 VM_MAXSIZE = value("consts", "VM_MAXSIZE")  # csrc/tables.h: the bytes of a memory slot (the arena is one)
 from_buffer, NULL = ffi.from_buffer, ffi.NULL
 _ALIGN = 64
+_BUF_ID, _BUF_KIND, _BUF_NBYTES = attrgetter("id"), attrgetter("kind"), attrgetter("nbytes")
 _MAP_MIN = 1 << 17  # arenas of this many bytes or more are mapped pages (glibc's default mmap threshold)
 _TRIM_NODES = 20_000  # graphs whose plan gives its freed heap pages back to the OS (see Program.__init__)
 
@@ -97,12 +100,22 @@ class _Holes:
     self._add(off, sz)
 
 
+_PLACE_C_MIN = 256  # plans of this many kernels or more are placed in C (csrc/place.c): the same offsets
+
+
+def _used(k) -> list[Buf]:
+  """The buffers a kernel names, in order (a planned Loop's stores then loads; a step's bufs)."""
+  return [s.buf for s in k.stores] + [x.buf for x in k.loads] if isinstance(k, Loop) else k.bufs
+
+
 def _place(kernels: list, bufs: list[Buf]) -> int:
   """Arena offsets for the internal buffers by liveness (first write to last use); returns the arena size. Kernels
-  are planned Loops or program steps (lowered Parts, CallSteps, NumpyKernels: each names its buffers)."""
+  are planned Loops or program steps (lowered Parts, CallSteps, NumpyKernels: each names its buffers). A large plan
+  is placed in C (_place_c)."""
+  if len(kernels) >= _PLACE_C_MIN: return _place_c(kernels, bufs)
   first, last = {}, {}
   for i, k in enumerate(kernels):
-    used = [s.buf for s in k.stores] + [x.buf for x in k.loads] if isinstance(k, Loop) else k.bufs
+    used = _used(k)
     for b in used:
       if b.kind != "arena": continue
       first.setdefault(b.id, i)
@@ -122,6 +135,29 @@ def _place(kernels: list, bufs: list[Buf]) -> int:
         top += need
       b.offset = off
     for b in frees.get(i, ()): holes.free(b.offset, max(_ALIGN, -(-b.nbytes // _ALIGN) * _ALIGN))
+  return top
+
+
+def _place_c(kernels: list, bufs: list[Buf]) -> int:
+  """_place's offsets and arena size from csrc/place.c: the kernels' buffer ids and the buffers' kinds and sizes as
+  arrays, one call."""
+  counts, ids = [], []
+  for k in kernels:
+    u = k.bufs if type(k) is Part else _used(k)
+    counts.append(len(u))
+    ids += map(_BUF_ID, u)
+  arena = np.fromiter(map("arena".__eq__, map(_BUF_KIND, bufs)), np.uint8, len(bufs))
+  need = np.fromiter(map(_BUF_NBYTES, bufs), np.int64, len(bufs))
+  need = np.maximum(_ALIGN, -(-need // _ALIGN) * _ALIGN)
+  offset = np.zeros(len(bufs), np.int64)
+  c, i = np.array(counts, np.int32), np.array(ids, np.int32)
+  top = lib.pg_place(len(c), from_buffer("int32_t[]", c), from_buffer("int32_t[]", i), len(i), len(bufs),
+                     from_buffer("uint8_t[]", arena), from_buffer("int64_t[]", need), from_buffer("int64_t[]", offset))
+  if top == lib.PG_ERR_NOMEM: raise MemoryError(f"pygrad VM: no memory to place {len(bufs)} buffers")
+  if top < 0: raise RuntimeError(f"pygrad VM: the placement of {len(bufs)} buffers was refused ({top})")
+  placed = np.zeros(len(bufs), bool)
+  placed[i[arena[i] != 0]] = True
+  for b, off in zip(compress(bufs, placed.tolist()), offset[placed].tolist()): b.offset = off
   return top
 
 
