@@ -146,6 +146,19 @@ def test_a_value_past_the_vm_bound_is_refused_naming_op_and_shape():
       pygrad.evaluate(out, {x: np.ones(4, np.float32)}, engine="c")
 
 
+@pytest.mark.parametrize("swept", [False, True])
+def test_a_cast_past_the_vm_bound_is_refused_naming_it(swept, monkeypatch):
+  """A CAST read once is an expression the planner need not visit (planner sweeps in C: kwalk.Graph leaves it out),
+  but its value is still checked against the VM's bound: a float64 cast of 2**46 float32 elements (2**48 bytes,
+  within the bound) is 2**49 bytes."""
+  from pygrad.engine import planner
+  if swept: monkeypatch.setattr(planner, "_GRAPH_MIN_NODES", 0)
+  x = UOp.placeholder((4,), F32, "x")
+  big = x.reshape(4, 1, 1).expand(4, 2 ** 22, 2 ** 22)
+  with pytest.raises(ValueError, match=r"CAST float64\[4, 4194304, 4194304\]"):
+    pygrad.compile(big.cast(F64).sum(), [x])
+
+
 def test_buffers_past_the_machines_memory_are_refused_before_allocating():
   """An output of 2**46 bytes (64 TiB) fits the VM's bound but no machine's memory: compile refuses it with a
   MemoryError naming the buffer, instead of a program whose every call attempts that allocation."""

@@ -94,12 +94,12 @@ class KernelCache:
       kk.nodes(pl.flat, np.flatnonzero(pl.walk.flags & KW_LEAF).tolist())
     c = kk.make(pl, m, nsrc, head, sbuf, sview, top, kshape, _leaf)
     hit = kk.tmpl.get(c, _MISS)
-    nb = kk.info[2]
-    ids = kk.ffi.unpack(kk.bufs, nb)
+    ids = kk.ffi.unpack(kk.bufs, kk.info[2])
     bl = pl.bufs
     if hit is not _MISS and hit is not None:
       self.hits += 1
-      return [Part(Words(hit, [ids[j] for j in hit.js]), hit.fused, [bl[i] for i in ids])]
+      return [Part(Words(hit, ids if hit.inorder and len(ids) == len(hit.js) else [ids[j] for j in hit.js]), hit.fused,
+                   list(map(bl.__getitem__, ids)))]
     w = pl.walk
     ent, srcs = w.out[:3 * m].tolist(), w.out_src[:nsrc].tolist()
     nl, unpack = kk.info[1], kk.ffi.unpack
@@ -124,12 +124,13 @@ def _patched(hit, bufs: list[Buf]) -> list[Part] | None:
 class Template:
   """A cached kernel's words over stand-in buffers: `at` the positions of the stand-ins, `js` their numbers (the
   kernel's buffers in order of first use); `arr` the words as an array, for assemble."""
-  __slots__ = ("words", "fused", "at", "js", "arr", "pos")
+  __slots__ = ("words", "fused", "at", "js", "arr", "pos", "inorder")
 
   def __init__(self, words: list[int], fused: bool):
     self.words, self.fused = words, fused
     self.at = [i for i, w in enumerate(words) if w >= _STANDIN]
     self.js = [words[i] - _STANDIN for i in self.at]
+    self.inorder = self.js == list(range(len(self.js)))  # (each buffer once, in order: the kernel's ids, if all)
     self.arr, self.pos = np.array(words, np.int64), np.array(self.at, np.int64)
 
 

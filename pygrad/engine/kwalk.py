@@ -6,17 +6,20 @@ from __future__ import annotations
 from itertools import chain, repeat
 from operator import attrgetter, is_not, not_
 from typing import NamedTuple
+import math
 import numpy as np
 from ..ops import Ops, GroupOp
 from ..dtype import BY_ID
 from .flatten import PNode, LazyNodes, _OPS
-from .records import KNode
+from .records import KNode, compute_dtype
+from ..ids import value
 
 _ALU = GroupOp.ALU | {Ops.CAST, Ops.BITCAST}
 _ALU_MOVE = _ALU | GroupOp.Movement
 SMALL_KERNEL = 64  # kernels of at most this many walk entries have their KNodes made one by one (_knodes_small)
 KW_LEAF, KW_ALU, KW_SCALAR, KW_MOVE = 1, 2, 4, 8  # csrc/pygrad.h's PG_KW_* flags
 PU_ALU, PU_ALU_MOVE, PU_OUTPUT = 2, 8, 16  # and PG_PU_*
+VM_MAXSIZE = value("consts", "VM_MAXSIZE")  # csrc/tables.h: bytes of a VM buffer
 PURE = 64  # (Python only: a pure ALU op, the planner's _visit's first case)
 OP_FLAGS = np.zeros(max(int(o) for o in Ops) + 1, np.uint8)
 OP_FLAGS[[int(o) for o in _ALU]] |= PU_ALU
@@ -111,7 +114,14 @@ class Graph:
     else:
       for _ in map(setattr, nodes, repeat("users"), ul): pass
     # the nodes _visit has anything to do for: a pure ALU node neither an output nor read twice stays an expression
-    self.visit = np.flatnonzero(~((self.ops & PURE) != 0) | ((flags & PU_OUTPUT) != 0) | (users >= 2)).tolist()
+    # (and a CAST or BITCAST read once neither: _visit would only check its size against the VM's bound, done here)
+    quiet = (self.ops & (PURE | PU_ALU)) != 0
+    casts = np.flatnonzero((self.ops & (PURE | PU_ALU)) == PU_ALU)
+    if len(casts):
+      size = np.array([math.prod(sh) if sh else 0 for sh in self.sid_shapes], np.float64)[sid[casts]]
+      isz = np.array([max(compute_dtype(BY_ID[d]).itemsize, 1) for d in range(len(BY_ID))], np.float64)
+      quiet[casts[size * isz[self.dt_ids[casts]] > VM_MAXSIZE]] = False  # (left to _visit, which raises)
+    self.visit = np.flatnonzero(~quiet | ((flags & PU_OUTPUT) != 0) | (users >= 2)).tolist()
     return bytearray(fused.tobytes())
 
 
@@ -196,9 +206,9 @@ class Walk:
     if m == lib.PG_KW_MOVES or m == lib.PG_KW_FULL: return None
     if m == lib.PG_ERR_NOMEM: raise MemoryError("pygrad planner: no memory for a kernel's walk")
     if m < 0: raise RuntimeError(f"pygrad planner: the kernel walk failed ({m})")
-    nsrc, ncell = self.info.tolist()
-    if ncell > len(self.pycells): self._new_cells(ncell)
-    return m, nsrc
+    info = self._mmem[-1]
+    if info[1] > len(self.pycells): self._new_cells(info[1])
+    return m, info[0]
 
   def result(self, m: int, nsrc: int):
     """run's result from the buffers run_raw filled."""
