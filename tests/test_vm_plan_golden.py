@@ -296,3 +296,29 @@ def test_the_c_placement_refuses_arrays_out_of_range():
   # cut from its start; d (192, kernel 3) no longer fits in what is left (64..192): it goes on top
   top, off = place([2, 2, 1, 2], [0, 1, 0, 1, 2, 2, 3], [128, 64, 64, 192])
   assert off[:3] == [0, 128, 0] and off[3] == top - 192
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_c_placement_gives_pythons_offsets_on_random_plans(seed, monkeypatch):
+  """Random liveness (buffers of a few sizes, each live over a random span of kernels, many free at once): _place_c
+  (csrc/place.c) gives every buffer _place's offset and the same arena size (best fit, lowest offset among equal
+  sizes, coalescing both ways)."""
+  import random
+  from pygrad.engine.lower import Part
+  from pygrad.engine.records import Buf
+  rng = random.Random(seed)
+  nk = 400
+  bufs = [Buf(i, rng.choice(["arena"] * 6 + ["input", "const"]), dtypes.float32, (rng.choice([1, 16, 17, 64, 300]),),
+              dtypes.float32) for i in range(600)]
+  uses: list = [[] for _ in range(nk)]
+  for b in bufs:
+    a = rng.randrange(nk)
+    for k in sorted({a, min(nk - 1, a + rng.choice([0, 1, 3, 40, 200]))}): uses[k].append(b)
+  kernels = [Part([], False, u) for u in uses]
+  got = []
+  for c_min in (1 << 62, 0):
+    monkeypatch.setattr(program, "_PLACE_C_MIN", c_min)
+    for b in bufs: b.offset = -1
+    top = program._place(kernels, bufs)
+    got.append((top, [b.offset for b in bufs]))
+  assert got[0] == got[1] and got[0][0] > 0
