@@ -7,22 +7,28 @@
    (a dict from weak references to tuples) is set as the Python loop sets it. A source not made yet (a helper row made
    only when asked for) is asked of the caller's `lazy`, as the Python loop asks. With the node class's field
    descriptors given (its __init__ only sets them), a node is made by setting them on a bare instance, without the
-   __init__ frame. Every argument is checked: a wrong one raises TypeError/IndexError, never crashes. */
+   __init__ frame. Rows given a plan by the caller (a reduce made as a permute and a reduce of the node, a permute of
+   a node held reduced, any other permute) are made by it, as the Python loop makes them. Every argument is checked:
+   a wrong one raises TypeError/IndexError, never crashes. */
 #include "pyapi.h"
 
-/* cfg: (out, op, dt, tag, start, src, pdata, alu, dtypes, weak, cache, cls, cast, mdata, mdrm, mds, lazy, fields)
+/* cfg: (out, op, dt, tag, start, src, pdata, alu, dtypes, weak, cache, cls, cast, mdata, mdrm, mds, lazy, fields,
+   reduced, plans)
    out: list, the foreign node of each row (None: not made); op, dt, tag, start, src, pdata: lists of ints (the
    exported columns; start has one more item than rows); alu: tuple, pygrad op -> foreign op or None; dtypes: tuple,
    dtype id -> foreign dtype or None; weak: tuple of the foreign dtypes an operand may have without typing the op;
    cache: the hash-consing dict; cls: the node class; cast: (pygrad CAST, foreign CAST, pygrad BITCAST, foreign
    BITCAST); mdata: the metadata dict or None; mdrm: its weak references' callback; mds: dict pdata -> metadata;
    lazy: lazy(j) -> the node of row j, made now (None: such a row is left to Python); fields: the node class's five
-   field descriptors, in key order, or None (the class is called). */
+   field descriptors, in key order, or None (the class is called); reduced: dict row -> (node held without the
+   reduced axes, its shape, the row's shape, the axes it lacks), the rows held reduced; plans: None, or a list with
+   each row's plan or None (see plan_row). */
 enum { C_OUT, C_OP, C_DT, C_TAG, C_START, C_SRC, C_PDATA, C_ALU, C_DTYPES, C_WEAK, C_CACHE, C_CLS, C_CAST, C_MDATA,
-       C_MDRM, C_MDS, C_LAZY, C_FIELDS, C_N };
+       C_MDRM, C_MDS, C_LAZY, C_FIELDS, C_REDUCED, C_PLANS, C_N };
 
 typedef struct {
   PyObject *out, *op, *dt, *tag, *start, *src, *pdata, *alu, *dtypes, *weak, *cache, *cls, *mdata, *mdrm, *mds, *lazy;
+  PyObject *reduced, *plans;
   PyObject *fields[5];  /* with alloc: the field descriptors */
   newfunc alloc;         /* the class's tp_new, or NULL: the class is called */
   descrsetfunc set[5];   /* each field descriptor's setter, with fields */
@@ -67,7 +73,7 @@ static int read_fields(PyObject *fs, cfg_t *c) {
 static int read_cfg(PyObject *t, cfg_t *c) {
   PyObject *cast;
   Py_ssize_t i;
-  if (!PyTuple_Check(t) || PyTuple_Size(t) != C_N) return bad("the configuration is no tuple of 18");
+  if (!PyTuple_Check(t) || PyTuple_Size(t) != C_N) return bad("the configuration is no tuple of 20");
   c->out = PyTuple_GetItem(t, C_OUT), c->op = PyTuple_GetItem(t, C_OP), c->dt = PyTuple_GetItem(t, C_DT);
   c->tag = PyTuple_GetItem(t, C_TAG), c->start = PyTuple_GetItem(t, C_START), c->src = PyTuple_GetItem(t, C_SRC);
   c->pdata = PyTuple_GetItem(t, C_PDATA), c->alu = PyTuple_GetItem(t, C_ALU), c->dtypes = PyTuple_GetItem(t, C_DTYPES);
@@ -98,6 +104,10 @@ static int read_cfg(PyObject *t, cfg_t *c) {
   if (!c->make) return bad("type has no call");
   c->lazy = PyTuple_GetItem(t, C_LAZY);
   if (c->lazy != Py_None && !PyCallable_Check(c->lazy)) return bad("lazy must be callable or None");
+  c->reduced = PyTuple_GetItem(t, C_REDUCED), c->plans = PyTuple_GetItem(t, C_PLANS);
+  if (!PyDict_Check(c->reduced)) return bad("reduced must be a dict");
+  if (c->plans != Py_None && (!PyList_Check(c->plans) || PyList_Size(c->plans) != c->n))
+    return bad("plans must be None or a list with an item a row");
   return read_fields(PyTuple_GetItem(t, C_FIELDS), c);
 }
 
@@ -186,6 +196,106 @@ static int set_md(const cfg_t *c, Py_ssize_t i, PyObject *t, int fresh) {
   return r < 0 ? -1 : 1;
 }
 
+/* the node of source row j (a new reference): made already, or made now by lazy; NULL with no exception set if
+   Python makes it (no lazy), NULL with one set */
+static PyObject *source(const cfg_t *c, long j) {
+  PyObject *x;
+  if (j < 0 || j >= c->n) {
+    PyErr_SetString(PyExc_IndexError, "pygrad C core: foreign rows: a source row out of range");
+    return NULL;
+  }
+  if (!(x = PyList_GetItem(c->out, j))) return NULL;
+  if (x != Py_None) {
+    Py_INCREF(x);
+    return x;
+  }
+  if (c->lazy == Py_None) return NULL;  /* made by Python, lazily */
+  return PyObject_CallFunction(c->lazy, "l", j);  /* a helper row, made now */
+}
+
+/* the hash-consed node (op, x's dtype, (x,), arg, None) of a movement or reduce (a new reference; *fresh as
+   node_of sets it), or NULL with an exception set */
+static PyObject *unary(const cfg_t *c, PyObject *op, PyObject *x, PyObject *arg, int *fresh) {
+  PyObject *d = PyObject_GetAttr(x, dtype_name), *src, *key, *t;
+  if (!d) return NULL;
+  src = PyTuple_Pack(1, x);
+  key = src ? PyTuple_Pack(5, op, d, src, arg, Py_None) : NULL;
+  Py_DECREF(d);
+  Py_XDECREF(src);
+  if (!key) return NULL;
+  t = node_of(c, key, fresh);
+  Py_DECREF(key);
+  return t;
+}
+
+/* x, or op applied to x if arg is not None (x's reference passed on: a new reference, or NULL with an exception
+   set) */
+static PyObject *maybe(const cfg_t *c, PyObject *op, PyObject *x, PyObject *arg, int *fresh) {
+  PyObject *t;
+  if (arg == Py_None) return x;
+  t = unary(c, op, x, arg, fresh);
+  Py_DECREF(x);
+  return t;
+}
+
+/* row i (one source) made by its plan, a tuple as the caller's _row_plans makes it:
+   (0, op, arg): the node op(x) of the source's node x (arg not None); the source must not be held reduced.
+   (1, permute, perm, reduce, rarg, kept, keep, axes): x permuted by perm (if not None) and reduced by rarg (if not
+   None; perm is None when rarg is) is held for row i as (node, kept, keep, axes) in reduced, out[i] left empty (a
+   user's reshape of it is made only when asked for).
+   (2, permute, perm, kept, shape, gone): the source's held node permuted by perm (if not None) is held for row i
+   as (node, kept, shape, gone); the source must be held.
+   Metadata as one_row sets it, on the row's last node. 1: made, 0: left to Python, -1 with an exception set */
+static int plan_row(const cfg_t *c, Py_ssize_t i, PyObject *plan) {
+  long kind, a, b, j;
+  Py_ssize_t len;
+  PyObject *k, *got, *x, *t, *ent;
+  int fresh = 0, r;
+  if (!PyTuple_Check(plan) || (len = PyTuple_Size(plan)) < 3) return bad("a plan must be a tuple of 3 or more");
+  kind = PyLong_AsLong(PyTuple_GetItem(plan, 0));
+  if (kind == -1 && PyErr_Occurred()) return -1;
+  if (!(kind == 0 && len == 3 && PyTuple_GetItem(plan, 2) != Py_None) && !(kind == 1 && len == 8) &&
+      !(kind == 2 && len == 6))
+    return bad("a plan's kind and length do not match");
+  if (list_long(c->start, i, &a) < 0 || list_long(c->start, i + 1, &b) < 0) return -1;
+  if (a < 0 || b != a + 1 || b > PyList_Size(c->src)) return bad("a planned row has one source in the column");
+  if (list_long(c->src, a, &j) < 0) return -1;
+  if (!(k = PyLong_FromLong(j))) return -1;
+  got = PyDict_GetItemWithError(c->reduced, k);
+  Py_DECREF(k);
+  if (!got && PyErr_Occurred()) return -1;
+  if (kind == 2) {
+    if (!got) return 0;  /* not held: Python makes it */
+    if (!PyTuple_Check(got) || PyTuple_Size(got) != 4) return bad("a held row must be a tuple of 4");
+    x = PyTuple_GetItem(got, 0);
+    Py_INCREF(x);
+  } else {
+    if (kind == 0 && got) return 0;  /* a permute of a held row (Python's _permuted) */
+    if (!(x = source(c, j))) return PyErr_Occurred() ? -1 : 0;
+  }
+  t = maybe(c, PyTuple_GetItem(plan, 1), x, PyTuple_GetItem(plan, 2), &fresh);  /* kind 0: arg is never None */
+  if (kind == 1 && t) t = maybe(c, PyTuple_GetItem(plan, 3), t, PyTuple_GetItem(plan, 4), &fresh);
+  if (!t) return -1;
+  if (kind != 0) {
+    ent = kind == 1 ? PyTuple_Pack(4, t, PyTuple_GetItem(plan, 5), PyTuple_GetItem(plan, 6), PyTuple_GetItem(plan, 7))
+                    : PyTuple_Pack(4, t, PyTuple_GetItem(plan, 3), PyTuple_GetItem(plan, 4), PyTuple_GetItem(plan, 5));
+    k = ent ? PyLong_FromSsize_t(i) : NULL;
+    r = k ? PyDict_SetItem(c->reduced, k, ent) : -1;
+    Py_XDECREF(k);
+    Py_XDECREF(ent);
+    if (r < 0) {
+      Py_DECREF(t);
+      return -1;
+    }
+  }
+  if ((r = set_md(c, i, t, fresh)) < 0 || kind != 0) {
+    Py_DECREF(t);
+    return r < 0 ? -1 : r ? 1 : 0;
+  }
+  if (PyList_SetItem(c->out, i, t) < 0) return -1;  /* steals t */
+  return r ? 1 : 0;
+}
+
 /* row i made: 1, not made here (Python makes it): 0, -1 with an exception set */
 static int one_row(const cfg_t *c, Py_ssize_t i) {
   long o, d, tag, a, b, j;
@@ -194,6 +304,10 @@ static int one_row(const cfg_t *c, Py_ssize_t i) {
   int typed = 0, fresh, r;
   if (list_long(c->tag, i, &tag) < 0 || list_long(c->op, i, &o) < 0 || list_long(c->dt, i, &d) < 0) return -1;
   if (tag) return 0;
+  if (c->plans != Py_None) {
+    if (!(x = PyList_GetItem(c->plans, i))) return -1;
+    if (x != Py_None) return plan_row(c, i, x);
+  }
   if (!(tdt = entry(c->dtypes, d))) return 0;
   top = entry(c->alu, o);
   if (!top && o != c->cast_op && o != c->bitcast_op) return 0;
@@ -204,15 +318,10 @@ static int one_row(const cfg_t *c, Py_ssize_t i) {
   if (!(src = PyTuple_New(ns))) return -1;
   for (k = 0; k < ns; k++) {
     if (list_long(c->src, a + k, &j) < 0) goto fail;
-    if (j < 0 || j >= c->n) {
-      PyErr_SetString(PyExc_IndexError, "pygrad C core: foreign rows: a source row out of range");
-      goto fail;
+    if (!(x = source(c, j))) {
+      if (PyErr_Occurred()) goto fail;
+      goto later;
     }
-    x = PyList_GetItem(c->out, j);
-    if (!x) goto fail;
-    if (x != Py_None) Py_INCREF(x);
-    else if (c->lazy == Py_None) goto later;  /* made by Python, lazily */
-    else if (!(x = PyObject_CallFunction(c->lazy, "l", j))) goto fail;  /* a helper row, made now */
     if (top && !typed) {
       if ((r = is_weak(c, x)) < 0) {
         Py_DECREF(x);

@@ -371,9 +371,11 @@ def test_metadata_crosses_both_ways():
   assert "__mul__" in names
 
 
-def test_c_loop_of_the_way_out_makes_what_python_makes(monkeypatch):
-  """csrc/pyforeign.c makes the plain rows of the way out (typed ALU, CAST, BITCAST) in C: the gradient it gives back
-  is the Python loop's, node for node (tinygrad's own hash-consed nodes) and metadata for metadata."""
+@pytest.mark.parametrize("wl", ["W1", "W2"])
+def test_c_loop_of_the_way_out_makes_what_python_makes(monkeypatch, wl):
+  """csrc/pyforeign.c makes the plain rows of the way out (typed ALU, CAST, BITCAST) and the planned ones (reduces,
+  permutes) in C: the gradient it gives back is the Python loop's, node for node (tinygrad's own hash-consed nodes)
+  and metadata for metadata."""
   from tinygrad.uop.ops import all_metadata
   from pygrad.core import CORE
   if CORE.foreign_rows is None: pytest.skip("the pure-Python core has no C loop (the Python loop is what runs)")
@@ -392,14 +394,14 @@ def test_c_loop_of_the_way_out_makes_what_python_makes(monkeypatch):
 
   fast = CORE.foreign_rows
   calls = []
-  graph = _bench_graph("W1", 6)
+  graph = _bench_graph(wl, 6 if wl == "W1" else 2)
   with_c = grads(lambda *a: calls.append(1) or fast(*a), graph)
   assert calls
   assert all(a is b for a, b in zip(with_c, grads(None, graph)))  # the same graph again: the same nodes
   # a graph like it with other inputs: the Python loop makes nodes of its own, with the same metadata
   got = listing(with_c)
   assert sum(1 for x in got if x[4]) > len(got) // 2
-  assert got == listing(grads(None, _bench_graph("W1", 6)))
+  assert got == listing(grads(None, _bench_graph(wl, 6 if wl == "W1" else 2)))
 
 
 def test_c_loop_of_the_way_out_checks_its_arguments():
@@ -411,10 +413,11 @@ def test_c_loop_of_the_way_out_checks_its_arguments():
   if f is None: pytest.skip("the pure-Python core has no C loop")
   cast = (0, TOps.CAST, 0, TOps.BITCAST)
 
-  def cfg(out=None, op=(1,), start=(0, 0), src=(), cache=None, cls=TUOp, cst=cast, md=None, lazy=None, fields=None):
+  def cfg(out=None, op=(1,), start=(0, 0), src=(), cache=None, cls=TUOp, cst=cast, md=None, lazy=None, fields=None,
+          reduced=None, plans=None):
     out = [None] if out is None else out
     return (out, list(op), [0], [0], list(start), list(src), [0], (), (), (), UOpMetaClass.ucache if cache is None
-            else cache, cls, cst, md, None, {}, lazy, fields)
+            else cache, cls, cst, md, None, {}, lazy, fields, {} if reduced is None else reduced, plans)
   with pytest.raises(TypeError): f(cfg(), None, 0)
   with pytest.raises(TypeError): f((1, 2), None, 0, 1)
   with pytest.raises(TypeError): f(cfg(out=(None,)), None, 0, 1)
@@ -433,6 +436,9 @@ def test_c_loop_of_the_way_out_checks_its_arguments():
   with pytest.raises(TypeError): f(tables(cfg(start=(0, 3), src=(0,))), None, 0, 1)
   with pytest.raises(TypeError): f(tables(cfg(start=(0, 1), src=("x",))), None, 0, 1)
   with pytest.raises(TypeError): f(cfg(lazy=1), None, 0, 1)
+  with pytest.raises(TypeError): f(cfg(reduced=[]), None, 0, 1)
+  with pytest.raises(TypeError): f(cfg(plans=[None, None]), None, 0, 1)  # not one a row
+  with pytest.raises(TypeError): f(cfg(plans=(None,)), None, 0, 1)
   with pytest.raises(TypeError): f(cfg(fields=(1, 2)), None, 0, 1)
   with pytest.raises(TypeError): f(cfg(fields=(1, 2, 3, 4, 5)), None, 0, 1)  # no descriptors
   # a row whose source is made by `lazy`: its error is raised, a non-node source is a TypeError from the dtype read
@@ -449,6 +455,26 @@ def test_c_loop_of_the_way_out_checks_its_arguments():
   with pytest.raises(TypeError): f(row(lazy=lambda j: x, fields=other), [1], 0, 1)
   c = row(lambda j: x, pt_tables._tfields())
   assert f(c, [1], 0, 1) == 1 and c[0][1] is TUOp(TOps.ADD, tdtypes.float32, (x,))
+  # planned rows (a permute, a reduce held, a permute of a held row): bad plans are TypeErrors, good ones make
+  # tinygrad's own nodes
+  def planned(*plans, held=None):
+    c = row(lambda j: x, pt_tables._tfields())
+    return c[:18] + ({} if held is None else held, [None, *plans])
+  for bad in (1, (0,), (0, TOps.PERMUTE, None), (1, None, None), (2, TOps.PERMUTE, None), (3, 0, 0), ("a", 0, 0)):
+    with pytest.raises(TypeError): f(planned(bad), [1], 0, 1)
+  with pytest.raises(TypeError): f(planned((2, TOps.PERMUTE, None, (), (), ()), held={0: (x,)}), [1], 0, 1)
+  c = planned((0, TOps.PERMUTE, (0,)))
+  assert f(c, [1], 0, 1) == 1 and c[0][1] is TUOp(TOps.PERMUTE, tdtypes.float32, (x,), (0,))
+  c = planned((0, TOps.PERMUTE, (0,)), held={0: (x, (), (), ())})  # a permute of a held row: left to Python
+  assert f(c, [1], 0, 1) == 0 and c[0][1] is None
+  c = planned((2, TOps.PERMUTE, None, (), (), ()))  # a permute of a row not held: left to Python
+  assert f(c, [1], 0, 1) == 0 and c[0][1] is None
+  c = planned((1, TOps.PERMUTE, (0,), TOps.REDUCE, (TOps.ADD, 1), (), (1,), (0,)))
+  assert f(c, [1], 0, 1) == 1 and c[0][1] is None
+  px = TUOp(TOps.PERMUTE, tdtypes.float32, (x,), (0,))
+  assert c[18][1] == (TUOp(TOps.REDUCE, tdtypes.float32, (px,), (TOps.ADD, 1)), (), (1,), (0,))
+  c = planned((2, TOps.PERMUTE, (0,), (), (1,), (0,)), held={0: (x, (), (), ())})
+  assert f(c, [1], 0, 1) == 1 and c[0][1] is None and c[18][1] == (px, (), (1,), (0,))
 
 
 @pytest.mark.parametrize("model", MODELS + ["W1", "W2"], ids=lambda f: getattr(f, "__name__", f))

@@ -66,17 +66,19 @@ class _Out:
       need = CORE.toposort([r._id for r in roots], True, list(known))
       need = need.numpy() if hasattr(need, "numpy") else np.array(need, np.int64)  # the C core's Ids, or a list
       make &= np.isin(ids, need) & ~isk
-    todo = np.flatnonzero(make).tolist()
+    todo_a = np.flatnonzero(make)
+    todo = todo_a.tolist()
     # the C core's loop makes the plain rows (typed ALU, CAST, BITCAST) as the branches below do (sources not made
-    # yet by _lazy, as they do), and stops at any other row, which the Python loop makes; with tinygrad's checked
-    # constructor in use, Python makes every row
+    # yet by _lazy, as they do) and the rows _row_plans gives a plan (reduces and permutes), and stops at any other
+    # row, which the Python loop makes; with tinygrad's checked constructor in use, Python makes every row
     fast, pos, end = CORE.foreign_rows if direct else None, 0, len(todo)
     if fast is not None:
       if md:
         for p in np.unique(pdata).tolist():
           if p: mds[p] = self._md(p)
       cfg = (out, opl, dtl, tagl, stl, srcl, pdl, _TALU_T, _TDT_T, _WEAK_T, ucache, TUOp,
-             (_CAST, _TCAST, _BITCAST, _TBITCAST), mdata if md else None, mdrm, mds, lazy, _TFIELDS)
+             (_CAST, _TCAST, _BITCAST, _TBITCAST), mdata if md else None, mdrm, mds, lazy, _TFIELDS, reduced,
+             self._row_plans(todo_a, ids, op, tag, arg, start, src))
     while pos < end:
       if fast is not None:
         pos = fast(cfg, todo, pos, end)
@@ -208,11 +210,9 @@ class _Out:
     y = self._mop(self._reshaped(r, kept), TOps.EXPAND, grown)
     return y if perm is None else self._mop(y, TOps.PERMUTE, perm)
 
-  def _reduce(self, i: int) -> TUOp:
-    """pygrad's REDUCE_AXIS (axes kept) as tinygrad's: reduced axes permuted to the front and reduced (dropped).
-    Remembered with its shape and the keepdim shape, which a reshape is made to only if a user needs it."""
-    x, rop, axes = self.src[self.start[i]], *_args_objs[self.arg[i]]
-    src = self._shape(x)
+  def _rplan(self, src: tuple, axes: tuple) -> tuple:
+    """How a REDUCE_AXIS over `axes` of a row of shape src is made (see _reduce): (number of axes reduced, the
+    permute that puts them first or None, the shape without them, the keepdim shape, the axes reduced)."""
     k = (src, axes)
     plan = self.plans.get(k)
     if plan is None:
@@ -222,7 +222,13 @@ class _Out:
       plan = self.plans[k] = (len(red), None if perm == tuple(range(len(src))) else perm,
                               tuple(src[k] for k in rest), tuple(1 if k in axes else s for k, s in enumerate(src)),
                               tuple(red))
-    n, perm, kept, keep, red = plan
+    return plan
+
+  def _reduce(self, i: int) -> TUOp:
+    """pygrad's REDUCE_AXIS (axes kept) as tinygrad's: reduced axes permuted to the front and reduced (dropped).
+    Remembered with its shape and the keepdim shape, which a reshape is made to only if a user needs it."""
+    x, rop, axes = self.src[self.start[i]], *_args_objs[self.arg[i]]
+    n, perm, kept, keep, red = self._rplan(self._shape(x), axes)
     x = self._get(x)
     if n:
       if perm is not None: x = self._mop(x, TOps.PERMUTE, perm)
@@ -230,11 +236,10 @@ class _Out:
     self.reduced[i] = (x, kept, keep, red)
     return x
 
-  def _permuted(self, i: int, got: tuple) -> TUOp:
-    """A PERMUTE (row i) of a row held without its reduced axes (see _reduce) as the permute of that node: the
-    size-1 axes carry no order. Remembered as the reduce is, so a user reshaping it back gets the node itself."""
-    x, _, keep, red = got
-    p = _args_objs[self.arg[i]]
+  def _pplan(self, keep: tuple, red: tuple, p: tuple) -> tuple:
+    """How a PERMUTE by p of a row held without its axes red (keepdim shape keep) is made (see _permuted): (the
+    permute of the held node or None, the permuted shape without those axes, the permuted keepdim shape, where
+    those axes went)."""
     k = (keep, red, p)
     plan = self.plans.get(k)
     if plan is None:
@@ -244,10 +249,60 @@ class _Out:
       gone = tuple(j for j, a in enumerate(p) if a in red)
       plan = self.plans[k] = (None if pp == tuple(range(len(pp))) else pp,
                               tuple(s for j, s in enumerate(shape) if j not in gone), shape, gone)
-    pp, kept, shape, gone = plan
+    return plan
+
+  def _permuted(self, i: int, got: tuple) -> TUOp:
+    """A PERMUTE (row i) of a row held without its reduced axes (see _reduce) as the permute of that node: the
+    size-1 axes carry no order. Remembered as the reduce is, so a user reshaping it back gets the node itself."""
+    x, _, keep, red = got
+    pp, kept, shape, gone = self._pplan(keep, red, _args_objs[self.arg[i]])
     y = x if pp is None else self._mop(x, TOps.PERMUTE, pp)
     self.reduced[i] = (y, kept, shape, gone)
     return y
+
+  def _row_plans(self, todo: np.ndarray, ids, op, tag, arg, start: np.ndarray, src) -> list:
+    """For the C loop (csrc/pyforeign.c), each row's plan (None: none) for the untagged rows it makes by plan rather
+    than by op alone: a REDUCE_AXIS (1, PERMUTE, its perm or None, REDUCE, its arg or None, then what _reduce
+    remembers: the shape without the reduced axes, the keepdim shape, the axes reduced), a PERMUTE of a row held
+    reduced (2, PERMUTE, its perm of the held node or None, then what _permuted remembers) and any other PERMUTE or
+    FLIP (0, the tinygrad op, its arg). Plans come from _rplan and _pplan once per distinct (arg, source shape) and
+    (arg, source's plan), so the C loop makes the nodes _reduce, _permuted and _mop make; at each row it checks that
+    the source is held reduced (kinds 1, 2) or not (kind 0), and leaves the row to Python if not."""
+    plans: list = [None] * len(op)
+    t = todo[tag[todo] == 0]
+    first = lambda rows: src[start[rows]]  # noqa: E731  (their one source row)
+    held: list = []  # the held shapes (kept, keep, axes gone) of the plans made
+    ent = np.full(len(op), -1, np.int64)  # row -> its index in held
+    red = t[op[t] == _REDUCEOP]
+    if len(red):
+      metas = CORE.rows(ids[first(red)], arrays=True)[0][:, 5]
+      keys, inv = np.unique(np.stack([arg[red], metas], 1).astype(np.int64), axis=0, return_inverse=True)
+      made = []
+      for a, m in keys.tolist():
+        rop, axes = _args_objs[a]
+        n, perm, kept, keep, rd = self._rplan(_meta_vals[m][0], axes)
+        made.append((1, _TPERMUTE, perm if n else None, _TREDUCE, (_trop(rop), n) if n else None, kept, keep, rd))
+        held.append((kept, keep, rd))
+      inv = inv.reshape(-1)
+      ent[red] = inv
+      for r, k in zip(red.tolist(), inv.tolist()): plans[r] = made[k]
+    perm = t[op[t] == _PERMUTE]
+    while len(held):  # a permute of a held row is held: one more link of such chains a pass
+      lvl = perm[(ent[first(perm)] >= 0) & (ent[perm] < 0)]
+      if not len(lvl): break
+      keys, inv = np.unique(np.stack([arg[lvl].astype(np.int64), ent[first(lvl)]], 1), axis=0, return_inverse=True)
+      made = []
+      for a, e in keys.tolist():
+        pp, kept, shape, gone = self._pplan(held[e][1], held[e][2], _args_objs[a])
+        made.append((2, _TPERMUTE, pp, kept, shape, gone))
+        held.append((kept, shape, gone))
+      inv = inv.reshape(-1)
+      ent[lvl] = inv + (len(held) - len(made))
+      for r, k in zip(lvl.tolist(), inv.tolist()): plans[r] = made[k]
+    plain = t[((op[t] == _PERMUTE) & (ent[t] < 0)) | (op[t] == _FLIP)]
+    for r, o, a in zip(plain.tolist(), op[plain].tolist(), arg[plain].tolist()):
+      plans[r] = (0, _TPERMUTE if o == _PERMUTE else _TFLIP, _args_objs[a])
+    return plans
 
   def _reshaped(self, r: int, shape: tuple) -> TUOp:
     """Row r's tinygrad node reshaped to `shape` (a REDUCE_AXIS's reduce, not its keepdim reshape)."""
@@ -331,7 +386,7 @@ def _trop(o) -> TOps:
   return t if t is not None else getattr(TOps, o.name)
 
 
-_TCAST, _TBITCAST = TOps.CAST, TOps.BITCAST
+_TCAST, _TBITCAST, _TPERMUTE, _TFLIP, _TREDUCE = TOps.CAST, TOps.BITCAST, TOps.PERMUTE, TOps.FLIP, TOps.REDUCE
 # the C loop's tables (csrc/pyforeign.c): pygrad op -> tinygrad ALU op, dtype id -> tinygrad dtype (None: none)
 _TALU_T = tuple(_TALU_I.get(o) for o in range(max(_TALU_I) + 1))
 _TDT_T = tuple(_TDT_I.get(d) for d in range(max(_TDT_I) + 1))
