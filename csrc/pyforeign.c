@@ -11,11 +11,15 @@
    a node held reduced, any other permute) are made by it, as the Python loop makes them. Every argument is checked:
    a wrong one raises TypeError/IndexError, never crashes. */
 #include "pyapi.h"
+#include <limits.h>
+#include <string.h>
 
 /* cfg: (out, op, dt, tag, start, src, pdata, alu, dtypes, weak, cache, cls, cast, mdata, mdrm, mds, lazy, fields,
    reduced, plans)
-   out: list, the foreign node of each row (None: not made); op, dt, tag, start, src, pdata: lists of ints (the
-   exported columns; start has one more item than rows); alu: tuple, pygrad op -> foreign op or None; dtypes: tuple,
+   out: list, the foreign node of each row (None: not made); op, dt, tag, start, src, pdata: the exported columns,
+   each a bytes object of native int32 items (start: int64, one more item than rows): read in place, where lists of
+   ints cost a pointer chase to a scattered int object for every read (a quarter of the loop's time at W1 depth
+   2000); alu: tuple, pygrad op -> foreign op or None; dtypes: tuple,
    dtype id -> foreign dtype or None; weak: tuple of the foreign dtypes an operand may have without typing the op;
    cache: the hash-consing dict; cls: the node class; cast: (pygrad CAST, foreign CAST, pygrad BITCAST, foreign
    BITCAST); mdata: the metadata dict or None; mdrm: its weak references' callback; mds: dict pdata -> metadata;
@@ -26,9 +30,17 @@
 enum { C_OUT, C_OP, C_DT, C_TAG, C_START, C_SRC, C_PDATA, C_ALU, C_DTYPES, C_WEAK, C_CACHE, C_CLS, C_CAST, C_MDATA,
        C_MDRM, C_MDS, C_LAZY, C_FIELDS, C_REDUCED, C_PLANS, C_N };
 
+/* a column: n native ints of 4 bytes (8 if wide) at p, inside a bytes object the configuration holds */
 typedef struct {
-  PyObject *out, *op, *dt, *tag, *start, *src, *pdata, *alu, *dtypes, *weak, *cache, *cls, *mdata, *mdrm, *mds, *lazy;
+  const char *p;
+  Py_ssize_t n;
+  int wide;
+} col_t;
+
+typedef struct {
+  PyObject *out, *alu, *dtypes, *weak, *cache, *cls, *mdata, *mdrm, *mds, *lazy;
   PyObject *reduced, *plans;
+  col_t op, dt, tag, start, src, pdata;
   PyObject *fields[5];  /* with alloc: the field descriptors */
   newfunc alloc;         /* the class's tp_new, or NULL: the class is called */
   descrsetfunc set[5];   /* each field descriptor's setter, with fields */
@@ -40,7 +52,7 @@ typedef struct {
 
 static PyObject *dtype_name;
 
-/* item i of list l as a long; -2 with an exception set if it is none */
+/* item i of list l as a long; -1 with an exception set if it is none */
 static int list_long(PyObject *l, Py_ssize_t i, long *v) {
   PyObject *o = PyList_GetItem(l, i);
   if (!o) return -1;
@@ -51,6 +63,39 @@ static int list_long(PyObject *l, Py_ssize_t i, long *v) {
 static int bad(const char *what) {
   PyErr_Format(PyExc_TypeError, "pygrad C core: foreign rows: %s", what);
   return -1;
+}
+
+/* column c read from o, a bytes object of whole items; -1 with an exception set if it is none */
+static int read_col(PyObject *o, int wide, col_t *c) {
+  Py_ssize_t size, w = wide ? 8 : 4;
+  if (!PyBytes_Check(o)) return bad("the columns must be bytes");
+  size = PyBytes_Size(o);
+  if (size % w) return bad("a column's size is no whole number of items");
+  c->n = size / w, c->wide = wide;
+  return (c->p = PyBytes_AsString(o)) ? 0 : -1;
+}
+
+/* item i of column c as a long (memcpy: bytes data need not be aligned for the item); -1 with an IndexError or
+   OverflowError set if it is out of the column or of a long */
+static int col_long(const col_t *c, Py_ssize_t i, long *v) {
+  int32_t x;
+  int64_t y;
+  if (i < 0 || i >= c->n) {
+    PyErr_SetString(PyExc_IndexError, "pygrad C core: foreign rows: a row out of a column");
+    return -1;
+  }
+  if (!c->wide) {
+    memcpy(&x, c->p + 4 * i, 4);
+    *v = x;
+    return 0;
+  }
+  memcpy(&y, c->p + 8 * i, 8);
+  if (y > LONG_MAX || y < LONG_MIN) {
+    PyErr_SetString(PyExc_OverflowError, "pygrad C core: foreign rows: a start past a long");
+    return -1;
+  }
+  *v = (long)y;
+  return 0;
 }
 
 /* the field descriptors (a tuple of 5 objects whose type has a setter), the setters and the class's allocator; or
@@ -74,18 +119,17 @@ static int read_cfg(PyObject *t, cfg_t *c) {
   PyObject *cast;
   Py_ssize_t i;
   if (!PyTuple_Check(t) || PyTuple_Size(t) != C_N) return bad("the configuration is no tuple of 20");
-  c->out = PyTuple_GetItem(t, C_OUT), c->op = PyTuple_GetItem(t, C_OP), c->dt = PyTuple_GetItem(t, C_DT);
-  c->tag = PyTuple_GetItem(t, C_TAG), c->start = PyTuple_GetItem(t, C_START), c->src = PyTuple_GetItem(t, C_SRC);
-  c->pdata = PyTuple_GetItem(t, C_PDATA), c->alu = PyTuple_GetItem(t, C_ALU), c->dtypes = PyTuple_GetItem(t, C_DTYPES);
+  c->out = PyTuple_GetItem(t, C_OUT), c->alu = PyTuple_GetItem(t, C_ALU), c->dtypes = PyTuple_GetItem(t, C_DTYPES);
   c->weak = PyTuple_GetItem(t, C_WEAK), c->cache = PyTuple_GetItem(t, C_CACHE), c->cls = PyTuple_GetItem(t, C_CLS);
   c->mdata = PyTuple_GetItem(t, C_MDATA), c->mdrm = PyTuple_GetItem(t, C_MDRM), c->mds = PyTuple_GetItem(t, C_MDS);
   cast = PyTuple_GetItem(t, C_CAST);
-  if (!PyList_Check(c->out) || !PyList_Check(c->op) || !PyList_Check(c->dt) || !PyList_Check(c->tag) ||
-      !PyList_Check(c->start) || !PyList_Check(c->src) || !PyList_Check(c->pdata))
-    return bad("out and the columns must be lists");
+  if (!PyList_Check(c->out)) return bad("out must be a list");
+  if (read_col(PyTuple_GetItem(t, C_OP), 0, &c->op) < 0 || read_col(PyTuple_GetItem(t, C_DT), 0, &c->dt) < 0 ||
+      read_col(PyTuple_GetItem(t, C_TAG), 0, &c->tag) < 0 || read_col(PyTuple_GetItem(t, C_START), 1, &c->start) < 0 ||
+      read_col(PyTuple_GetItem(t, C_SRC), 0, &c->src) < 0 || read_col(PyTuple_GetItem(t, C_PDATA), 0, &c->pdata) < 0)
+    return -1;
   c->n = PyList_Size(c->out);
-  if (PyList_Size(c->op) != c->n || PyList_Size(c->dt) != c->n || PyList_Size(c->tag) != c->n ||
-      PyList_Size(c->pdata) != c->n || PyList_Size(c->start) != c->n + 1)
+  if (c->op.n != c->n || c->dt.n != c->n || c->tag.n != c->n || c->pdata.n != c->n || c->start.n != c->n + 1)
     return bad("the columns' lengths differ");
   if (!PyTuple_Check(c->alu) || !PyTuple_Check(c->dtypes) || !PyTuple_Check(c->weak))
     return bad("tables must be tuples");
@@ -178,7 +222,7 @@ static int set_md(const cfg_t *c, Py_ssize_t i, PyObject *t, int fresh) {
   PyObject *pk, *m, *w;
   int r;
   if (c->mdata == Py_None) return 1;
-  if (list_long(c->pdata, i, &p) < 0) return -1;
+  if (col_long(&c->pdata, i, &p) < 0) return -1;
   if (!p) return 1;
   if (!(pk = PyLong_FromLong(p))) return -1;
   m = PyDict_GetItemWithError(c->mds, pk);
@@ -257,9 +301,9 @@ static int plan_row(const cfg_t *c, Py_ssize_t i, PyObject *plan) {
   if (!(kind == 0 && len == 3 && PyTuple_GetItem(plan, 2) != Py_None) && !(kind == 1 && len == 8) &&
       !(kind == 2 && len == 6))
     return bad("a plan's kind and length do not match");
-  if (list_long(c->start, i, &a) < 0 || list_long(c->start, i + 1, &b) < 0) return -1;
-  if (a < 0 || b != a + 1 || b > PyList_Size(c->src)) return bad("a planned row has one source in the column");
-  if (list_long(c->src, a, &j) < 0) return -1;
+  if (col_long(&c->start, i, &a) < 0 || col_long(&c->start, i + 1, &b) < 0) return -1;
+  if (a < 0 || b != a + 1 || b > c->src.n) return bad("a planned row has one source in the column");
+  if (col_long(&c->src, a, &j) < 0) return -1;
   if (!(k = PyLong_FromLong(j))) return -1;
   got = PyDict_GetItemWithError(c->reduced, k);
   Py_DECREF(k);
@@ -302,7 +346,7 @@ static int one_row(const cfg_t *c, Py_ssize_t i) {
   PyObject *top, *tdt, *src = NULL, *key = NULL, *t, *x;
   Py_ssize_t k, ns;
   int typed = 0, fresh, r;
-  if (list_long(c->tag, i, &tag) < 0 || list_long(c->op, i, &o) < 0 || list_long(c->dt, i, &d) < 0) return -1;
+  if (col_long(&c->tag, i, &tag) < 0 || col_long(&c->op, i, &o) < 0 || col_long(&c->dt, i, &d) < 0) return -1;
   if (tag) return 0;
   if (c->plans != Py_None) {
     if (!(x = PyList_GetItem(c->plans, i))) return -1;
@@ -311,13 +355,13 @@ static int one_row(const cfg_t *c, Py_ssize_t i) {
   if (!(tdt = entry(c->dtypes, d))) return 0;
   top = entry(c->alu, o);
   if (!top && o != c->cast_op && o != c->bitcast_op) return 0;
-  if (list_long(c->start, i, &a) < 0 || list_long(c->start, i + 1, &b) < 0) return -1;
-  if (a < 0 || b < a || b > PyList_Size(c->src)) return bad("start out of the source column");
+  if (col_long(&c->start, i, &a) < 0 || col_long(&c->start, i + 1, &b) < 0) return -1;
+  if (a < 0 || b < a || b > c->src.n) return bad("start out of the source column");
   ns = (Py_ssize_t)(b - a);
   if (ns < 1 || (!top && ns != 1)) return 0;
   if (!(src = PyTuple_New(ns))) return -1;
   for (k = 0; k < ns; k++) {
-    if (list_long(c->src, a + k, &j) < 0) goto fail;
+    if (col_long(&c->src, a + k, &j) < 0) goto fail;
     if (!(x = source(c, j))) {
       if (PyErr_Occurred()) goto fail;
       goto later;

@@ -413,15 +413,20 @@ def test_c_loop_of_the_way_out_checks_its_arguments():
   if f is None: pytest.skip("the pure-Python core has no C loop")
   cast = (0, TOps.CAST, 0, TOps.BITCAST)
 
+  i32 = lambda xs: np.array(xs, np.int32).tobytes()  # noqa: E731  (the columns: bytes of int32, start int64)
+
   def cfg(out=None, op=(1,), start=(0, 0), src=(), cache=None, cls=TUOp, cst=cast, md=None, lazy=None, fields=None,
           reduced=None, plans=None):
     out = [None] if out is None else out
-    return (out, list(op), [0], [0], list(start), list(src), [0], (), (), (), UOpMetaClass.ucache if cache is None
-            else cache, cls, cst, md, None, {}, lazy, fields, {} if reduced is None else reduced, plans)
+    return (out, i32(op), i32([0]), i32([0]), np.array(start, np.int64).tobytes(), i32(src), i32([0]), (), (), (),
+            UOpMetaClass.ucache if cache is None else cache, cls, cst, md, None, {}, lazy, fields,
+            {} if reduced is None else reduced, plans)
   with pytest.raises(TypeError): f(cfg(), None, 0)
   with pytest.raises(TypeError): f((1, 2), None, 0, 1)
   with pytest.raises(TypeError): f(cfg(out=(None,)), None, 0, 1)
   with pytest.raises(TypeError): f(cfg(op=(1, 2)), None, 0, 1)  # columns of different lengths
+  with pytest.raises(TypeError): f(cfg()[:1] + ([1],) + cfg()[2:], None, 0, 1)  # a column that is no bytes
+  with pytest.raises(TypeError): f(cfg()[:1] + (b"\0\0\0",) + cfg()[2:], None, 0, 1)  # no whole int32
   with pytest.raises(TypeError): f(cfg(cache=[]), None, 0, 1)
   with pytest.raises(TypeError): f(cfg(cls=1), None, 0, 1)
   with pytest.raises(TypeError): f(cfg(cst=(1,)), None, 0, 1)
@@ -434,7 +439,7 @@ def test_c_loop_of_the_way_out_checks_its_arguments():
   tables = lambda c: c[:7] + ((None, TOps.ADD), (tdtypes.float32,)) + c[9:]  # noqa: E731
   with pytest.raises(IndexError): f(tables(cfg(start=(0, 1), src=(7,))), None, 0, 1)
   with pytest.raises(TypeError): f(tables(cfg(start=(0, 3), src=(0,))), None, 0, 1)
-  with pytest.raises(TypeError): f(tables(cfg(start=(0, 1), src=("x",))), None, 0, 1)
+  with pytest.raises(IndexError): f(tables(cfg(start=(0, 1), src=(-1,))), None, 0, 1)
   with pytest.raises(TypeError): f(cfg(lazy=1), None, 0, 1)
   with pytest.raises(TypeError): f(cfg(reduced=[]), None, 0, 1)
   with pytest.raises(TypeError): f(cfg(plans=[None, None]), None, 0, 1)  # not one a row
@@ -444,7 +449,7 @@ def test_c_loop_of_the_way_out_checks_its_arguments():
   # a row whose source is made by `lazy`: its error is raised, a non-node source is a TypeError from the dtype read
   def row(lazy, fields=None):  # row 1, an ADD of row 0, which is not made yet
     c = cfg(out=[None, None], op=(0, 1), start=(0, 0, 1), src=(0,), lazy=lazy, fields=fields)
-    return tables(c[:2] + ([0, 0], [0, 0]) + c[4:6] + ([0, 0],) + c[7:])
+    return tables(c[:2] + (i32([0, 0]), i32([0, 0])) + c[4:6] + (i32([0, 0]),) + c[7:])
   with pytest.raises(ZeroDivisionError): f(row(lazy=lambda j: 1 / 0), [1], 0, 1)
   with pytest.raises(AttributeError): f(row(lazy=lambda j: 7), [1], 0, 1)
   # descriptors of another class: the setter's own type check (a TypeError), never a crash

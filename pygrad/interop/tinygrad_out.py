@@ -46,16 +46,20 @@ class _Out:
     n = len(ids)
     start = np.zeros(n + 1, np.int64)
     np.cumsum(nsrc, out=start[1:])
-    self.ids, self.op, self.dt, self.arg, self.tag = ids.tolist(), op.tolist(), dt.tolist(), arg.tolist(), tag.tolist()
-    self.start, self.src = stl, srcl = start.tolist(), src.tolist()
-    self.out = out = [None] * n
-    idl, opl, dtl, tagl, pdl, objs = self.ids, self.op, self.dt, self.tag, pdata.tolist(), _args_objs
-    md = _pg_uop._md_count and pdata.any()
-    mdata, mdrm, mds = _tg_metadata.data, _tg_metadata._remove, {}  # the WeakKeyDictionary's own dict (see below)
     one, lazy, mk, talu, tdt, weak, fold, reduced = self._one, self._lazy, self.mk, _TALU_I, _TDT_I, _WEAK, self.fold, \
       self.reduced
     # tinygrad's hash-consed creation inline for the ALU ops (see _tmake_for), unless its checked constructor is in use
     direct = mk is not _tmake_checked
+    fast = CORE.foreign_rows if direct else None
+    # the Python loop reads the columns as lists if it makes every row, else as views of the arrays (it makes few
+    # rows; the C loop reads the arrays' bytes)
+    cols = memoryview if fast is not None else np.ndarray.tolist
+    self.ids, self.op, self.dt, self.arg, self.tag = cols(ids), cols(op), cols(dt), cols(arg), cols(tag)
+    self.start, self.src = stl, srcl = cols(start), cols(src)
+    self.out = out = [None] * n
+    idl, opl, dtl, tagl, pdl, objs = self.ids, self.op, self.dt, self.tag, cols(pdata), _args_objs
+    md = _pg_uop._md_count and pdata.any()
+    mdata, mdrm, mds = _tg_metadata.data, _tg_metadata._remove, {}  # the WeakKeyDictionary's own dict (see below)
     ucache, new, ref = UOpMetaClass.ucache, type.__call__, weakref.ref
     ucget = ucache.get
     # helper rows are made only when asked for (see _lazy), so the loop skips them
@@ -71,14 +75,15 @@ class _Out:
     # the C core's loop makes the plain rows (typed ALU, CAST, BITCAST) as the branches below do (sources not made
     # yet by _lazy, as they do) and the rows _row_plans gives a plan (reduces and permutes), and stops at any other
     # row, which the Python loop makes; with tinygrad's checked constructor in use, Python makes every row
-    fast, pos, end = CORE.foreign_rows if direct else None, 0, len(todo)
+    pos, end = 0, len(todo)
     if fast is not None:
       if md:
         for p in np.unique(pdata).tolist():
           if p: mds[p] = self._md(p)
-      cfg = (out, opl, dtl, tagl, stl, srcl, pdl, _TALU_T, _TDT_T, _WEAK_T, ucache, TUOp,
-             (_CAST, _TCAST, _BITCAST, _TBITCAST), mdata if md else None, mdrm, mds, lazy, _TFIELDS, reduced,
-             self._row_plans(todo_a, ids, op, tag, arg, start, src))
+      b32 = lambda a: a.astype(np.int32, copy=False).tobytes()  # noqa: E731
+      cfg = (out, b32(op), b32(dt), b32(tag), start.astype(np.int64, copy=False).tobytes(), b32(src), b32(pdata),
+             _TALU_T, _TDT_T, _WEAK_T, ucache, TUOp, (_CAST, _TCAST, _BITCAST, _TBITCAST), mdata if md else None,
+             mdrm, mds, lazy, _TFIELDS, reduced, self._row_plans(todo_a, ids, op, tag, arg, start, src))
     while pos < end:
       if fast is not None:
         pos = fast(cfg, todo, pos, end)
