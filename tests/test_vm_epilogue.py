@@ -11,6 +11,7 @@ from pygrad import UOp, dtypes
 program = pytest.importorskip("pygrad.engine.program", reason="the compiled interpreter is not built",
                               exc_type=ImportError)
 from pygrad.engine import numpy_eval, vmlib  # noqa: E402
+from pygrad.engine import epilogue  # noqa: E402
 from pygrad.engine.epilogue import VK_EPILOGUE  # noqa: E402
 
 
@@ -56,8 +57,10 @@ def _same_bits(fused, plain, vals):
 @pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float64], ids=lambda d: d.name)
 @pytest.mark.parametrize("nkm", [(128, 64, 256), (37, 53, 300), (256, 256, 10), (5, 16, 3)])
 def test_layer_bias_relu_run_on_the_tiles(nkm, dt, restore_threads, monkeypatch):
-  """relu(x @ w + b) and its mask: the bias add, mask and relu become epilogues; numpy's values, the unfused bits."""
+  """relu(x @ w + b) and its mask: the bias add, mask and relu become epilogues; numpy's values, the unfused bits.
+  (5x3 is below epilogue.MIN_OUT, so compile leaves it unfused: lowered here to 1 to check odd tiny tiles too.)"""
   n, k, m = nkm
+  monkeypatch.setattr(epilogue, "MIN_OUT", 1)
   x, w, b = UOp.placeholder((n, k), dt, "x"), UOp.placeholder((k, m), dt, "w"), UOp.placeholder((m,), dt, "b")
   h = x @ w + b
   outs = [h.relu(), (h > 0.0).where(h * 0.5, h * 0.25)]
@@ -81,6 +84,27 @@ def test_mlp_step_epilogues_both_orientations(restore_threads, monkeypatch):
   vals = [rng.standard_normal((128, 64)).astype(np.float32), onehot(rng.integers(0, 10, 128), 10),
           *init_params((64, 256, 256, 10), 0)]
   _same_bits(fused, plain, vals)
+
+
+@pytest.mark.parametrize("nm", [(16, 16), (31, 33), (32, 32)])
+def test_small_contractions_keep_their_loops(nm, restore_threads, monkeypatch):
+  """Below epilogue.MIN_OUT output elements (one tile, in L1: nothing to gain, and deciding it was ~40% of compiling
+  a gradient of 16x16 layers) no loop becomes an epilogue and no gradient changes layout; from it, both happen."""
+  from pygrad.engine import layout
+  n, m = nm
+  x, w, b = UOp.placeholder((n, n), dtypes.float32, "x"), UOp.placeholder((n, m), dtypes.float32, "w"), \
+    UOp.placeholder((m,), dtypes.float32, "b")  # (the forward's output and w's gradient both n x m)
+  h = (x @ w + b).relu()
+  loss = (h * h).sum()
+  gx, gw = loss.gradient(x, w)
+  outs = [h, w - gw * 0.1, gx]
+  moved = []
+  real = layout.relayout
+  monkeypatch.setattr(program, "relayout", lambda steps: moved.append(real(steps)) or moved[-1])
+  fused, tr, plain = _compile_both(outs, [x, w, b], monkeypatch)
+  big = n * m >= epilogue.MIN_OUT
+  assert (len(tr) > 0) == big and (moved[0] > 0) == big, (tr, moved)
+  _same_bits(fused, plain, [_val((n, n), 1, np.float32), _val((n, m), 2, np.float32), _val((m,), 3, np.float32)])
 
 
 def test_a_loop_reading_the_output_elsewhere_is_not_an_epilogue(restore_threads, monkeypatch):

@@ -25,9 +25,9 @@ def _chain(kind: str, n: int):
   return ([y.gradient(x)[0]] if kind == "scalar" else [y.sum().gradient(x)[0]]), [x]
 
 
-def _w1(layers: int):
-  x = UOp.placeholder((16, 16), dtypes.float32, "x")
-  ws = [UOp.placeholder((16, 16), dtypes.float32, f"w{i}") for i in range(layers)]
+def _w1(layers: int, size: int = 16):
+  x = UOp.placeholder((size, size), dtypes.float32, "x")
+  ws = [UOp.placeholder((size, size), dtypes.float32, f"w{i}") for i in range(layers)]
   loss = w1_model(MethodOps, x, ws)
   return [loss, *loss.gradient(x, *ws)], [x, *ws]
 
@@ -45,6 +45,7 @@ def _mixed():
 
 GRAPHS = {"forward-300": lambda: _chain("forward", 300), "grad-scalar-60": lambda: _chain("scalar", 60),
           "grad-vector-20": lambda: _chain("vector", 20), "w1-grad-4": lambda: _w1(4), "mixed": _mixed,
+          "w1-grad-32x32": lambda: _w1(3, 32),  # (outputs of epilogue.MIN_OUT: epilogues and stored layouts)
           **{f"random-{s}": (lambda s=s: _recipe(s)) for s in range(12)}}
 
 
@@ -77,7 +78,8 @@ GOLDEN = {
   'random-7': '897f2013e80b1f683f7b8b8b',
   'random-8': 'ec0000791d79f9de9632dce1',
   'random-9': '756b8eff538d46a220ae07fb',
-  'w1-grad-4': '4b598e557a1f29fca990286f',
+  'w1-grad-4': 'c25784211100eeb160ca79eb',
+  'w1-grad-32x32': 'ea44573af1f0cdc62a778737',
 }
 
 

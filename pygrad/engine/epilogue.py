@@ -14,6 +14,11 @@ from ..ids import value
 
 VK_EPILOGUE = value("vm_kinds", "EPILOGUE")
 _MAX = 16  # epilogues of one contraction (csrc/vm_epilogue.c, EPI_MAX)
+# Contractions with a smaller output keep their loops as they are: one tile on one thread, in L1, so an epilogue
+# gains nothing there (w1-grad's 16x16 layers ran in the same time either way) while deciding it cost ~1.5 us per
+# compiled node of such a gradient (pygrad.compile of w1-grad: 5.5 us/node with both passes, 3.3 without). The
+# MLP step's smallest output, its 128x10 logits, is above it.
+MIN_OUT = 1024
 
 
 def _kind(step) -> int:
@@ -85,7 +90,7 @@ def fuse_epilogues(steps: list) -> int:
   for gi, s in enumerate(steps):
     if _kind(s) != VK_GEMM: continue
     g = gemm_words(words_of(s))
-    if g.nbatch != 0 or g.c in (g.a, g.b): continue
+    if g.nbatch != 0 or g.c in (g.a, g.b) or g.n * g.m < MIN_OUT: continue
     if not _injective(g.n, g.m, g.scn, g.scm): continue
     writes = {g.c: (g.offc, (g.scn, g.scm), words_of(s)[1])}  # buffer -> the one view the group writes it through
     reads: dict = {}

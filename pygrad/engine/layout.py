@@ -8,6 +8,7 @@ its kernels were lowered (one by one, or cached from the planner's C walk)."""
 from __future__ import annotations
 from .lower import Part, VK_LOOP, VK_GEMM
 from .kwords import words_of, loop_words, gemm_words, GEMM_SCN
+from . import epilogue
 
 
 def _kind(step) -> int:
@@ -61,7 +62,8 @@ def relayout(steps: list) -> int:
     w = words_of(s)
     g = gemm_words(w)
     b = next((b for b in s.bufs if b.id == g.c), None)
-    if b is None or b.kind != "arena" or g.nbatch != 0 or g.offc != 0 or g.c in (g.a, g.b): continue
+    if b is None or b.kind != "arena" or g.nbatch != 0 or g.offc != 0 or g.c in (g.a, g.b) or \
+       g.n * g.m < epilogue.MIN_OUT: continue  # (small: a column gather in L1 costs nothing; epilogue.MIN_OUT)
     dims = [n for n in b.shape if n != 1]  # (a reduction's buffer keeps its reduced dims, of size 1)
     if len(dims) == 2 and _plain((g.scn, g.scm), (g.n, g.m), *dims): cands[b.id] = (gi, w, *dims)
   if not cands: return 0
