@@ -174,7 +174,7 @@ int pg_mem_trim(void);
 #define PG_TABLE_TPL_ACC_INPUTS 6
 const char *pg_table_entry(int32_t table, int32_t i, int64_t *v0, int64_t *v1);
 
-/* ---- serial.c, serial_build.c: graphs as node tables (pygrad/serialize.py): export columns, and the bulk builder ---- */
+/* ---- serial.c, serial_build.c: graphs as node tables (pygrad/serialize.py): export, and the bulk builder ---- */
 #define PG_BUILD_DONE 0
 #define PG_BUILD_ASK 1
 typedef struct pg_build pg_build;

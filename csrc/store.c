@@ -620,8 +620,8 @@ int pg_store_arg_register(pg_store *st, int32_t aid) {
   else if (k < st->argn && st->argid[k] != aid && st->argrc[k] >= 0) r = PG_ERR_ARG;  /* a live id's slot */
   else if (k >= st->argcap) r = args_grow(st, k + 1);
   if (r == 0) {
-    /* a slot's generation wrapped: the signature cache (serial_build.c) keeps ids without holding them, and one of its
-       entries may name this very id from 2^(31 - PG_ARG_SLOT_BITS) generations ago */
+    /* a slot's generation wrapped: the signature cache (serial_build.c) keeps ids without holding them, and one of
+       its entries may name this very id from 2^(31 - PG_ARG_SLOT_BITS) generations ago */
     if (k < st->argn && st->argid[k] != aid && (aid >> PG_ARG_SLOT_BITS) == 0) pg_serial_cache_clear(st->sigcache);
     st->argrc[k] = 0;
     st->argid[k] = aid;

@@ -203,7 +203,8 @@ void pg_store_reserve_locked(pg_store *st, int64_t extra);
    1.45M rows slower than the last, up to 1.35x); ascending ids are ascending addresses. PyCore's free_order does
    the same, so both cores still hand out the same ids. */
 void pg_store_free_order_locked(pg_store *st, int64_t k);
-/* serial_build.c: a store's signature cache, freed with the store; emptied (lock held) when an arg id's generation wraps */
+/* serial_build.c: a store's signature cache, freed with the store; emptied (lock held) when an arg id's generation
+   wraps */
 typedef struct pg_sigcache pg_sigcache;
 void pg_serial_cache_free(pg_sigcache *c);
 void pg_serial_cache_clear(pg_sigcache *c);

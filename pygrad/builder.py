@@ -1,9 +1,9 @@
 """Building a graph from its node table in one pass (pygrad/serialize.py's loads, the tinygrad importer, and the public
-bulk builder `pygrad.build(ops, dtypes, srcs, args)` for graphs that are already data). On the C core the builder is
-one C call (csrc/serial_build.c): it makes every node whose signature (op, dtype, arg, sources' dtypes and shapes) it has
+bulk builder `pygrad.build(ops, dtypes, srcs, args)` for graphs that are already data). On the C core the builder is one
+C call (csrc/serial_build.c): it makes every node whose signature (op, dtype, arg, sources' dtypes and shapes) it has
 seen, and asks Python (the ordinary `UOp(...)` constructor, with its validation) only for the first node of each
-signature and for FUNCTION/CALL/GETTUPLE/AFTER; the store keeps the signatures between builds. Nodes are
-hash-consed, so a built graph is the live one if it exists. Nothing here recurses on graph depth."""
+signature and for FUNCTION/CALL/GETTUPLE/AFTER; the store keeps the signatures between builds. Nodes are hash-consed, so
+a built graph is the live one if it exists. Nothing here recurses on graph depth."""
 from __future__ import annotations
 import numpy as np
 from .ops import Ops, GroupOp

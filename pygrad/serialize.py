@@ -1,14 +1,14 @@
 """Graphs as data: the node table, the bulk builder `build`, and the binary format of `dumps`/`loads`/`save`/`load`
 (also what `pickle` of a UOp or a Walk writes).
 
-A graph is a node table in topological order: per node an op, a dtype, its sources as positions of earlier rows,
-and references into an arg table of plain values. On the C core, export is one C call (csrc/serial.c) and so is
-building (csrc/serial_build.c): the builder makes every node whose signature (op, dtype, arg, sources' dtypes and
-shapes) it has seen, and asks Python (the ordinary `UOp(...)` constructor, with its validation) only for the first node of each
+A graph is a node table in topological order: per node an op, a dtype, its sources as positions of earlier rows, and
+references into an arg table of plain values. On the C core, export is one C call (csrc/serial.c) and so is building
+(csrc/serial_build.c): the builder makes every node whose signature (op, dtype, arg, sources' dtypes and shapes) it has
+seen, and asks Python (the ordinary `UOp(...)` constructor, with its validation) only for the first node of each
 signature and for FUNCTION/CALL/GETTUPLE/AFTER; the store keeps the signatures between loads, so a model's graph is
 inferred in Python once per process. The arg table is pygrad/argtable.py's, decoded column by column. Nodes are
-hash-consed, so a loaded graph is the live one if it exists. Nothing here recurses on graph depth or on the nesting
-of args.
+hash-consed, so a loaded graph is the live one if it exists. Nothing here recurses on graph depth or on the nesting of
+args.
 
 Callables (a CALL's `fxn`, `grad_fxn`) are written as (module, qualified name) and resolved on load from modules
 already imported; `loads(..., allow_import=True)` may import the named modules, and nothing else ever runs code.

@@ -1,5 +1,5 @@
-"""The bulk builder's fast path (csrc/serial_build.c, pg_serial_build_run): rows proved new skip the table lookup and are
-entered in the table in batches. Identity must not change: rows equal to live nodes, to each other, or to nodes
+"""The bulk builder's fast path (csrc/serial_build.c, pg_serial_build_run): rows proved new skip the table lookup and
+are entered in the table in batches. Identity must not change: rows equal to live nodes, to each other, or to nodes
 made earlier in the same build give those nodes, on both cores (pygrad.build) and id for id with PyCore (the raw
 builder on a private C store)."""
 from __future__ import annotations
@@ -71,8 +71,8 @@ def test_equal_rows_are_one_node():
 
 def test_rows_no_root_reaches_are_freed_and_the_rest_live_on():
   """The builder keeps a reference only on rows no node it made uses (it hands the others' over to their first user:
-  csrc/serial_build.c, build_hand_over); every row must still be freed exactly when nothing reaches it: rows under no root
-  at once, sources named twice (x * x) counted twice, and the rest when the roots go. Built twice: the second build
+  csrc/serial_build.c, build_hand_over); every row must still be freed exactly when nothing reaches it: rows under no
+  root at once, sources named twice (x * x) counted twice, and the rest when the roots go. Built twice: the second build
   makes every row in C (the first asks Python for each new signature)."""
   x = UOp.placeholder((5,), dtypes.float32, name="bulk_w")
   rows = [(Ops.BUFFER, ()), (Ops.MUL, (0, 0)), (Ops.SIN, (1,)), (Ops.EXP2, (1,)), (Ops.ADD, (2, 2)), (Ops.LOG2, (3,)),

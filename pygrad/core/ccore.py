@@ -307,7 +307,7 @@ class CCore:
     r = lib.pg_prog_run(self._st, prog, ffi.new("int32_t[]", inputs), len(inputs), out, 1)
     return out[0] if r == 0 else r
 
-  # ---- node tables (csrc/serial.c, serial_build.c; PyCore has none): pygrad/serialize.py's C path, with this store ----
+  # ---- node tables (csrc/serial.c, serial_build.c; PyCore has none): serialize.py's C path, with this store ----
   def serial_table(self, *args):
     """pg_serial_table on this store (the arguments after the store, as cffi objects)."""
     return lib.pg_serial_table(self._st, *args)

@@ -9,7 +9,7 @@ A pass over the lowered steps (the loops' words, made two-dimensional over the c
 when that is how its output lies); csrc/vm_epilogue.c checks the same conditions when the program is prepared."""
 from __future__ import annotations
 from .lower import Part, VK_LOOP, VK_GEMM
-from .kwords import words_of, loop_words, gemm_words
+from .kwords import kind_of, words_of, loop_words, gemm_words
 from ..ids import value
 
 VK_EPILOGUE = value("vm_kinds", "EPILOGUE")
@@ -19,12 +19,6 @@ _MAX = 16  # epilogues of one contraction (csrc/vm_epilogue.c, EPI_MAX)
 # compiled node of such a gradient (pygrad.compile of w1-grad: 5.5 us/node with both passes, 3.3 without). The
 # MLP step's smallest output, its 128x10 logits, is above it.
 MIN_OUT = 1024
-
-
-def _kind(step) -> int:
-  if type(step) is not Part: return -1
-  w = step.words
-  return w[0] if type(w) is list else w.kind
 
 
 def _as_2d(w: list[int], shape: tuple[int, int]) -> list[int] | None:
@@ -88,7 +82,7 @@ def fuse_epilogues(steps: list) -> int:
   group). Returns how many loops became epilogues."""
   fused = 0
   for gi, s in enumerate(steps):
-    if _kind(s) != VK_GEMM: continue
+    if kind_of(s) != VK_GEMM: continue
     g = gemm_words(words_of(s))
     if g.nbatch != 0 or g.c in (g.a, g.b) or g.n * g.m < MIN_OUT: continue
     if not _injective(g.n, g.m, g.scn, g.scm): continue
@@ -96,7 +90,7 @@ def fuse_epilogues(steps: list) -> int:
     reads: dict = {}
     operands = {g.a, g.b}
     j = gi + 1
-    while j < len(steps) and j - gi <= _MAX and _kind(steps[j]) == VK_LOOP:
+    while j < len(steps) and j - gi <= _MAX and kind_of(steps[j]) == VK_LOOP:
       w = words_of(steps[j])
       got = None
       for tr in ((1, 0) if g.scm != 1 and g.scn == 1 else (0, 1)):  # C's rows first: its contiguous dim inner

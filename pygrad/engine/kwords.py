@@ -3,7 +3,14 @@ for the passes that run on the program's steps after lowering (engine/layout.py,
 view of a VK_LOOP kernel lies, and a contraction's operands."""
 from __future__ import annotations
 from typing import NamedTuple
-from .lower import VK_LOOP, VK_GEMM
+from .lower import Part, VK_LOOP, VK_GEMM
+
+
+def kind_of(step) -> int:
+  """A step's kernel kind (its first word: VK_LOOP, VK_GEMM, ...), or -1 for a step that is no lowered kernel."""
+  if type(step) is not Part: return -1
+  w = step.words
+  return w[0] if type(w) is list else w.kind
 
 
 def words_of(part) -> list[int]:
@@ -79,4 +86,4 @@ def gemm_words(w: list[int]) -> GemmWords:
   return GemmWords(*w[2:18])
 
 
-__all__ = ["words_of", "LoopView", "LoopWords", "loop_words", "GemmWords", "gemm_words", "GEMM_SCN"]
+__all__ = ["kind_of", "words_of", "LoopView", "LoopWords", "loop_words", "GemmWords", "gemm_words", "GEMM_SCN"]

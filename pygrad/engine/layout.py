@@ -7,14 +7,8 @@ unchanged: only where it lives. A pass over the lowered steps (their words), so 
 its kernels were lowered (one by one, or cached from the planner's C walk)."""
 from __future__ import annotations
 from .lower import Part, VK_LOOP, VK_GEMM
-from .kwords import words_of, loop_words, gemm_words, GEMM_SCN
+from .kwords import kind_of, words_of, loop_words, gemm_words, GEMM_SCN
 from . import epilogue
-
-
-def _kind(step) -> int:
-  if type(step) is not Part: return -1
-  w = step.words
-  return w[0] if type(w) is list else w.kind
 
 
 def _plain(strides, sizes, R: int, S: int) -> bool:
@@ -40,7 +34,7 @@ def _readers(steps, touch: list[int], writer: int, bid: int, R: int, S: int):
   for i in touch:
     s = steps[i]
     if i == writer: continue
-    if _kind(s) != VK_LOOP: return None
+    if kind_of(s) != VK_LOOP: return None
     w = words_of(s)
     lw = loop_words(w)
     vs = [v for v in lw.views if v.buf == bid]
@@ -58,7 +52,7 @@ def relayout(steps: list) -> int:
   a new Part); returns how many buffers changed layout."""
   cands = {}  # C's buffer id -> (the contraction's step, its words, R, S)
   for gi, s in enumerate(steps):
-    if _kind(s) != VK_GEMM: continue
+    if kind_of(s) != VK_GEMM: continue
     w = words_of(s)
     g = gemm_words(w)
     b = next((b for b in s.bufs if b.id == g.c), None)
