@@ -15,13 +15,6 @@ from pygrad.engine import epilogue  # noqa: E402
 from pygrad.engine.epilogue import VK_EPILOGUE  # noqa: E402
 
 
-@pytest.fixture
-def restore_threads():
-  n = pygrad.get_num_threads()
-  yield
-  pygrad.set_num_threads(n)
-
-
 def _val(shape, seed, dt):
   return np.random.default_rng(seed).standard_normal(shape).astype(dt)
 

@@ -13,13 +13,6 @@ pytest.importorskip("pygrad.engine.program", reason="the compiled interpreter is
 from pygrad.engine import numpy_eval  # noqa: E402
 
 
-@pytest.fixture
-def restore_threads():
-  n = pygrad.get_num_threads()
-  yield
-  pygrad.set_num_threads(n)
-
-
 def _val(shape, seed, dt):
   rng = np.random.default_rng(seed)
   if np.dtype(dt).kind == "i": return rng.integers(-1000, 1000, shape).astype(dt)

@@ -19,13 +19,6 @@ from pygrad.engine import numpy_eval  # noqa: E402
 F32, F64 = dtypes.float32, dtypes.float64
 
 
-@pytest.fixture
-def restore_threads():
-  n = pygrad.get_num_threads()
-  yield
-  pygrad.set_num_threads(n)
-
-
 def test_set_and_get_num_threads(restore_threads):
   assert pygrad.set_num_threads(3) == 3 and pygrad.get_num_threads() == 3
   assert pygrad.set_num_threads(np.int64(1)) == 1 and pygrad.get_num_threads() == 1
