@@ -148,6 +148,14 @@ int pg_kkey_bind(pg_kkey *st, const int32_t *ent, int64_t ent_cap, const int32_t
                  const int32_t *nsrcs, const int64_t *sig, const int32_t *obuf, const int32_t *ovid, int64_t out_cap,
                  int64_t *codes, int32_t *lbuf, int32_t *lvid, int32_t *bufs, int32_t *miss, int64_t *info);
 int64_t pg_kkey_make(pg_kkey *st, int64_t m, int64_t nsrc, int32_t over, int32_t space, int64_t head, int32_t sbuf);
+/* kbatch.c: a plan's small kernels walked and keyed in one call, up to the first job that needs Python */
+int64_t pg_kbatch_run(pg_kkey *kk, pg_kwm *kwm, int64_t n, const int32_t *nsrc, const int64_t *off,
+                      const int32_t *src, int64_t src_len, const uint8_t *flags, const int32_t *mvclass,
+                      const int32_t *shape, int32_t *out, int32_t *out_src, int64_t max_cells, int64_t *keys,
+                      int64_t *winfo, int64_t from, int64_t nj, const int32_t *jtop, const uint8_t *jleaf,
+                      const int32_t *jspace, const int64_t *jhead, const int32_t *jsbuf, int64_t max_m,
+                      const uint8_t *ok, int64_t nok, int32_t *cls, int32_t *nids, int32_t *ids, int64_t ids_cap,
+                      int64_t *ids_len);
 
 /* ---- place.c: arena offsets of a program's internal buffers by liveness (pygrad/engine/program.py, _place) ---- */
 int64_t pg_place(int64_t nk, const int32_t *counts, const int32_t *ids, int64_t nids, int64_t nbufs,

@@ -9,7 +9,7 @@ from pygrad import UOp, dtypes
 
 program = pytest.importorskip("pygrad.engine.program", reason="the compiled interpreter is not built",
                               exc_type=ImportError)
-from pygrad.engine import planner, kcache  # noqa: E402
+from pygrad.engine import planner, kcache, kbatch  # noqa: E402
 from pygrad.engine.planner import Planner  # noqa: E402
 from pygrad.bench import w1_model, MethodOps  # noqa: E402
 from fuzzgraphs import seeded_graph  # noqa: E402
@@ -70,7 +70,9 @@ def _compile(name: str, walked: bool, monkeypatch, c_key: bool = True):
         seen["n"] += 1
         return orig(self, *a)
       m.setattr(kcache.KernelCache, f, count)
-    if not walked: m.setattr(Planner, "_walked", lambda self, *a: False)
+    if not walked:
+      m.setattr(Planner, "_walked", lambda self, *a: False)
+      m.setattr(kbatch, "_C_BATCH", False)  # (its C loop keys the kernels _walked would)
     outs, ins = GRAPHS[name]()
     try:
       p = program.Program(outs, ins, keep_words=True)
@@ -138,3 +140,63 @@ def test_a_layered_gradient_reuses_walked_kernels(c_key, monkeypatch):
   (c,), = [caches]
   lowered = c.kkey.tmpl if c_key else c.wmemo  # (the first kernel of each key or class: lowered)
   assert 0 < len(lowered) <= 20 and c.hits >= p.stats["kernels"] * 3 // 4
+
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_the_c_job_loop_gives_the_planners_own_words(name, monkeypatch):
+  """engine/kbatch.py: the jobs whose kernels C walks, keys and finds lowered (csrc/kbatch.c) get the words the
+  planner's own path (_emit_root, _walked, walked_c one job at a time) gives them, in the same order; and on a
+  layered gradient most kernels are done in C."""
+  done = {"n": 0}
+  orig = kbatch._parts
+
+  def count(pl, kk, cls, *a):
+    done["n"] += len(cls)
+    return orig(pl, kk, cls, *a)
+  with monkeypatch.context() as m:
+    m.setattr(kbatch, "_C_BATCH", False)
+    want, wout, _ = _compile(name, True, monkeypatch)
+  with monkeypatch.context() as m:
+    m.setattr(kbatch, "_parts", count)
+    got, gout, _ = _compile(name, True, monkeypatch)
+  assert got == want
+  if wout is not None:
+    assert all(np.array_equal(x, y, equal_nan=True) for x, y in zip(gout, wout))
+  if name.startswith("w1-grad"): assert done["n"] >= 20
+  if name == "w1-grad-150": assert done["n"] >= 1000
+
+
+def test_the_c_job_loop_refuses_arrays_it_is_not_bound_to():
+  """pg_kbatch_run checks its inputs at the boundary: no key state, walk buffers other than the ones the key state
+  reads, a job's node past the graph, a start past the end: an error code, no crash."""
+  from pygrad.engine.vmlib import ffi, lib
+  i32 = ffi.new("int32_t[]", 8)
+  i64 = ffi.new("int64_t[]", 8)
+  u8 = ffi.new("uint8_t[]", 8)
+  kwm = ffi.gc(lib.pg_kwm_new(), lib.pg_kwm_free)
+  kk = ffi.gc(lib.pg_kkey_new(3), lib.pg_kkey_free)
+  ids_len = ffi.new("int64_t *")
+
+  def run(st, out, n=3, start=0, nj=1, top=None):
+    jt = ffi.new("int32_t[]", [5 if top is None else top])
+    return lib.pg_kbatch_run(st, kwm, n, i32, i64, i32, 0, u8, i32, i32, out, i32, 8, i64, i64, start, nj, jt, u8,
+                             i32, i64, i32, 4, u8, 0, i32, i32, i32, 8, ids_len)
+  assert run(ffi.NULL, i32) == lib.PG_ERR_ARG
+  assert run(kk, i32) == lib.PG_ERR_ARG  # (nothing bound)
+  ent, src = ffi.new("int32_t[]", 24), ffi.new("int32_t[]", 8)
+  out = [ffi.new("int64_t[]", 64), ffi.new("int32_t[]", 64), ffi.new("int32_t[]", 64), ffi.new("int32_t[]", 65),
+         ffi.new("int32_t[]", 64), ffi.new("int64_t[]", 4)]
+  assert lib.pg_kkey_bind(kk, ent, 8, src, 8, i32, i64, i32, i32, 64, *out) == 0
+  assert run(kk, i32) == lib.PG_ERR_ARG  # (walk buffers not the bound ones)
+  assert lib.pg_kbatch_run(kk, kwm, 3, i32, i64, i32, 0, u8, i32, i32, ent, src, 8, i64, i64, 0, 1,
+                           ffi.new("int32_t[]", [5]), u8, i32, i64, i32, 4, u8, 0, i32, i32, i32, 128,
+                           ids_len) == lib.PG_ERR_ARG  # (a node past the graph)
+  assert lib.pg_kbatch_run(kk, kwm, 4, i32, i64, i32, 0, u8, i32, i32, ent, src, 8, i64, i64, 0, 1,
+                           ffi.new("int32_t[]", [0]), u8, i32, i64, i32, 4, u8, 0, i32, i32, i32, 128,
+                           ids_len) == lib.PG_ERR_ARG  # (a graph of another size than the key state's)
+  assert lib.pg_kbatch_run(kk, kwm, 3, i32, i64, i32, 0, u8, i32, i32, ent, src, 8, i64, i64, 2, 1,
+                           ffi.new("int32_t[]", [0]), u8, i32, i64, i32, 4, u8, 0, i32, i32, i32, 128,
+                           ids_len) == lib.PG_ERR_ARG  # (a start past the end)
+  assert lib.pg_kbatch_run(kk, kwm, 3, i32, i64, i32, 0, u8, i32, i32, ent, src, 8, i64, i64, 0, 1,
+                           ffi.new("int32_t[]", [-1]), u8, i32, i64, i32, 4, u8, 0, i32, i32, i32, 128,
+                           ids_len) == 0  # (a job for Python: none done)

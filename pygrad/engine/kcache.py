@@ -84,14 +84,19 @@ class KernelCache:
     return [loop] if parts is None else parts
 
 
-  def walked_c(self, pl, m: int, nsrc: int, top, kshape, head: tuple, sbuf: Buf, sview: View) -> list:
-    """walked's result for the kernel the plan's C walk holds (m <= max_nodes entries, nsrc operands: Walk.run_raw),
-    keyed in C (engine/kkey.py): the same Parts, or Loop, and the same words."""
+  def kkey_of(self, pl) -> KKey:
+    """The plan's C key state (engine/kkey.py), made at its first use with every leaf's node registered."""
     kk = pl.kkey
     if kk is None:
       if pl.sigs is None: pl.sigs = _sigs(pl.walk.g)
       kk = pl.kkey = self.kkey = KKey(pl.walk, pl.sigs)
       kk.nodes(pl.flat, np.flatnonzero(pl.walk.flags & KW_LEAF).tolist())
+    return kk
+
+  def walked_c(self, pl, m: int, nsrc: int, top, kshape, head: tuple, sbuf: Buf, sview: View) -> list:
+    """walked's result for the kernel the plan's C walk holds (m <= max_nodes entries, nsrc operands: Walk.run_raw),
+    keyed in C (engine/kkey.py): the same Parts, or Loop, and the same words."""
+    kk = self.kkey_of(pl)
     c = kk.make(pl, m, nsrc, head, sbuf, sview, top, kshape, _leaf)
     hit = kk.tmpl.get(c, _MISS)
     ids = kk.ffi.unpack(kk.bufs, kk.info[2])

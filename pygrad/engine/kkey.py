@@ -22,6 +22,7 @@ class KKey:
     import numpy as np
     from .vmlib import ffi, lib
     self.ffi, self.lib, self.walk = ffi, lib, walk
+    self.out_cap = _SMALL  # (the most entries, and loads, of a kernel keyed here)
     self.sig = np.array(sig, np.int64)
     self.n = len(self.sig)
     st = lib.pg_kkey_new(self.n)
@@ -70,10 +71,7 @@ class KKey:
   def make(self, pl, m: int, nsrc: int, head: tuple, sbuf: Buf, sview: View, top, kshape, leaf) -> int:
     """The class of the kernel the walk's buffers hold (m <= 64 entries, nsrc operands). Leaves C misses are
     registered (_register) and the key made again."""
-    hk = (head, sbuf.stype, sview.key())
-    h = self.heads.get(hk)
-    if h is None:
-      h = self.heads[hk] = (len(self.heads), self.spaces.setdefault(head[0], len(self.spaces)))
+    h = self.head(head, sbuf.stype, sview)
     lib = self.lib
     c = lib.pg_kkey_make(self.st, m, nsrc, 0, h[1], h[0], sbuf.id)
     if c == lib.PG_KKEY_MISS:
@@ -84,6 +82,15 @@ class KKey:
       if c == lib.PG_ERR_NOMEM: raise MemoryError("pygrad planner: no memory for a kernel's key")
       raise RuntimeError(f"pygrad planner: a kernel's key was refused ({c}) at a {len(kshape)}-d index space")
     return c
+
+  def head(self, head: tuple, stype, sview: View) -> tuple[int, int]:
+    """(head id, index space id) of a kernel's head (index space, reduce op, reduced axes, result dtype) storing
+    through sview into a buffer of storage type stype."""
+    hk = (head, stype, sview.key())
+    h = self.heads.get(hk)
+    if h is None:
+      h = self.heads[hk] = (len(self.heads), self.spaces.setdefault(head[0], len(self.spaces)))
+    return h
 
   def _vid(self, b: Buf, v: View, dtype) -> int:
     """The view class of a load of buffer b through v as dtype: what walked_key's key piece holds (a constant's

@@ -105,7 +105,8 @@ class Planner:
     self.lmemo, self.sigs = {}, None  # kcache.walked_key's: (node, cell) -> its load; per node its ALU signature
     self.kkey = None  # (kcache.walked_c's state: engine/kkey.py)
     self.jobs.sort(key=lambda j: j[0])
-    for j in self.jobs: j[2]()
+    from .kbatch import run_jobs  # (it imports kcache, which imports this module)
+    run_jobs(self, _C_KEY)  # (most of them in one C loop: engine/kbatch.py)
     self.jobs = []  # its closures hold the planner: dropped, the plan is freed by reference counting
 
   # ---- buffers ----
@@ -187,7 +188,7 @@ class Planner:
       b = self._buf("arena", ct, n.shape, n.dtype)
       b.node = n
     n.buf, n.mat, n.view = b, True, (b, View.contiguous(n.shape))
-    self._job(n.idx, lambda n=n: self._emit_root(n))
+    self.jobs.append(((n.idx, len(self.jobs)), n, None))  # (no fn: _emit_root(n), or engine/kbatch.py's C loop)
 
   def _copy_view(self, view, n: PNode, order) -> Buf:
     """A contiguous copy of a view (a RESHAPE the strides cannot express)."""

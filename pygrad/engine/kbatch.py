@@ -1,0 +1,122 @@
+"""The planner's jobs (its kernels, in dependency order) run with the common one in C: a job storing one
+materialized node into its buffer, whose kernel is small and of a class the kernel cache has lowered before, is walked
+and keyed by csrc/kbatch.c in one loop over the jobs, which returns per kernel its class and buffer ids; Python makes
+only its Part (the class's words with those ids written in at assembly). A layered net's gradient plans tens of
+thousands of such kernels over a few dozen classes: each was ~10 us of Python (the job's walk, key, head and
+buffers one call at a time). C stops at the first job it cannot finish (a new class, a leaf read through movements
+not seen yet, a kernel too large for the cache, a walk left to Python, a copy, a CALL): that job runs the planner's
+own way (Planner._emit_root and _walked, which also teach the cache what C lacked) and C goes on from the next one.
+The words are those the planner's own path gives (tests/test_vm_kcache.py, tests/test_vm_plan_golden.py)."""
+from __future__ import annotations
+import numpy as np
+from ..ops import Ops
+from .kwalk import SMALL_KERNEL, _ALU_MOVE
+from .lower import Part
+from .kcache import Words
+from .views import View
+
+_C_BATCH = True  # (tests turn it off to compare the planner's own path)
+_IDS = 1 << 16  # buffer ids one call may return (it stops early when the largest kernel's would not fit)
+
+
+def run_jobs(pl, c_key: bool) -> None:
+  """Runs the planner's sorted jobs ((order, seq), node, fn): fn() when set, else Planner._emit_root(node); the
+  storing ones in C when the plan keys its small kernels in C (c_key: the walk goes through movement ops)."""
+  jobs, cache = pl.jobs, pl.cache
+  if not (_C_BATCH and c_key and cache is not None and pl.walk is not None and pl.walk.moves and
+          min(SMALL_KERNEL, cache.max_nodes) > 0):
+    for _, n, fn in jobs:
+      if fn is None: pl._emit_root(n)
+      else: fn()
+    return
+  kk = cache.kkey_of(pl)
+  tops, leaf, space, head, sbuf = _columns(pl, kk, jobs)
+  w, ffi, lib = pl.walk, kk.ffi, kk.lib
+  nj = len(jobs)
+  cp = ffi.from_buffer
+  cls, nids, ids = np.empty(nj, np.int32), np.empty(nj, np.int32), np.empty(_IDS, np.int32)
+  jargs = (cp("int32_t[]", tops), cp("uint8_t[]", leaf), cp("int32_t[]", space), cp("int64_t[]", head),
+           cp("int32_t[]", sbuf), min(SMALL_KERNEL, cache.max_nodes))
+  outs = (cp("int32_t[]", cls), cp("int32_t[]", nids), cp("int32_t[]", ids), _IDS)
+  margs = w._margs  # (the walk's arrays: pg_kernel_walk_moves's)
+  wout = (w._mmem[0], w._mmem[2], w._mmem[4], w._mmem[5], w._mmem[6])  # out, out_src, max_cells, keys, info
+  ids_len = ffi.new("int64_t *")
+  room = kk.out_cap + 1
+  tl = tops.tolist()
+  ok, nok, seen = None, -1, -1
+  i = 0
+  while i < nj:
+    if tl[i] < 0 or i == seen:  # a job for Python: not a store, or C stopped at it
+      _, n, fn = jobs[i]
+      if fn is None: pl._emit_root(n)
+      else: fn()
+      i += 1
+      continue
+    if len(kk.tmpl) != nok:  # classes lowered since the last call
+      nok = len(kk.tmpl)
+      ok = np.zeros(max(kk.tmpl, default=-1) + 1, np.uint8)
+      ok[[c for c, t in kk.tmpl.items() if t is not None]] = 1
+    ids_len[0] = 0
+    r = lib.pg_kbatch_run(kk.st, w.kwm, w.n, *margs, *wout, i, nj, *jargs, cp("uint8_t[]", ok), len(ok), *outs,
+                          ids_len)
+    if r < 0:
+      if r == lib.PG_ERR_NOMEM: raise MemoryError("pygrad planner: no memory for a kernel's walk or key")
+      raise RuntimeError(f"pygrad planner: the kernels' walks and keys failed at job {i} ({r})")
+    if r > i: _parts(pl, kk, cls[i:r].tolist(), nids[i:r].tolist(), ids[:ids_len[0]].tolist())
+    if r < nj and _IDS - ids_len[0] >= room: seen = r  # (stopped at a job C cannot do, not for room)
+    i = r
+
+
+def _parts(pl, kk, cls: list, nids: list, ids: list) -> None:
+  """The Parts of kernels done in C, appended to the plan's kernels: each its class's words with its buffer ids (as
+  KernelCache.walked_c makes them on a hit)."""
+  tmpl, bl, kern, p = kk.tmpl, pl.bufs, pl.kernels, 0
+  for c, k in zip(cls, nids):
+    t = tmpl[c]
+    q = ids[p:p + k]
+    p += k
+    kern.append(Part(Words(t, q if t.inorder and k == len(t.js) else [q[x] for x in t.js]), t.fused,
+                     list(map(bl.__getitem__, q))))
+  pl.cache.hits += len(cls)
+
+
+def _columns(pl, kk, jobs):
+  """Per job, what C needs to walk and key it (-1 as the top: a job for Python): the top node, whether the top is
+  a load, the index space's and head's ids (KKey.head's) and the store buffer's id, as _emit_root passes them."""
+  nj = len(jobs)
+  tops, leaf = np.full(nj, -1, np.int32), np.zeros(nj, np.uint8)
+  space, head, sbuf = np.zeros(nj, np.int32), np.zeros(nj, np.int64), np.zeros(nj, np.int32)
+  memo: dict = {}
+  hk = kk.head
+  at, tp, lf, hd, sb = [], [], [], [], []
+  for j, (_, n, fn) in enumerate(jobs):
+    if fn is not None: continue
+    op = n.op
+    if op is Ops.REDUCE_AXIS:
+      src, b = n.src[0], n.buf
+      mk = (src.shape, n.shape, n.arg[0], tuple(n.arg[1]), n.dtype, b.stype)
+      h = memo.get(mk)
+      if h is None:
+        h = memo[mk] = hk((tuple(src.shape), n.arg[0], tuple(n.arg[1]), n.dtype), b.stype,
+                          View(src.shape, View.contiguous(n.shape).strides))
+      top, isleaf = src.idx, src.view is not None
+    elif op is Ops.MULTI: continue
+    else:
+      b = n.buf
+      mk = (n.shape, b.stype)
+      h = memo.get(mk)
+      if h is None: h = memo[mk] = hk((tuple(n.shape), None, (), None), b.stype, View.contiguous(n.shape))
+      top, isleaf = n.idx, op not in _ALU_MOVE
+    at.append(j)
+    tp.append(top)
+    lf.append(isleaf)
+    hd.append(h)
+    sb.append(b.id)
+  if at:
+    tops[at], leaf[at], sbuf[at] = tp, lf, sb
+    hs = np.array(hd, np.int64).reshape(-1, 2)
+    head[at], space[at] = hs[:, 0], hs[:, 1]
+  return tops, leaf, space, head, sbuf
+
+
+__all__ = ["run_jobs"]
