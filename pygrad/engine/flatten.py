@@ -161,7 +161,7 @@ class LazyNodes:
   (a planner that reads most nodes asks for it: one by one they cost 2-3x more). Its nodes refer to it: `release()`
   after planning breaks that cycle (Program does)."""
   __slots__ = ("_made", "_ops", "_dts", "_metas", "_args", "_nids", "_sp", "_start", "_ns", "users", "made_idx",
-               "_meta_vals", "_arg_objs", "_cols")
+               "_meta_vals", "_arg_objs", "_cols", "view_of", "vcols")
 
   def __init__(self, ops: list, dts: list, metas: list, args: list, nids: list, sp: np.ndarray, start: np.ndarray,
                ns: np.ndarray):
@@ -170,7 +170,9 @@ class LazyNodes:
     self._ops, self._dts, self._metas, self._args, self._nids = ops, dts, metas, args, nids
     self._sp, self._start, self._ns = sp.tolist(), start.tolist(), ns.tolist()
     self._cols = (sp, start, ns)  # (sp is the caller's: a quotient's operands rewritten there are read by all())
-    self.users, self.made_idx = None, []
+    # view_of: node -> its view, once planned (sweep.py); vcols: the same as columns (buffer id, view class per node,
+    # the classes' Views, the plan's buffers), for kkey.nodes
+    self.users, self.made_idx, self.view_of, self.vcols = None, [], None, None
     self._meta_vals, self._arg_objs = META.vals, ARGS.objs
 
   def __len__(self) -> int: return len(self._made)
@@ -184,8 +186,8 @@ class LazyNodes:
     n.op, n.dtype, n.shape, n.arg = _OPS[self._ops[i]], BY_ID[self._dts[i]], self._meta_vals[self._metas[i]][0], \
         self._arg_objs[self._args[i]]
     n.nid, n.idx, n.users = self._nids[i], i, 0 if self.users is None else self.users[i]
-    n.is_output, n.view, n.mat, n.buf, n.callbufs, n.out_slot, n.opcode, n._lz = False, None, False, None, None, \
-        None, None, self
+    n.is_output, n.mat, n.buf, n.callbufs, n.out_slot, n.opcode, n._lz = False, False, None, None, None, None, self
+    n.view = None if self.view_of is None else self.view_of(i)
     self._made[i] = n
     self.made_idx.append(i)
     return n
@@ -207,6 +209,8 @@ class LazyNodes:
                      repeat(()), pick(self._nids), miss))
       if self.users is not None:
         for _ in map(setattr, new, repeat("users"), pick(self.users)): pass
+      if self.view_of is not None:
+        for _ in map(setattr, new, repeat("view"), map(self.view_of, miss)): pass
       for i, x in zip(miss, new): made[i] = x
       self.made_idx += miss
       sp, start, ns = self._cols
@@ -223,7 +227,7 @@ class LazyNodes:
 
   def release(self) -> None:
     """Drops the nodes (which refer to this table): after planning, they are freed by reference counting."""
-    self._made, self.made_idx = None, []
+    self._made, self.made_idx, self.view_of, self.vcols = None, [], None, None
 
 
 _new_pnode = object.__new__

@@ -50,6 +50,8 @@ class KKey:
     """Registers the buffer and view class of the nodes at (each has a view: every leaf a walk can reach), at once:
     a kernel reading a new buffer then needs no Python. A view object shared by many nodes (View.contiguous's,
     the planner's memo of movements) is classified once per dtype and storage type."""
+    cols = getattr(flat, "vcols", None)
+    if cols is not None: return self._nodes_cols(flat, cols, at)
     bufs, vids, vc = [], [], self.vcache
     for x in at:
       n = flat[x]
@@ -66,6 +68,31 @@ class KKey:
       vids.append(i)
     arr = self.ffi.new
     rc = self.lib.pg_kkey_nodes(self.st, len(at), arr("int32_t[]", at), arr("int32_t[]", bufs), arr("int32_t[]", vids))
+    if rc < 0: raise RuntimeError(f"pygrad planner: the nodes' views were refused ({rc})")
+
+  def _nodes_cols(self, flat, cols, at: list[int]) -> None:
+    """nodes' registration from the planner's columns (sweep.py: per node its view's buffer id and class), a class
+    of leaves at a time: those of one class, dtype and buffer's storage type (or constant buffer) are one view
+    class, numbered in the order the node by node loop meets them."""
+    import numpy as np
+    from ..dtype import BY_ID
+    bid, vcl, views, bl = cols
+    at = np.asarray(at, np.int64)
+    b = bid[at]
+    dts = np.asarray(flat._dts, np.int64)[at]
+    # per buffer: its own id when a constant (the class holds its value), else -1 - its storage type's id
+    bkey = np.array([x.id if x.kind == "const" else -1 - x.stype.id for x in bl], np.int64)[b]
+    nd, nv = len(BY_ID) + 1, len(views) + 1
+    first, inv = np.unique(((bkey + nd) * nv + vcl[at]) * nd + dts, return_index=True, return_inverse=True)[1:]
+    by = np.empty(len(first), np.int32)
+    for k in np.argsort(first, kind="stable").tolist():
+      x = int(first[k])
+      by[k] = self._vid(bl[int(b[x])], views[int(vcl[at[x]])], BY_ID[int(dts[x])])
+    vids = by[inv.reshape(-1)]
+    bufs = b.astype(np.int32)
+    cp = self.ffi.from_buffer
+    ati = at.astype(np.int32)
+    rc = self.lib.pg_kkey_nodes(self.st, len(ati), cp("int32_t[]", ati), cp("int32_t[]", bufs), cp("int32_t[]", vids))
     if rc < 0: raise RuntimeError(f"pygrad planner: the nodes' views were refused ({rc})")
 
   def make(self, pl, m: int, nsrc: int, head: tuple, sbuf: Buf, sview: View, top, kshape, leaf) -> int:

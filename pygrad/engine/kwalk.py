@@ -107,6 +107,7 @@ class Graph:
     if rc == self.lib.PG_ERR_NOMEM: raise MemoryError(f"pygrad planner: no memory for the users of {n} nodes")
     if rc < 0: raise RuntimeError(f"pygrad planner: the users sweep refused {n} nodes with {len(self.src)} edges "
                                   f"(at most {2**31 - 1} edges in one program) ({rc})")
+    self.users, self.fused_np = users, fused  # (sweep.py's columns)
     ul = users.tolist()
     if type(nodes) is LazyNodes:  # the nodes made so far, and any made later
       nodes.users = ul
@@ -129,11 +130,12 @@ class Walk:
   """The graph's arrays with each node's class for csrc/kwalk.c (made once per plan, once every node has its
   view), and the walk's scratch memory: a memo, all -1 between calls, and output buffers for the largest kernel."""
 
-  def __init__(self, g: Graph, nodes: list[PNode]):
+  def __init__(self, g: Graph, nodes: list[PNode], leaf: np.ndarray | None = None):
     n = self.n = g.n
     self.g, self.nsrc = g, g.nsrc
     flags = g.ops & KW_ALU
-    if type(nodes) is LazyNodes:  # a node not made has no view
+    if leaf is not None: flags |= leaf.astype(np.uint8) * KW_LEAF  # (per node: has a view; sweep.py's)
+    elif type(nodes) is LazyNodes:  # a node not made has no view
       made = nodes.made_idx
       flags[made] |= np.fromiter(map(is_not, (nodes[i].view for i in made), repeat(None)), bool,
                                  len(made)).astype(np.uint8) * KW_LEAF
@@ -149,8 +151,18 @@ class Walk:
       # a movement's class: equal (op, arg), equal class, as _build_py's cells key them; shape ids for broadcasts
       classes: dict = {}
       mvclass = np.full(n, -1, np.int32)
-      mvclass[moves] = [classes.setdefault((nd.op.name, tuple(nd.arg) if nd.op is Ops.FLIP else nd.arg), len(classes))
-                        for nd in map(nodes.__getitem__, moves.tolist())]
+      if type(nodes) is LazyNodes:  # from the columns, a (op id, arg id) pair at a time: no node made
+        pair = np.asarray(nodes._ops)[moves] * (1 << 32) + np.asarray(nodes._args)[moves]
+        first, inv = np.unique(pair, return_index=True, return_inverse=True)[1:]
+        by = np.empty(len(first), np.int32)
+        for k in np.argsort(first, kind="stable").tolist():  # (numbered by first appearance, as below)
+          i = int(moves[first[k]])
+          op, arg = _OPS[nodes._ops[i]], nodes._arg_objs[nodes._args[i]]
+          by[k] = classes.setdefault((op.name, tuple(arg) if op is Ops.FLIP else arg), len(classes))
+        mvclass[moves] = by[inv]
+      else:
+        mvclass[moves] = [classes.setdefault((nd.op.name, tuple(nd.arg) if nd.op is Ops.FLIP else nd.arg),
+                                             len(classes)) for nd in map(nodes.__getitem__, moves.tolist())]
       self.mv = list(classes)  # class -> (op name, arg)
       sid = getattr(g, "sid", None)
       if sid is None:

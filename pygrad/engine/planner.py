@@ -17,6 +17,7 @@ from .views import View, apply
 from .kwalk import Graph as _Graph, Walk as _Walk, kcols as _kcols, alu_knodes as _alu_knodes, \
   make_knodes as _make_knodes, PU_ALU as _PU_ALU, PU_ALU_MOVE as _PU_ALU_MOVE, _ALU, _ALU_MOVE
 from . import kwalk
+from .sweep import sweep as _sweep, covers as _covers
 from .records import compute_dtype, storage_dtype, Buf, KNode, Store, Loop, OutRef, CallStep  # noqa: F401 (re-exported)
 from .values import const_array, input_name, map_nested
 from ..ids import value
@@ -57,6 +58,7 @@ _GRAPH_MIN_NODES = 4096  # graphs from which the planner's sweeps run in C over 
 _WALK_MIN_NODES, _WALK_PER_JOB = 4096, 64  # plans whose kernels average this many nodes walk them in C
 _MISS = object()
 _C_KEY = True  # small kernels keyed in C (csrc/kkey.c) when the graph has movement ops; else kcache.walked_key
+_SWEEP = True  # a large plain graph's visit swept over its columns (sweep.py); else node by node (_visit)
 _LAZY_MOVES = 64  # a graph with more than one movement op in this many nodes has its LazyNodes made at once
 
 
@@ -92,12 +94,14 @@ class Planner:
         if n.users or n.is_output or n.op not in _ALU_MOVE:  # RECIPROCAL unused, whose divisor was then "shared"
           for s in n.src: s.users += 1
       self.fused = _fused_shared(nodes)
-    for n in (nodes if graph is None else map(nodes.__getitem__, graph.visit)): self._visit(n)
+    leaf = _sweep(self, graph, nodes, outs) if graph is not None and _SWEEP and _covers(nodes) else None
+    if leaf is None:
+      for n in (nodes if graph is None else map(nodes.__getitem__, graph.visit)): self._visit(n)
     self.outputs = [map_nested(o, self._output) for o in shaped_outputs]
     # large kernels (few jobs for many nodes) are walked in C (csrc/kwalk.c) over the graph as arrays
     # (small kernels too: _build_c makes their KNodes from the walk's entries, reading every node: made at once)
     self.walk = None
-    if len(nodes) >= _WALK_MIN_NODES: self.walk = _Walk(graph or _Graph(nodes), nodes)
+    if len(nodes) >= _WALK_MIN_NODES: self.walk = _Walk(graph or _Graph(nodes), nodes, leaf)
     if cache is None and type(nodes) is LazyNodes and len(nodes) < _WALK_PER_JOB * len(self.jobs): nodes.all()
     # (a list indexed without LazyNodes' method call when every node is made)
     self.flat = nodes._made if type(nodes) is LazyNodes and None not in nodes._made else nodes

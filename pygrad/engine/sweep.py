@@ -1,0 +1,152 @@
+"""Planner._visit as a sweep over a large plain graph's columns (Planner.__init__ with LazyNodes and a kwalk.Graph):
+the same buffers, in the same order, and the same jobs, without a PNode per visited node.
+
+The per-node visit decides, in node order, which values get a buffer (inputs, constants, reductions, and elementwise
+or movement values that are outputs or read twice) and gives every other stored value a view. Only movement ops
+depend on what came before them (their source's view at that point, which a later PAD or EXPAND may give it), so
+the rest is decided as arrays and the movement ops alone are swept in Python, over integers: a view is a class (one
+per distinct View), a movement a transition between classes (a layered graph has a handful). The buffers are then
+made by the planner's own _materialize, _const and _copy_view in the visit's order (events), and a node's view is
+made when it is first read (LazyNodes.view_of). A graph the sweep does not cover (a CALL, AFTER or MULTI, an
+unknown op, a missing input, a value past the VM's bound) is left to the per-node visit, which raises its errors."""
+from __future__ import annotations
+import math
+import numpy as np
+from ..ops import Ops, GroupOp
+from ..dtype import BY_ID
+from .views import View, apply
+from .records import compute_dtype
+from .flatten import LazyNodes, _OPS
+from .kwalk import PU_ALU, PU_ALU_MOVE, PURE, VM_MAXSIZE
+
+_INPUT_IDS = [int(o) for o in (Ops.BUFFER, Ops.DEFINE_VAR, Ops.PARAM)]
+_CONST, _REDUCE, _PAD, _EXPAND = (int(o) for o in (Ops.CONST, Ops.REDUCE_AXIS, Ops.PAD, Ops.EXPAND))
+_NAMES = [o.name for o in _OPS]
+_ITEMSIZE = [max(compute_dtype(d).itemsize, 1) for d in BY_ID]
+_MAT, _COPY = 0, 1  # event kinds: a node's buffer (_materialize, or _const for a CONST), a copy of a view
+
+
+def covers(nodes) -> bool:
+  """Whether the sweep may replace the per-node visit: a LazyNodes graph (whose columns it reads)."""
+  return type(nodes) is LazyNodes
+
+
+def sweep(pl, g, nodes: LazyNodes, outs: list[int]) -> np.ndarray | None:
+  """Does Planner.__init__'s visit of nodes (g: its kwalk.Graph, after users_fused; outs: the outputs' node
+  numbers). Returns per node whether it has a view after the visit (kwalk.Walk's leaves), or None, having changed
+  nothing, when the graph is left to the per-node visit."""
+  n, ops, flags = g.n, g.op_ids, g.ops
+  alu = (flags & PU_ALU) != 0  # (elementwise: pure ALU, CAST, BITCAST)
+  move = (flags & (PU_ALU | PU_ALU_MOVE)) == PU_ALU_MOVE
+  inp, const, red = np.isin(ops, _INPUT_IDS), ops == _CONST, ops == _REDUCE
+  if not (alu | move | inp | const | red).all(): return None
+  nids, input_bufs = nodes._nids, pl.input_bufs
+  at_in = np.flatnonzero(inp).tolist()
+  if any(nids[i] not in input_bufs for i in at_in): return None
+  shapes, sid = g.sid_shapes, g.sid
+  # every value but a pure ALU op's within the VM's bound (its size by shape id and dtype id)
+  chk = np.flatnonzero((flags & PURE) == 0)
+  if len(chk):
+    nd = len(BY_ID)
+    for k in np.unique(sid[chk].astype(np.int64) * nd + g.dt_ids[chk]).tolist():
+      sh = shapes[k // nd]
+      if sh and math.prod(sh) * _ITEMSIZE[k % nd] > VM_MAXSIZE: return None
+  many = np.array([math.prod(sh) > 1 for sh in shapes], bool)  # per shape id: more than one element
+  is_out = np.zeros(n, bool)
+  is_out[outs] = True
+  # _visit's rule for an elementwise or movement value without a view: a buffer when an output, or read twice and
+  # not one element and not computed where its readers are (_fused_shared)
+  dec = is_out | ((g.users >= 2) & many[sid] & (g.fused_np == 0))
+  own = red | (alu & dec)  # buffers decided at the node's own visit, in node order (CONSTs too, below)
+  # per node: the node whose event made the buffer its view reads (an input's: -2 - its buffer's id; none: -1), the class
+  # of that view (views[c]); classes by View.key, the contiguous ones per shape id first made when needed
+  bref = np.full(n, -1, np.int64)
+  bref[at_in] = [-2 - input_bufs[nids[i]].id for i in at_in]
+  at_own = np.flatnonzero(own | const)
+  bref[at_own] = at_own
+  views, vkey, contig = [], {}, {}
+
+  def cls(v: View) -> int:
+    k = v.key()
+    c = vkey.get(k)
+    if c is None:
+      c = vkey[k] = len(views)
+      views.append(v)
+    return c
+
+  def contig_cls(s: int) -> int:
+    c = contig.get(s)
+    if c is None: c = contig[s] = cls(View.contiguous(shapes[s]))
+    return c
+
+  vc = np.full(n, -1, np.int64)
+  has = bref != -1
+  at_v = np.flatnonzero(has & ~const)
+  if len(at_v):
+    us, inv = np.unique(sid[at_v], return_inverse=True)
+    vc[at_v] = np.array([contig_cls(s) for s in us.tolist()], np.int64)[inv]
+  at_c = np.flatnonzero(const)
+  if len(at_c): vc[at_c] = cls(View.contiguous(()))
+  # the movement ops, in node order: (time, sub-order, kind, node) per event they make
+  ev_t, ev_s, ev_k, ev_n = at_own.tolist(), [2] * len(at_own), [_MAT] * len(at_own), at_own.tolist()
+  at_mv = np.flatnonzero(move)
+  if len(at_mv):
+    hv, br, vcl = has.tolist(), bref.tolist(), vc.tolist()
+    sidl, manyl, decl = sid.tolist(), many.tolist(), dec.tolist()
+    sp, start, args, argobj, opl = nodes._sp, nodes._start, nodes._args, nodes._arg_objs, nodes._ops
+    trans: dict = {}  # (class, op id, arg id) -> class after the movement, or -1: a copy
+    copied: dict = {}  # (shape id, op id, arg id) -> the class of the movement on a contiguous copy
+    for i in at_mv.tolist():
+      s, o = sp[start[i]], opl[i]
+      if not hv[s] and (o == _PAD or (o == _EXPAND and manyl[sidl[s]])):  # its source stored first
+        ev_t.append(i), ev_s.append(0), ev_k.append(_MAT), ev_n.append(s)
+        hv[s], br[s], vcl[s] = True, s, contig_cls(sidl[s])
+      if hv[s]:
+        a = args[i]
+        tk = (vcl[s], o, a)
+        t = trans.get(tk)
+        if t is None:
+          v2 = apply(views[vcl[s]], _NAMES[o], argobj[a])
+          t = trans[tk] = -1 if v2 is None else cls(v2)
+        if t < 0:  # (a RESHAPE the strides cannot express: a contiguous copy of the source's view)
+          ck = (sidl[s], o, a)
+          t = copied.get(ck)
+          if t is None: t = copied[ck] = cls(apply(View.contiguous(shapes[sidl[s]]), _NAMES[o], argobj[a]))
+          ev_t.append(i), ev_s.append(1), ev_k.append(_COPY), ev_n.append(i)
+          br[i] = i
+        else: br[i] = br[s]
+        hv[i], vcl[i] = True, t
+      elif decl[i]:
+        ev_t.append(i), ev_s.append(2), ev_k.append(_MAT), ev_n.append(i)
+        hv[i], br[i], vcl[i] = True, i, contig_cls(sidl[i])
+    bref, vc = np.array(br, np.int64), np.array(vcl, np.int64)
+  # the buffers, in the visit's order
+  order = np.lexsort((np.array(ev_s, np.int64), np.array(ev_t, np.int64))).tolist()
+  bufs: dict = {}  # event node -> its buffer
+  for e in order:
+    j = ev_n[e]
+    if ev_k[e] == _COPY:
+      s = nodes._sp[nodes._start[j]]
+      rs = int(bref[s])
+      src = nodes[s]
+      bufs[j] = pl._copy_view((bufs[rs] if rs >= 0 else pl.bufs[-2 - rs], views[int(vc[s])]), src, j)
+    elif const[j]: bufs[j] = pl._const(nodes[j])
+    else:
+      m = nodes[j]
+      pl._materialize(m)
+      bufs[j] = m.buf
+  inb, brl, vcl = pl.bufs, bref.tolist(), vc.tolist()  # (an input's buffer: pl.bufs[its id])
+
+  def view_of(i: int):
+    r = brl[i]
+    if r == -1: return None
+    return (bufs[r] if r >= 0 else inb[-2 - r], views[vcl[i]])
+  nodes.view_of = view_of
+  ids = np.full(n + 2, -1, np.int64)  # (per event node its buffer's id; -1 at the end for the nodes without a view)
+  if bufs: ids[np.fromiter(bufs, np.int64, len(bufs))] = [b.id for b in bufs.values()]
+  nodes.vcols = (np.where(bref >= 0, ids[np.maximum(bref, -1)], -2 - bref), vc, views, inb)
+  made = nodes._made
+  for i in nodes.made_idx:
+    m = made[i]
+    if m.view is None: m.view = view_of(i)
+  return bref != -1

@@ -1,0 +1,136 @@
+"""planner's visit swept over a large plain graph's columns (engine/sweep.py) against the node by node visit
+(Planner._visit): every node's view (buffer and View), every buffer and kernel in the same order, on the golden
+graphs and on graphs made to reach the sweep's rarer cases (a PAD or EXPAND storing its source, a RESHAPE copying a
+view, outputs that are views); and bad graphs refused with the per-node visit's errors."""
+from __future__ import annotations
+import numpy as np
+import pytest
+import pygrad
+from pygrad import UOp, dtypes
+
+program = pytest.importorskip("pygrad.engine.program", reason="the compiled interpreter is not built",
+                              exc_type=ImportError)
+from test_vm_plan_golden import GRAPHS, GOLDEN, digest  # noqa: E402
+
+F32 = dtypes.float32
+
+
+def _small_thresholds(m):
+  """Every graph a LazyNodes one, swept and walked in C, however small."""
+  from pygrad.engine import flatten, planner
+  m.setattr(flatten, "_LAZY_MIN", 0)
+  for k in ("_GRAPH_MIN_NODES", "_WALK_MIN_NODES", "_WALK_PER_JOB"): m.setattr(planner, k, 0)
+
+
+def _kernel(k):
+  """A planned kernel as plain values: index space, reduction, stores, and every KNode (op, dtype, operands by
+  position, load's buffer and view)."""
+  from pygrad.engine.records import Loop
+  if not isinstance(k, Loop): return repr(type(k))
+  pos = {id(x): i for i, x in enumerate(k.knodes)}
+  kn = [(x.op.name, x.dtype.name, tuple(pos[id(s)] for s in x.src), x.buf.id if x.buf is not None else None,
+         x.view.key() if x.view is not None else None, x.opcode) for x in k.knodes]
+  return (k.shape, k.redop, k.redaxes, kn, [(pos[id(s.src)], s.buf.id, s.view.key()) for s in k.stores])
+
+
+def _plan(outs, ins, swept: bool, m):
+  """(the sweep's result or None, buffers, kernels, per node its view and whether stored) of one plan."""
+  from pygrad.engine import planner
+  from pygrad.engine.flatten import flatten
+  ran = []
+  real = planner._sweep
+
+  def spy(*a):
+    r = real(*a)
+    ran.append(r is not None)
+    return r
+  m.setattr(planner, "_sweep", spy)
+  m.setattr(planner, "_SWEEP", swept)
+  nodes, shaped, cols = flatten(outs, columns=True)
+  pl = planner.Planner(nodes, shaped, ins, cols)
+  bufs = [(b.id, b.kind, b.stype.name, b.shape, b.dtype.name, b.index) for b in pl.bufs]
+  kernels = [_kernel(k) for k in pl.kernels]
+  views = [(n.view[0].id, n.view[1].key()) if n.view is not None else None for n in map(nodes.__getitem__,
+                                                                                         range(len(nodes)))]
+  mat = [nodes[i].mat for i in range(len(nodes))]
+  from pygrad.engine.flatten import LazyNodes
+  if swept: assert ran == ([True] if type(nodes) is LazyNodes else [])  # (a plain graph: swept)
+  return (ran[0] if ran else None), bufs, kernels, views, mat
+
+
+def _same_plan(outs, ins, monkeypatch) -> bool:
+  """Asserts the swept plan is the node by node one; returns whether the sweep took the graph."""
+  with monkeypatch.context() as m:
+    _small_thresholds(m)
+    ran, *swept = _plan(outs, ins, True, m)
+    assert _plan(outs, ins, False, m)[0] is None  # (the per-node visit, the reference)
+  with monkeypatch.context() as m:
+    _small_thresholds(m)
+    ref = _plan(outs, ins, False, m)[1:]
+  assert swept[0] == ref[0]  # buffers
+  assert swept[1] == ref[1]  # kernels, in order
+  assert swept[2] == ref[2]  # every node's view
+  assert swept[3] == ref[3]
+  return bool(ran)
+
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_swept_plan_is_the_node_by_node_one(name, monkeypatch):
+  outs, ins = GRAPHS[name]()
+  try:
+    ran = _same_plan(outs, ins, monkeypatch)
+  except (ValueError, TypeError):
+    return  # (a graph compile refuses: see the errors below)
+  if name.startswith(("w1", "grad", "forward")): assert ran, "the sweep left a plain graph to _visit"
+
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_swept_program_is_the_recorded_one(name, monkeypatch):
+  _small_thresholds(monkeypatch)
+  assert digest(name) == GOLDEN[name]
+
+
+def _movements():
+  """A PAD and an EXPAND of expressions (their source stored when they are met, after a RESHAPE of the same source
+  read it as an expression), an EXPAND of a one-element expression (not stored), a RESHAPE a permuted view cannot
+  express (a copy), chains of movements over inputs and constants, and outputs that are views."""
+  a, b = UOp.placeholder((4, 6), F32, "a"), UOp.placeholder((6,), F32, "b")
+  e = (a * 2.0).sin()
+  r = e.reshape((6, 4))  # (read before the PAD stores e: an expression)
+  p = e.pad(((1, 1), (0, 2)))
+  one = (b.sum() + 1.0).reshape((1, 1))
+  x = one.expand((4, 6)) * a
+  ex = (b + 1.0).reshape((1, 6)).expand((4, 6)) * e
+  cp = a.permute((1, 0)).reshape((4, 6)).exp2()
+  ch = b.reshape((1, 6)).expand((3, 6)).permute((1, 0)).flip((0,)).shrink(((1, 5), (0, 3)))
+  f = (b.sum().reshape((1,)) * 2.0).exp2()  # (one element: read twice, by a RESHAPE first, and stored by the PAD)
+  fr = f.reshape((1, 1)) + 1.0
+  # (the PAD's output first: the RESHAPE of f then comes before the PAD in node order)
+  outs = [f.pad(((1, 1),)) * 2.0, fr, r.sum(1), p * 3.0, x, ex, cp, ch, ch + 1.0, a.reshape((24,)),
+          e.reshape((2, 12)), (r + 1.0).reshape((24,))]
+  return outs, [a, b]
+
+
+def test_swept_movements_are_the_node_by_node_ones(monkeypatch):
+  outs, ins = _movements()
+  assert _same_plan(outs, ins, monkeypatch)
+  with monkeypatch.context() as m:
+    _small_thresholds(m)
+    vals = pygrad.evaluate(outs, {ins[0]: np.arange(24, dtype=np.float32).reshape(4, 6) / 7,
+                                  ins[1]: np.arange(6, dtype=np.float32) / 5}, engine="c")
+  ref = pygrad.evaluate(outs, {ins[0]: np.arange(24, dtype=np.float32).reshape(4, 6) / 7,
+                               ins[1]: np.arange(6, dtype=np.float32) / 5}, engine="numpy")
+  for v, r in zip(vals, ref): np.testing.assert_allclose(v, r, rtol=1e-5, atol=1e-6)
+
+
+def test_swept_graph_with_a_missing_input_is_refused_naming_it(monkeypatch):
+  _small_thresholds(monkeypatch)
+  x, y = UOp.placeholder((4,), F32, "x"), UOp.placeholder((4,), F32, "y")
+  with pytest.raises(ValueError, match="missing input.*'y'"): pygrad.compile((x * 2.0 + y).sin(), [x])
+
+
+def test_swept_graph_past_the_vm_bound_is_refused_naming_the_value(monkeypatch):
+  _small_thresholds(monkeypatch)
+  x = UOp.placeholder((4,), F32, "x")
+  big = (x * 2.0).reshape(4, 1, 1).expand(4, 2 ** 24, 2 ** 24)
+  with pytest.raises(ValueError, match=r"EXPAND float32\[4, 16777216, 16777216\]"): pygrad.compile(big.sum(), [x])
