@@ -200,3 +200,25 @@ def test_the_c_job_loop_refuses_arrays_it_is_not_bound_to():
   assert lib.pg_kbatch_run(kk, kwm, 3, i32, i64, i32, 0, u8, i32, i32, ent, src, 8, i64, i64, 0, 1,
                            ffi.new("int32_t[]", [-1]), u8, i32, i64, i32, 4, u8, 0, i32, i32, i32, 128,
                            ids_len) == 0  # (a job for Python: none done)
+
+
+@pytest.mark.parametrize("name", ["w1-grad-4", "w1-grad-150"])
+def test_a_contractions_dims_are_read_from_its_template(name, monkeypatch):
+  """kwords.gemm_dims (the step passes' first test, before a step's words are made): a contraction's batch dims and
+  output sizes, from its words or from its cached template's, the same as gemm_words reads from its words."""
+  from pygrad.engine import kwords
+  from pygrad.engine.lower import VK_GEMM
+  seen = []
+  orig = program.relayout
+
+  def grab(steps):
+    seen.extend(steps)
+    return orig(steps)
+  with monkeypatch.context() as m:
+    m.setattr(program, "relayout", grab)
+    _compile(name, True, monkeypatch)
+  gemms = [s for s in seen if kwords.kind_of(s) == VK_GEMM]
+  assert any(type(s.words) is kcache.Words for s in gemms) and any(type(s.words) is list for s in gemms)
+  for s in gemms:
+    g = kwords.gemm_words(kwords.words_of(s))
+    assert kwords.gemm_dims(s) == (g.nbatch, g.n, g.m)

@@ -9,7 +9,7 @@ A pass over the lowered steps (the loops' words, made two-dimensional over the c
 when that is how its output lies); csrc/vm_epilogue.c checks the same conditions when the program is prepared."""
 from __future__ import annotations
 from .lower import Part, VK_LOOP, VK_GEMM
-from .kwords import kind_of, words_of, loop_words, gemm_words
+from .kwords import kind_of, words_of, loop_words, gemm_words, gemm_dims
 from ..ids import value
 
 VK_EPILOGUE = value("vm_kinds", "EPILOGUE")
@@ -83,6 +83,8 @@ def fuse_epilogues(steps: list) -> int:
   fused = 0
   for gi, s in enumerate(steps):
     if kind_of(s) != VK_GEMM: continue
+    nb, n, m = gemm_dims(s)
+    if nb != 0 or n * m < MIN_OUT: continue  # (the test below, before the words are made)
     g = gemm_words(words_of(s))
     if g.nbatch != 0 or g.c in (g.a, g.b) or g.n * g.m < MIN_OUT: continue
     if not _injective(g.n, g.m, g.scn, g.scm): continue

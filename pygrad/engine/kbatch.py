@@ -8,14 +8,16 @@ not seen yet, a kernel too large for the cache, a walk left to Python, a copy, a
 own way (Planner._emit_root and _walked, which also teach the cache what C lacked) and C goes on from the next one.
 The words are those the planner's own path gives (tests/test_vm_kcache.py, tests/test_vm_plan_golden.py)."""
 from __future__ import annotations
+from operator import attrgetter
 import numpy as np
 from ..ops import Ops
-from .kwalk import SMALL_KERNEL, _ALU_MOVE
+from .kwalk import SMALL_KERNEL, KW_LEAF, PU_ALU_MOVE
 from .lower import Part
 from .kcache import Words
 from .views import View
 
 _C_BATCH = True  # (tests turn it off to compare the planner's own path)
+_IDX, _BUF, _ID, _STYPE = (attrgetter(a) for a in ("idx", "buf", "id", "stype"))
 _IDS = 1 << 16  # buffer ids one call may return (it stops early when the largest kernel's would not fit)
 
 
@@ -82,40 +84,51 @@ def _parts(pl, kk, cls: list, nids: list, ids: list) -> None:
 
 def _columns(pl, kk, jobs):
   """Per job, what C needs to walk and key it (-1 as the top: a job for Python): the top node, whether the top is
-  a load, the index space's and head's ids (KKey.head's) and the store buffer's id, as _emit_root passes them."""
-  nj = len(jobs)
+  a load, the index space's and head's ids (KKey.head's) and the store buffer's id, as _emit_root passes them. Read
+  from the graph's columns (a reduction's source is not made into a PNode), a head made once per distinct one."""
+  w = pl.walk
+  g, nj = w.g, len(jobs)
   tops, leaf = np.full(nj, -1, np.int32), np.zeros(nj, np.uint8)
   space, head, sbuf = np.zeros(nj, np.int32), np.zeros(nj, np.int64), np.zeros(nj, np.int32)
-  memo: dict = {}
-  hk = kk.head
-  at, tp, lf, hd, sb = [], [], [], [], []
-  for j, (_, n, fn) in enumerate(jobs):
-    if fn is not None: continue
-    op = n.op
-    if op is Ops.REDUCE_AXIS:
-      src, b = n.src[0], n.buf
-      mk = (src.shape, n.shape, n.arg[0], tuple(n.arg[1]), n.dtype, b.stype)
-      h = memo.get(mk)
-      if h is None:
-        h = memo[mk] = hk((tuple(src.shape), n.arg[0], tuple(n.arg[1]), n.dtype), b.stype,
-                          View(src.shape, View.contiguous(n.shape).strides))
-      top, isleaf = src.idx, src.view is not None
-    elif op is Ops.MULTI: continue
-    else:
-      b = n.buf
-      mk = (n.shape, b.stype)
-      h = memo.get(mk)
-      if h is None: h = memo[mk] = hk((tuple(n.shape), None, (), None), b.stype, View.contiguous(n.shape))
-      top, isleaf = n.idx, op not in _ALU_MOVE
-    at.append(j)
-    tp.append(top)
-    lf.append(isleaf)
-    hd.append(h)
-    sb.append(b.id)
-  if at:
-    tops[at], leaf[at], sbuf[at] = tp, lf, sb
-    hs = np.array(hd, np.int64).reshape(-1, 2)
-    head[at], space[at] = hs[:, 0], hs[:, 1]
+  at = [j for j, (_, n, fn) in enumerate(jobs) if fn is None]
+  if not at: return tops, leaf, space, head, sbuf
+  ns = [jobs[j][1] for j in at]
+  idx = np.fromiter(map(_IDX, ns), np.int64, len(ns))
+  bufs = list(map(_BUF, ns))
+  st = np.fromiter(map(_ID, map(_STYPE, bufs)), np.int64, len(ns))
+  op = g.op_ids[idx]
+  sid, shapes = w.sid, w.sid_shapes
+  store = (op != int(Ops.REDUCE_AXIS)) & (op != int(Ops.MULTI))
+  h = np.zeros((len(ns), 2), np.int64)
+  k = np.flatnonzero(store)
+  if len(k):  # (index space, no reduction) per distinct (shape, storage type)
+    u, first, inv = np.unique(sid[idx[k]].astype(np.int64) * 256 + st[k], return_index=True, return_inverse=True)
+    hu = [kk.head((shapes[int(x) >> 8], None, (), None), bufs[int(k[f])].stype, View.contiguous(shapes[int(x) >> 8]))
+          for x, f in zip(u.tolist(), first.tolist())]
+    h[k] = np.array(hu, np.int64).reshape(-1, 2)[inv.ravel()]
+    tops[np.array(at)[k]] = idx[k]
+    leaf[np.array(at)[k]] = (g.ops[idx[k]] & PU_ALU_MOVE) == 0
+  r = np.flatnonzero(op == int(Ops.REDUCE_AXIS))
+  if len(r):  # reductions: few, one by one (the source from the columns)
+    src = g.src[g.off[idx[r]]]
+    memo: dict = {}
+    hr = []
+    for q, s in zip(r.tolist(), src.tolist()):
+      n = ns[q]
+      mk = (int(sid[s]), n.shape, n.arg[0], tuple(n.arg[1]), n.dtype, bufs[q].stype)
+      x = memo.get(mk)
+      if x is None:
+        ssh = shapes[mk[0]]
+        x = memo[mk] = kk.head((tuple(ssh), n.arg[0], tuple(n.arg[1]), n.dtype), bufs[q].stype,
+                               View(ssh, View.contiguous(n.shape).strides))
+      hr.append(x)
+    h[r] = np.array(hr, np.int64).reshape(-1, 2)
+    tops[np.array(at)[r]] = src
+    leaf[np.array(at)[r]] = (w.flags[src] & KW_LEAF) != 0
+  ja = np.array(at)[store | (op == int(Ops.REDUCE_AXIS))]
+  sel = store | (op == int(Ops.REDUCE_AXIS))
+  head[ja], space[ja] = h[sel, 0], h[sel, 1]
+  sbuf[ja] = np.fromiter(map(_ID, bufs), np.int64, len(bufs))[sel]
   return tops, leaf, space, head, sbuf
 
 

@@ -86,4 +86,13 @@ def gemm_words(w: list[int]) -> GemmWords:
   return GemmWords(*w[2:18])
 
 
-__all__ = ["kind_of", "words_of", "LoopView", "LoopWords", "loop_words", "GemmWords", "gemm_words", "GEMM_SCN"]
+def gemm_dims(step) -> tuple[int, int, int]:
+  """(batch dims, n, m) of a VK_GEMM step, read without making its words (a cached kernel's are its template's: no
+  buffer id among them): the step passes skip the many small contractions of a layered gradient on these alone."""
+  w = step.words
+  if type(w) is not list: w = w.tmpl.words
+  return w[17], w[8], w[9]
+
+
+__all__ = ["kind_of", "words_of", "gemm_dims", "LoopView", "LoopWords", "loop_words", "GemmWords", "gemm_words",
+           "GEMM_SCN"]

@@ -7,7 +7,7 @@ unchanged: only where it lives. A pass over the lowered steps (their words), so 
 its kernels were lowered (one by one, or cached from the planner's C walk)."""
 from __future__ import annotations
 from .lower import Part, VK_LOOP, VK_GEMM
-from .kwords import kind_of, words_of, loop_words, gemm_words, GEMM_SCN
+from .kwords import kind_of, words_of, loop_words, gemm_words, gemm_dims, GEMM_SCN
 from . import epilogue
 
 
@@ -53,6 +53,8 @@ def relayout(steps: list) -> int:
   cands = {}  # C's buffer id -> (the contraction's step, its words, R, S)
   for gi, s in enumerate(steps):
     if kind_of(s) != VK_GEMM: continue
+    nb, n, m = gemm_dims(s)
+    if nb != 0 or n * m < epilogue.MIN_OUT: continue  # (the test below, before the words are made)
     w = words_of(s)
     g = gemm_words(w)
     b = next((b for b in s.bufs if b.id == g.c), None)
