@@ -8,6 +8,7 @@ not seen yet, a kernel too large for the cache, a walk left to Python, a copy, a
 own way (Planner._emit_root and _walked, which also teach the cache what C lacked) and C goes on from the next one.
 The words are those the planner's own path gives (tests/test_vm_kcache.py, tests/test_vm_plan_golden.py)."""
 from __future__ import annotations
+from functools import partial
 from operator import attrgetter
 import numpy as np
 from ..ops import Ops
@@ -17,7 +18,8 @@ from .kcache import Words
 from .views import View
 
 _C_BATCH = True  # (tests turn it off to compare the planner's own path)
-_IDX, _BUF, _ID, _STYPE = (attrgetter(a) for a in ("idx", "buf", "id", "stype"))
+_IDX, _BUF, _ID, _STYPE, _FUSED, _ARG = (attrgetter(a) for a in ("idx", "buf", "id", "stype", "fused", "arg"))
+_WORDS, _PART = partial(tuple.__new__, Words), partial(tuple.__new__, Part)  # (NamedTuples made from a tuple)
 _IDS = 1 << 16  # buffer ids one call may return (it stops early when the largest kernel's would not fit)
 
 
@@ -64,22 +66,37 @@ def run_jobs(pl, c_key: bool) -> None:
     if r < 0:
       if r == lib.PG_ERR_NOMEM: raise MemoryError("pygrad planner: no memory for a kernel's walk or key")
       raise RuntimeError(f"pygrad planner: the kernels' walks and keys failed at job {i} ({r})")
-    if r > i: _parts(pl, kk, cls[i:r].tolist(), nids[i:r].tolist(), ids[:ids_len[0]].tolist())
+    if r > i: _parts(pl, kk, cls[i:r], nids[i:r], ids[:ids_len[0]].tolist())
     if r < nj and _IDS - ids_len[0] >= room: seen = r  # (stopped at a job C cannot do, not for room)
     i = r
 
 
-def _parts(pl, kk, cls: list, nids: list, ids: list) -> None:
-  """The Parts of kernels done in C, appended to the plan's kernels: each its class's words with its buffer ids (as
-  KernelCache.walked_c makes them on a hit)."""
-  tmpl, bl, kern, p = kk.tmpl, pl.bufs, pl.kernels, 0
-  for c, k in zip(cls, nids):
-    t = tmpl[c]
-    q = ids[p:p + k]
-    p += k
-    kern.append(Part(Words(t, q if t.inorder and k == len(t.js) else [q[x] for x in t.js]), t.fused,
-                     list(map(bl.__getitem__, q))))
-  pl.cache.hits += len(cls)
+def _parts(pl, kk, cls: np.ndarray, nids: np.ndarray, ids: list) -> None:
+  """The Parts of kernels done in C (per kernel its class, its buffer count, its buffer ids in ids, in order),
+  appended to the plan's kernels: each its class's words with its buffer ids (as KernelCache.walked_c makes them on
+  a hit), made through map, at C speed but for the kernels whose template lists its buffers out of order."""
+  tmpl, bl = kk.tmpl, pl.bufs
+  cl = cls.tolist()
+  ts = list(map(tmpl.__getitem__, cl))
+  ends = np.cumsum(nids)
+  cuts = list(map(slice, (ends - nids).tolist(), ends.tolist()))
+  qs = list(map(ids.__getitem__, cuts))
+  bs = list(map(list(map(bl.__getitem__, ids)).__getitem__, cuts))
+  direct = kk.direct if kk.ndirect == len(tmpl) else _direct(kk)  # (per class: see _direct)
+  for i in np.flatnonzero(direct[cls] != nids).tolist():  # (stand-ins in another order, or a buffer twice)
+    qs[i] = list(map(qs[i].__getitem__, ts[i].js))
+  pl.kernels += map(_PART, zip(map(_WORDS, zip(ts, qs)), map(_FUSED, ts), bs))
+  pl.cache.hits += len(cl)
+
+
+def _direct(kk) -> np.ndarray:
+  """Per class with words: its buffer count when the template's stand-ins are its buffers once each in order (a
+  kernel's ids are then its words' ids), else -1; -1 for a class without."""
+  d = np.full(max(kk.tmpl, default=-1) + 1, -1, np.int64)
+  for c, t in kk.tmpl.items():
+    if t is not None and t.inorder: d[c] = len(t.js)
+  kk.direct, kk.ndirect = d, len(kk.tmpl)
+  return d
 
 
 def _columns(pl, kk, jobs):
@@ -91,8 +108,9 @@ def _columns(pl, kk, jobs):
   tops, leaf = np.full(nj, -1, np.int32), np.zeros(nj, np.uint8)
   space, head, sbuf = np.zeros(nj, np.int32), np.zeros(nj, np.int64), np.zeros(nj, np.int32)
   at = [j for j, (_, n, fn) in enumerate(jobs) if fn is None]
-  if not at: return tops, leaf, space, head, sbuf
+  if not at: return tops, leaf, space, head, sbuf  # (a list here)
   ns = [jobs[j][1] for j in at]
+  at = np.array(at, np.int64)
   idx = np.fromiter(map(_IDX, ns), np.int64, len(ns))
   bufs = list(map(_BUF, ns))
   st = np.fromiter(map(_ID, map(_STYPE, bufs)), np.int64, len(ns))
@@ -106,26 +124,24 @@ def _columns(pl, kk, jobs):
     hu = [kk.head((shapes[int(x) >> 8], None, (), None), bufs[int(k[f])].stype, View.contiguous(shapes[int(x) >> 8]))
           for x, f in zip(u.tolist(), first.tolist())]
     h[k] = np.array(hu, np.int64).reshape(-1, 2)[inv.ravel()]
-    tops[np.array(at)[k]] = idx[k]
-    leaf[np.array(at)[k]] = (g.ops[idx[k]] & PU_ALU_MOVE) == 0
+    tops[at[k]] = idx[k]
+    leaf[at[k]] = (g.ops[idx[k]] & PU_ALU_MOVE) == 0
   r = np.flatnonzero(op == int(Ops.REDUCE_AXIS))
-  if len(r):  # reductions: few, one by one (the source from the columns)
+  if len(r):  # reductions: a head per distinct (source's shape, shape, dtype, storage type, reduce arg)
     src = g.src[g.off[idx[r]]]
-    memo: dict = {}
-    hr = []
-    for q, s in zip(r.tolist(), src.tolist()):
-      n = ns[q]
-      mk = (int(sid[s]), n.shape, n.arg[0], tuple(n.arg[1]), n.dtype, bufs[q].stype)
-      x = memo.get(mk)
-      if x is None:
-        ssh = shapes[mk[0]]
-        x = memo[mk] = kk.head((tuple(ssh), n.arg[0], tuple(n.arg[1]), n.dtype), bufs[q].stype,
-                               View(ssh, View.contiguous(n.shape).strides))
-      hr.append(x)
-    h[r] = np.array(hr, np.int64).reshape(-1, 2)
-    tops[np.array(at)[r]] = src
-    leaf[np.array(at)[r]] = (w.flags[src] & KW_LEAF) != 0
-  ja = np.array(at)[store | (op == int(Ops.REDUCE_AXIS))]
+    nr = list(map(ns.__getitem__, r.tolist()))
+    keys = list(zip(sid[src].tolist(), sid[idx[r]].tolist(), g.dt_ids[idx[r]].tolist(), st[r].tolist(),
+                    map(id, map(_ARG, nr))))  # (each node holds its arg: ids not reused)
+    some = dict(zip(keys, range(len(keys))))  # (a reduction of each key: equal keys, one head)
+    heads = {}
+    for key, f in some.items():
+      n, ssh = nr[f], shapes[key[0]]
+      heads[key] = kk.head((tuple(ssh), n.arg[0], tuple(n.arg[1]), n.dtype), bufs[int(r[f])].stype,
+                           View(ssh, View.contiguous(n.shape).strides))
+    h[r] = np.array(list(map(heads.__getitem__, keys)), np.int64).reshape(-1, 2)
+    tops[at[r]] = src
+    leaf[at[r]] = (w.flags[src] & KW_LEAF) != 0
+  ja = at[store | (op == int(Ops.REDUCE_AXIS))]
   sel = store | (op == int(Ops.REDUCE_AXIS))
   head[ja], space[ja] = h[sel, 0], h[sel, 1]
   sbuf[ja] = np.fromiter(map(_ID, bufs), np.int64, len(bufs))[sel]

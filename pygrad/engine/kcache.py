@@ -10,6 +10,8 @@ kernel straight from the planner's C walk (its entries), so that a kernel the ca
 KNodes, a Loop and a Store at all (at ~6 nodes per kernel those objects were most of a compile's time)."""
 from __future__ import annotations
 from itertools import compress
+from operator import itemgetter
+from typing import NamedTuple
 import numpy as np
 from ..ops import Ops
 from ..dtype import BY_ID
@@ -29,6 +31,7 @@ _MISS = object()
 # lowered again every time (10-12% of that compile's CPU time)
 CACHE_MAX_NODES = 64
 _CONST, _BUFFER = Ops.CONST, Ops.BUFFER
+_TMPL = itemgetter(0)  # (a Words' template)
 
 
 class KernelCache:
@@ -88,8 +91,7 @@ class KernelCache:
     """The plan's C key state (engine/kkey.py), made at its first use with every leaf's node registered."""
     kk = pl.kkey
     if kk is None:
-      if pl.sigs is None: pl.sigs = _sigs(pl.walk.g)
-      kk = pl.kkey = self.kkey = KKey(pl.walk, pl.sigs)
+      kk = pl.kkey = self.kkey = KKey(pl.walk, pl.sigs if pl.sigs is not None else _sig_array(pl.walk.g))
       kk.nodes(pl.flat, np.flatnonzero(pl.walk.flags & KW_LEAF).tolist())
     return kk
 
@@ -139,13 +141,12 @@ class Template:
     self.arr, self.pos = np.array(words, np.int64), np.array(self.at, np.int64)
 
 
-class Words:
+class Words(NamedTuple):
   """One kernel's words as a cached template and the kernel's buffer ids at the stand-ins' positions: written when
-  the program is assembled (assemble), so a kernel given cached words copies none. `kind`: the VM kernel kind."""
-  __slots__ = ("tmpl", "ids")
-
-  def __init__(self, tmpl: Template, ids: list[int]):
-    self.tmpl, self.ids = tmpl, ids
+  the program is assembled (assemble), so a kernel given cached words copies none. `kind`: the VM kernel kind. (A
+  tuple: engine/kbatch.py makes a plan's many at C speed, tuple.__new__ through map.)"""
+  tmpl: Template
+  ids: list
 
   @property
   def kind(self) -> int: return self.tmpl.words[0]
@@ -277,6 +278,11 @@ def _knodes(pl, ent: list, srcs: list, lspecs: list, codes: list) -> list[KNode]
 
 
 def _sigs(g) -> list[int]:
+  """_sig_array's signatures as a list (walked_key reads them one by one)."""
+  return _sig_array(g).tolist()
+
+
+def _sig_array(g) -> np.ndarray:
   """Per node of the plan's graph (planner._Graph's columns) its ALU signature as one int: op, dtype, first
   operand's dtype, operand count and opcode (a quotient's), 8 bits each."""
   assert max(int(o) for o in Ops) < 256 and len(BY_ID) < 256
@@ -285,8 +291,7 @@ def _sigs(g) -> list[int]:
   names = {o: k + 1 for k, o in enumerate(sorted(set(g.special.values())))}
   opc = np.zeros(g.n, np.int64)
   if g.special: opc[list(g.special)] = [names[o] for o in g.special.values()]
-  return (g.op_ids | (g.dt_ids << 8) | (sdt << 16) | (np.minimum(g.nsrc, 255).astype(np.int64) << 24) |
-          (opc << 32)).tolist()
+  return g.op_ids | (g.dt_ids << 8) | (sdt << 16) | (np.minimum(g.nsrc, 255).astype(np.int64) << 24) | (opc << 32)
 
 
 def _leaf(pl, n, c: int, cells, top, kshape, lmemo: dict, mk) -> tuple:

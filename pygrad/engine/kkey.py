@@ -44,6 +44,7 @@ class KKey:
     self.heads: dict = {}  # (head, store's storage type, store's view key) -> (head id, index space id)
     self.spaces: dict = {}  # index space -> its id
     self.tmpl: dict = {}  # class -> its Template, or None (the VM cannot take it)
+    self.direct, self.ndirect = [], 0  # (engine/kbatch.py's: per class, its kernels' ids are its words' ids)
     self.vcache: dict = {}  # id(view) -> (view, {(dtype, buffer's storage type): class}) (non-constant buffers)
 
   def nodes(self, flat, at: list[int]) -> None:
