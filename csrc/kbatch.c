@@ -38,8 +38,10 @@ int64_t pg_kbatch_run(pg_kkey *kk, pg_kwm *kwm, int64_t n, const int32_t *nsrc, 
     if (jtop[j] < 0) break;
     if (jtop[j] >= n) return PG_ERR_ARG;
     if (ids_cap - len < kk->out_cap + 1) break;  /* (room for any kernel's buffers: at most its loads and store) */
+    /* (room for max_m entries only: a larger kernel stops the walk at once, and Python walks it in full) */
     m = pg_kernel_walk_moves(kwm, n, nsrc, off, src, src_len, flags, mvclass, shape, jtop[j], jleaf[j] != 0, out,
-                             kk->ent_cap, out_src, kk->src_cap, max_cells, keys, winfo);
+                             max_m < kk->ent_cap ? max_m : kk->ent_cap, out_src, kk->src_cap, max_cells, keys,
+                             winfo);
     if (m == PG_KW_MOVES || m == PG_KW_FULL || m > max_m) break;
     if (m < 0) return m;
     c = pg_kkey_make(kk, m, winfo[0], 0, jspace[j], jhead[j], jsbuf[j]);

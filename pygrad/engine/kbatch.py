@@ -20,6 +20,7 @@ from .views import View
 _C_BATCH = True  # (tests turn it off to compare the planner's own path)
 _IDX, _BUF, _ID, _STYPE, _FUSED, _ARG = (attrgetter(a) for a in ("idx", "buf", "id", "stype", "fused", "arg"))
 _WORDS, _PART = partial(tuple.__new__, Words), partial(tuple.__new__, Part)  # (NamedTuples made from a tuple)
+_MIN_JOBS = 16  # fewer storing jobs: the planner's own path (it makes the key state only once a kernel is small)
 _IDS = 1 << 16  # buffer ids one call may return (it stops early when the largest kernel's would not fit)
 
 
@@ -28,7 +29,7 @@ def run_jobs(pl, c_key: bool) -> None:
   storing ones in C when the plan keys its small kernels in C (c_key: the walk goes through movement ops)."""
   jobs, cache = pl.jobs, pl.cache
   if not (_C_BATCH and c_key and cache is not None and pl.walk is not None and pl.walk.moves and
-          min(SMALL_KERNEL, cache.max_nodes) > 0):
+          min(SMALL_KERNEL, cache.max_nodes) > 0 and sum(1 for j in jobs if j[2] is None) >= _MIN_JOBS):
     for _, n, fn in jobs:
       if fn is None: pl._emit_root(n)
       else: fn()
