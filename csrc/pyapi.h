@@ -88,6 +88,8 @@ PyObject *pg_tmpl_calls(PyObject *storecap);
 extern PyMethodDef pg_py_foreign_rows_def;
 /* pywalk.c: foreign_walk(cfg, root), the tinygrad -> pygrad conversion's walk */
 extern PyMethodDef pg_py_foreign_walk_def;
+/* pyrows.c: rows_columns(rows, md), a node table of Python rows as columns */
+extern PyMethodDef pg_py_rows_columns_def;
 /* pyargs.c: args_decode(cfg, table, nargs), the arg table of pygrad's format decoded and interned */
 extern PyMethodDef pg_py_args_decode_def;
 

@@ -20,6 +20,7 @@ _PLAIN = frozenset(_ALU_I) | frozenset(_SAME_I) | {TOps.REDUCE, TOps.CAST, TOps.
 _WEAK_SET = frozenset(_WEAK)
 _LEAF = frozenset({TOps.BUFFER, TOps.PARAM, TOps.CONST})  # no value sources (as _value_srcs says)
 _FWALK = [CORE.foreign_walk]  # the C core's walk (csrc/pywalk.c); None: the pure-Python core (tests swap it)
+_COLS = [CORE.rows_columns]  # the C core's columns of the table (csrc/pyrows.c); None: the pure-Python core
 
 
 def _md_in(md: tuple) -> tuple:
@@ -53,6 +54,40 @@ def _refs(vals, objs: list, seen: dict) -> np.ndarray:
       k = seen[id(v)] = len(objs)
     ref[i] = k
   return ref
+
+
+def _columns_py(rows: list, md: dict) -> tuple:
+  """The node table's columns: (op, dtype, start, src, argref, tagref, pdref or None if md is empty, objs), the
+  object columns as references into objs (_refs: args, then tags, then md's metadata, row -> object). The C core's
+  rows_columns (csrc/pyrows.c) makes the same in one pass."""
+  n = len(rows)
+  ops, dts, srcs, args, tags = zip(*rows)
+  start = np.zeros(n + 1, np.int64)
+  np.cumsum(np.fromiter(map(len, srcs), np.int64, n), out=start[1:])
+  flat = np.fromiter(itertools.chain.from_iterable(srcs), np.int64, int(start[-1])).astype(np.int32)
+  objs: list = []
+  seen: dict = {}
+  argref, tagref = _refs(args, objs, seen), _refs(tags, objs, seen)
+  pdref = None
+  if md:
+    pdref = np.zeros(n, np.int32)
+    for r, m in md.items():
+      k = seen.get(id(m))
+      if k is None:
+        objs.append(m)
+        k = seen[id(m)] = len(objs)
+      pdref[r] = k
+  return np.array(ops, np.int32), np.array(dts, np.int32), start, flat, argref, tagref, pdref, objs
+
+
+def _columns(rows: list, md: dict) -> tuple:
+  """_columns_py's result, made by the C core where it has rows_columns (_COLS[0]; None: the Python form)."""
+  f = _COLS[0]
+  if f is None: return _columns_py(rows, md)
+  op, dt, start, src, argref, tagref, pdref, objs = f(rows, md)
+  a32 = lambda b: np.frombuffer(b, np.int32)  # noqa: E731  (bytearrays: writable arrays over them, no copy)
+  return a32(op), a32(dt), np.frombuffer(start, np.int64), a32(src), a32(argref), a32(tagref), \
+    None if pdref is None else a32(pdref), objs
 
 
 class _Fwd:
@@ -112,30 +147,15 @@ class _In:
       new = np.empty(n, np.int64)
       new[order] = np.arange(n)
       rows = [rows[r] for r in order]
-    ops, dts, srcs, args, tags = zip(*rows)
-    start = np.zeros(n + 1, np.int64)
-    np.cumsum(np.fromiter(map(len, srcs), np.int64, n), out=start[1:])
-    flat = np.fromiter(itertools.chain.from_iterable(srcs), np.int64, int(start[-1]))
-    if new is not None: flat = new[flat]
-    objs: list = []
-    seen: dict = {}
-    argref, tagref = _refs(args, objs, seen), _refs(tags, objs, seen)
-    pdref = None
-    if self.md:
-      pdref = np.zeros(n, np.int32)
-      for r, m in self.md.items():
-        k = seen.get(id(m))
-        if k is None:
-          objs.append(m)
-          k = seen[id(m)] = len(objs)
-        pdref[r if new is None else new[r]] = k
+    md = self.md if new is None else {int(new[r]): m for r, m in self.md.items()}
+    ops, dts, start, flat, argref, tagref, pdref, objs = _columns(rows, md)
+    if new is not None: flat = new[flat].astype(np.int32)
     used = np.zeros(n, bool)
     used[flat] = True
     want = list(want) if new is None else new[want].tolist()
     roots = want + np.flatnonzero(~used).tolist()  # every row is one of these or reached from one
     gids = np.array([self.given[r]._id for r in given], np.int32)
-    hs, rest = _build(np.array(ops, np.int32), np.array(dts, np.int32), start, flat.astype(np.int32), argref, tagref,
-                      pdref, objs, roots, gids)
+    hs, rest = _build(ops, dts, start, flat, argref, tagref, pdref, objs, roots, gids)
     ids = np.concatenate([gids, rest])
     self.ids, self.keep = (ids if new is None else ids[new]).tolist(), hs
     return hs[:len(want)]
