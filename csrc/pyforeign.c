@@ -8,8 +8,8 @@
    only when asked for) is asked of the caller's `lazy`, as the Python loop asks. With the node class's field
    descriptors given (its __init__ only sets them), a node is made by setting them on a bare instance, without the
    __init__ frame. Rows given a plan by the caller (a reduce made as a permute and a reduce of the node, a permute of
-   a node held reduced, any other permute) are made by it, as the Python loop makes them. Every argument is checked:
-   a wrong one raises TypeError/IndexError, never crashes. */
+   a node held reduced, any other permute, an expand) are made by it, as the Python loop makes them. Every argument
+   is checked: a wrong one raises TypeError/IndexError, never crashes. */
 #include "pyapi.h"
 #include <limits.h>
 #include <string.h>
@@ -282,6 +282,107 @@ static PyObject *maybe(const cfg_t *c, PyObject *op, PyObject *x, PyObject *arg,
   return t;
 }
 
+/* the hash-consed node (op, x's dtype, (x, s), None, None) of a movement whose shape is a source node s (a reshape
+   or an expand: a new reference; *fresh as node_of sets it), or NULL with an exception set */
+static PyObject *shaped(const cfg_t *c, PyObject *op, PyObject *x, PyObject *s, int *fresh) {
+  PyObject *d = PyObject_GetAttr(x, dtype_name), *src, *key, *t;
+  if (!d) return NULL;
+  src = PyTuple_Pack(2, x, s);
+  key = src ? PyTuple_Pack(5, op, d, src, Py_None, Py_None) : NULL;
+  Py_DECREF(d);
+  Py_XDECREF(src);
+  if (!key) return NULL;
+  t = node_of(c, key, fresh);
+  Py_DECREF(key);
+  return t;
+}
+
+/* the first row from source row j down its chain of reshapes left to be made on demand (untagged RESHAPE rows, op
+   number reshape, not made yet), as the Python loop's _reshaped skips them; -1 with an exception set. The chain
+   is followed at most once a row (a table's sources come before their users: a longer one is a bad table) */
+static long unfold(const cfg_t *c, long j, long reshape) {
+  long o, tg, a, b;
+  Py_ssize_t steps;
+  PyObject *cur;
+  for (steps = 0; steps <= c->n; steps++) {
+    if (j < 0 || j >= c->n) {
+      PyErr_SetString(PyExc_IndexError, "pygrad C core: foreign rows: a source row out of range");
+      return -1;
+    }
+    if (col_long(&c->op, j, &o) < 0 || col_long(&c->tag, j, &tg) < 0) return -1;
+    if (o != reshape || tg) return j;
+    if (!(cur = PyList_GetItem(c->out, j))) return -1;
+    if (cur != Py_None) return j;
+    if (col_long(&c->start, j, &a) < 0 || col_long(&c->start, j + 1, &b) < 0) return -1;
+    if (a < 0 || b != a + 1 || b > c->src.n) return bad("a reshape row has one source in the column");
+    if (col_long(&c->src, a, &j) < 0) return -1;
+  }
+  return bad("a reshape chain longer than the table");
+}
+
+/* row i, an untagged EXPAND, made by its plan (3, shid, reshape, kept_sid, kept, treshape, kept_arg, texpand,
+   grown_arg, tpermute, perm) as the Python loop's _expand makes it with reshapes folded: the node of the first row
+   r below its source's chain of reshapes made on demand (unfold; its held node if r is held reduced) reshaped to
+   the shape without the grown axes (kept; shape operand kept_arg) unless it has that shape already (the held
+   shape, or r's shape id in shid, a column of int32 shape ids a row, against kept_sid), expanded by the grown axes
+   put in front (grown_arg), and permuted back by perm unless it is None. Metadata as one_row sets it, on the last
+   node. 1: made, 0: left to Python, -1 with an exception set */
+static int expand_row(const cfg_t *c, Py_ssize_t i, PyObject *plan) {
+  col_t shid;
+  long a, b, j, reshape, want, sid;
+  PyObject *k, *got, *x, *t, *perm;
+  int fresh = 0, eq, r;
+  if (PyTuple_Size(plan) != 11) return bad("an expand plan must be a tuple of 11");
+  if (read_col(PyTuple_GetItem(plan, 1), 0, &shid) < 0) return -1;
+  if (shid.n != c->n) return bad("an expand plan's shape ids must be one a row");
+  reshape = PyLong_AsLong(PyTuple_GetItem(plan, 2));
+  if (reshape == -1 && PyErr_Occurred()) return -1;
+  want = PyLong_AsLong(PyTuple_GetItem(plan, 3));
+  if (want == -1 && PyErr_Occurred()) return -1;
+  if (col_long(&c->start, i, &a) < 0 || col_long(&c->start, i + 1, &b) < 0) return -1;
+  if (a < 0 || b != a + 1 || b > c->src.n) return bad("a planned row has one source in the column");
+  if (col_long(&c->src, a, &j) < 0 || (j = unfold(c, j, reshape)) < 0) return -1;
+  if (!(k = PyLong_FromLong(j))) return -1;
+  got = PyDict_GetItemWithError(c->reduced, k);
+  Py_DECREF(k);
+  if (!got && PyErr_Occurred()) return -1;
+  if (got) {
+    if (!PyTuple_Check(got) || PyTuple_Size(got) != 4) return bad("a held row must be a tuple of 4");
+    x = PyTuple_GetItem(got, 0);
+    Py_INCREF(x);
+    if ((eq = PyObject_RichCompareBool(PyTuple_GetItem(got, 1), PyTuple_GetItem(plan, 4), Py_EQ)) < 0) {
+      Py_DECREF(x);
+      return -1;
+    }
+  } else {
+    if (!(x = source(c, j))) return PyErr_Occurred() ? -1 : 0;
+    if (col_long(&shid, j, &sid) < 0) {
+      Py_DECREF(x);
+      return -1;
+    }
+    eq = sid == want;
+  }
+  if (!eq) {
+    t = shaped(c, PyTuple_GetItem(plan, 5), x, PyTuple_GetItem(plan, 6), &fresh);
+    Py_DECREF(x);
+    if (!(x = t)) return -1;
+  }
+  t = shaped(c, PyTuple_GetItem(plan, 7), x, PyTuple_GetItem(plan, 8), &fresh);
+  Py_DECREF(x);
+  if (!t) return -1;
+  if ((perm = PyTuple_GetItem(plan, 10)) != Py_None) {
+    x = unary(c, PyTuple_GetItem(plan, 9), t, perm, &fresh);
+    Py_DECREF(t);
+    if (!(t = x)) return -1;
+  }
+  if ((r = set_md(c, i, t, fresh)) < 0) {
+    Py_DECREF(t);
+    return -1;
+  }
+  if (PyList_SetItem(c->out, i, t) < 0) return -1;  /* steals t */
+  return r ? 1 : 0;
+}
+
 /* row i (one source) made by its plan, a tuple as the caller's _row_plans makes it:
    (0, op, arg): the node op(x) of the source's node x (arg not None); the source must not be held reduced.
    (1, permute, perm, reduce, rarg, kept, keep, axes): x permuted by perm (if not None) and reduced by rarg (if not
@@ -289,6 +390,7 @@ static PyObject *maybe(const cfg_t *c, PyObject *op, PyObject *x, PyObject *arg,
    user's reshape of it is made only when asked for).
    (2, permute, perm, kept, shape, gone): the source's held node permuted by perm (if not None) is held for row i
    as (node, kept, shape, gone); the source must be held.
+   (3, ...): an expand (expand_row).
    Metadata as one_row sets it, on the row's last node. 1: made, 0: left to Python, -1 with an exception set */
 static int plan_row(const cfg_t *c, Py_ssize_t i, PyObject *plan) {
   long kind, a, b, j;
@@ -298,6 +400,7 @@ static int plan_row(const cfg_t *c, Py_ssize_t i, PyObject *plan) {
   if (!PyTuple_Check(plan) || (len = PyTuple_Size(plan)) < 3) return bad("a plan must be a tuple of 3 or more");
   kind = PyLong_AsLong(PyTuple_GetItem(plan, 0));
   if (kind == -1 && PyErr_Occurred()) return -1;
+  if (kind == 3) return expand_row(c, i, plan);
   if (!(kind == 0 && len == 3 && PyTuple_GetItem(plan, 2) != Py_None) && !(kind == 1 && len == 8) &&
       !(kind == 2 && len == 6))
     return bad("a plan's kind and length do not match");

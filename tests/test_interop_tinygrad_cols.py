@@ -1,5 +1,6 @@
-"""The tinygrad interop's node table as columns (csrc/pyrows.c against tinygrad_in._columns_py) and its handling of
-Python's cyclic GC after a conversion (tinygrad_tables._no_gc)."""
+"""The tinygrad interop's node table as columns (csrc/pyrows.c against tinygrad_in._columns_py), the way out's C loop
+making expands by plan (csrc/pyforeign.c), and the handling of Python's cyclic GC after a conversion
+(tinygrad_tables._no_gc)."""
 from __future__ import annotations
 import gc
 import numpy as np
@@ -116,3 +117,47 @@ def test_gc_after_a_conversion():
   finally:
     gc.unfreeze()
     gc.enable() if was else gc.disable()
+
+
+def test_c_loop_of_the_way_out_makes_expands_by_plan():
+  """An untagged EXPAND row planned for the way out's C loop (csrc/pyforeign.c, kind 3: tinygrad_out._expand_plans)
+  is made as _expand makes it: from the first row below its chain of reshapes not made yet (its held node if held
+  reduced), reshaped unless its shape id says it has the shape already, expanded and permuted; bad plans and tables
+  are exceptions, never a crash or a hang."""
+  from tinygrad.dtype import dtypes as tdtypes
+  from tinygrad.uop.ops import UOp as TUOp, Ops as TOps, UOpMetaClass
+  import pygrad.interop.tinygrad_tables as tt
+  f = CORE.foreign_rows
+  if f is None: pytest.skip("the pure-Python core has no C loop (the Python loop is what runs)")
+  i32 = lambda xs: np.array(xs, np.int32).tobytes()  # noqa: E731
+  x = TUOp.const(2.5, tdtypes.float32)
+  karg, garg = TUOp.const(3, tdtypes.int32), TUOp.const(4, tdtypes.int32)  # stand-ins for shape operands
+  other = 7  # an op number that is no RESHAPE
+
+  def run(plan, out1=None, held=None, src=(0, 1), shid=(5, 5, 5), lazy=None):
+    out = [x, out1, None]
+    c = (out, i32([other, tt._RESHAPE, tt._EXPANDOP]), i32([0, 0, 0]), i32([0, 0, 0]),
+         np.array([0, 0, 1, 2], np.int64).tobytes(), i32(src), i32([0, 0, 0]), (), (), (), UOpMetaClass.ucache, TUOp,
+         (0, TOps.CAST, 0, TOps.BITCAST), None, None, {}, lazy, tt._tfields(), {} if held is None else held,
+         [None, None, plan(i32(shid))])
+    return f(c, [2], 0, 1), out[2]
+
+  def plan(want=5, perm=None, n=11):
+    return lambda shid: (3, shid, tt._RESHAPE, want, (3,), TOps.RESHAPE, karg, TOps.EXPAND, garg, TOps.PERMUTE,
+                         perm)[:n]
+  exp = lambda y: TUOp(TOps.EXPAND, y.dtype, (y, garg))  # noqa: E731
+  assert run(plan()) == (1, exp(x))  # row 0 has the kept shape already
+  assert run(plan(want=6)) == (1, exp(TUOp(TOps.RESHAPE, x.dtype, (x, karg))))
+  assert run(plan(perm=(1, 0))) == (1, TUOp(TOps.PERMUTE, x.dtype, (exp(x),), (1, 0)))
+  y = TUOp.const(1.5, tdtypes.float32)
+  assert run(plan(), out1=y, shid=(5, 6, 5)) == (1, exp(TUOp(TOps.RESHAPE, y.dtype, (y, karg))))  # row 1 made: used
+  assert run(plan(want=6), held={0: (y, (3,), (1, 3), (0,))}) == (1, exp(y))  # held with the kept shape
+  assert run(plan(), held={0: (y, (4,), (1, 4), (0,))}) == (1, exp(TUOp(TOps.RESHAPE, y.dtype, (y, karg))))
+  with pytest.raises(TypeError): run(plan(n=10))
+  with pytest.raises(TypeError): run(lambda s: plan()(s) + (None,))
+  with pytest.raises(TypeError): run(plan(), shid=(5, 5))  # not one shape id a row
+  with pytest.raises(TypeError): run(lambda s: (3, [5, 5, 5]) + plan()(s)[2:])  # shape ids no bytes
+  with pytest.raises(TypeError): run(lambda s: plan()(s)[:2] + ("r",) + plan()(s)[3:])
+  with pytest.raises(TypeError): run(plan(), held={0: (y,)})
+  with pytest.raises(TypeError): run(plan(), src=(0, 1, 1)[1:])  # a reshape chain that loops: no hang
+  with pytest.raises(IndexError): run(plan(), src=(9, 1))

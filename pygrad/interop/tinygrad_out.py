@@ -201,8 +201,14 @@ class _Out:
   def _expand(self, r: int, shape: tuple) -> TUOp:
     """pygrad's EXPAND of row r (size-1 axes grow in place) as tinygrad's: drop those axes, prepend them grown,
     permute back."""
-    src = self._shape(r)
-    k = (src, shape)
+    kept, grown, perm = self._eplan(self._shape(r), shape)
+    y = self._mop(self._reshaped(r, kept), TOps.EXPAND, grown)
+    return y if perm is None else self._mop(y, TOps.PERMUTE, perm)
+
+  def _eplan(self, src: tuple, shape: tuple) -> tuple:
+    """How an EXPAND of a row of shape src to shape is made (see _expand): (the shape without the grown axes, the
+    grown axes' sizes, the permute that puts them back or None)."""
+    k = (_EXPAND, src, shape)
     plan = self.plans.get(k)
     if plan is None:
       grow = [i for i, (a, b) in enumerate(zip(src, shape)) if a != b]
@@ -211,9 +217,7 @@ class _Out:
       perm = tuple(order.index(j) for j in range(len(shape)))
       plan = self.plans[k] = (tuple(src[i] for i in rest), tuple(shape[i] for i in grow),
                               None if perm == tuple(range(len(shape))) else perm)
-    kept, grown, perm = plan
-    y = self._mop(self._reshaped(r, kept), TOps.EXPAND, grown)
-    return y if perm is None else self._mop(y, TOps.PERMUTE, perm)
+    return plan
 
   def _rplan(self, src: tuple, axes: tuple) -> tuple:
     """How a REDUCE_AXIS over `axes` of a row of shape src is made (see _reduce): (number of axes reduced, the
@@ -307,7 +311,28 @@ class _Out:
     plain = t[((op[t] == _PERMUTE) & (ent[t] < 0)) | (op[t] == _FLIP)]
     for r, o, a in zip(plain.tolist(), op[plain].tolist(), arg[plain].tolist()):
       plans[r] = (0, _TPERMUTE if o == _PERMUTE else _TFLIP, _args_objs[a])
+    if self.fold: self._expand_plans(plans, t[op[t] == _EXPANDOP], ids, arg, first)
     return plans
+
+  def _expand_plans(self, plans: list, ex: np.ndarray, ids, arg, first) -> None:
+    """_row_plans for the untagged EXPAND rows ex, with reshapes folded (a gradient's): (3, the rows' shape ids,
+    RESHAPE, the shape id of the shape without the grown axes, that shape, tinygrad's RESHAPE, its shape operand,
+    EXPAND, the grown axes' shape operand, PERMUTE, the permute back or None), from _eplan once per distinct (arg,
+    source shape), so the C loop makes the nodes _expand makes (an expand that grows nothing is left to Python)."""
+    if not len(ex): return
+    metas = CORE.rows(ids, arrays=True)[0][:, 5]
+    um, inv = np.unique(metas, return_inverse=True)
+    sid: dict = {}  # shape -> its id
+    shid = np.array([sid.setdefault(_meta_vals[m][0], len(sid)) for m in um.tolist()], np.int32)[inv.reshape(-1)]
+    shid = shid.astype(np.int32).tobytes()
+    keys, inv = np.unique(np.stack([arg[ex].astype(np.int64), metas[first(ex)].astype(np.int64)], 1), axis=0,
+                          return_inverse=True)
+    made = []
+    for a, m in keys.tolist():
+      kept, grown, perm = self._eplan(_meta_vals[m][0], _args_objs[a])
+      made.append((3, shid, _RESHAPE, sid.get(kept, -1), kept, _TRESHAPE, self._shape_arg(kept), _TEXPAND,
+                   self._shape_arg(grown), _TPERMUTE, perm) if grown else None)
+    for r, k in zip(ex.tolist(), inv.reshape(-1).tolist()): plans[r] = made[k]
 
   def _reshaped(self, r: int, shape: tuple) -> TUOp:
     """Row r's tinygrad node reshaped to `shape` (a REDUCE_AXIS's reduce, not its keepdim reshape)."""
@@ -392,6 +417,7 @@ def _trop(o) -> TOps:
 
 
 _TCAST, _TBITCAST, _TPERMUTE, _TFLIP, _TREDUCE = TOps.CAST, TOps.BITCAST, TOps.PERMUTE, TOps.FLIP, TOps.REDUCE
+_TRESHAPE, _TEXPAND = TOps.RESHAPE, TOps.EXPAND
 # the C loop's tables (csrc/pyforeign.c): pygrad op -> tinygrad ALU op, dtype id -> tinygrad dtype (None: none)
 _TALU_T = tuple(_TALU_I.get(o) for o in range(max(_TALU_I) + 1))
 _TDT_T = tuple(_TDT_I.get(d) for d in range(max(_TDT_I) + 1))
