@@ -1,7 +1,8 @@
 """planner's visit swept over a large plain graph's columns (engine/sweep.py) against the node by node visit
 (Planner._visit): every node's view (buffer and View), every buffer and kernel in the same order, on the golden
 graphs and on graphs made to reach the sweep's rarer cases (a PAD or EXPAND storing its source, a RESHAPE copying a
-view, outputs that are views); and bad graphs refused with the per-node visit's errors."""
+view, outputs that are views); bad graphs refused with the per-node visit's errors; and flatten's LazyNodes, whose
+quotients are found on the columns, against the nodes made at once."""
 from __future__ import annotations
 import numpy as np
 import pytest
@@ -134,3 +135,23 @@ def test_swept_graph_past_the_vm_bound_is_refused_naming_the_value(monkeypatch):
   x = UOp.placeholder((4,), F32, "x")
   big = (x * 2.0).reshape(4, 1, 1).expand(4, 2 ** 24, 2 ** 24)
   with pytest.raises(ValueError, match=r"EXPAND float32\[4, 16777216, 16777216\]"): pygrad.compile(big.sum(), [x])
+
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_lazy_nodes_are_the_flattened_nodes(name, monkeypatch):
+  """flatten's LazyNodes (quotients found on the columns) against the nodes a small plain graph gets made at once:
+  every node's fields, operands and opcode, and the columns the planner's sweeps read."""
+  from pygrad.engine import flatten
+  from pygrad.engine.flatten import LazyNodes
+  outs, _ = GRAPHS[name]()
+  whole, _, wcols = flatten.flatten(outs, columns=True)
+  monkeypatch.setattr(flatten, "_LAZY_MIN", 0)
+  lazy, _, lcols = flatten.flatten(outs, columns=True)
+  if type(lazy) is not LazyNodes: return  # (not a plain graph: both are the general flattening's)
+  assert type(whole) is list and len(lazy) == len(whole)
+
+  def row(n): return (n.op, n.dtype, n.shape, n.arg, n.nid, n.idx, tuple(s.idx for s in n.src), n.opcode)
+  assert [row(lazy[i]) for i in range(len(lazy))] == [row(n) for n in whole]
+  assert lcols["special"] == wcols["special"]
+  for k in ("nsrc", "src", "op", "meta", "dtype"): np.testing.assert_array_equal(lcols[k], wcols[k])
+  if name.startswith("grad"): assert lcols["special"]  # (the gradients' quotients were found)

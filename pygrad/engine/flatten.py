@@ -159,17 +159,19 @@ class LazyNodes:
   columns. A node's `src` is made when first read too. `users`: every node's users count once the planner knows
   it (a node made after gets it). `made_idx`: the nodes made, in order. `all()` makes the rest a column at a time
   (a planner that reads most nodes asks for it: one by one they cost 2-3x more). Its nodes refer to it: `release()`
-  after planning breaks that cycle (Program does)."""
+  after planning breaks that cycle (Program does). `opcodes`: the nodes with an opcode of their own (flatten's
+  quotients, found on the columns: no node is made for them)."""
   __slots__ = ("_made", "_ops", "_dts", "_metas", "_args", "_nids", "_sp", "_start", "_ns", "users", "made_idx",
-               "_meta_vals", "_arg_objs", "_cols", "view_of", "vcols")
+               "_meta_vals", "_arg_objs", "_cols", "view_of", "vcols", "_opcodes")
 
   def __init__(self, ops: list, dts: list, metas: list, args: list, nids: list, sp: np.ndarray, start: np.ndarray,
-               ns: np.ndarray):
+               ns: np.ndarray, opcodes: dict | None = None):
     from ..intern import ARGS, META
     self._made: list = [None] * len(ops)
     self._ops, self._dts, self._metas, self._args, self._nids = ops, dts, metas, args, nids
     self._sp, self._start, self._ns = sp.tolist(), start.tolist(), ns.tolist()
-    self._cols = (sp, start, ns)  # (sp is the caller's: a quotient's operands rewritten there are read by all())
+    self._cols = (sp, start, ns)
+    self._opcodes = opcodes or {}  # node -> its opcode (flatten's quotients: "DIV"), else None
     # view_of: node -> its view, once planned (sweep.py); vcols: the same as columns (buffer id, view class per node,
     # the classes' Views, the plan's buffers), for kkey.nodes
     self.users, self.made_idx, self.view_of, self.vcols = None, [], None, None
@@ -186,7 +188,8 @@ class LazyNodes:
     n.op, n.dtype, n.shape, n.arg = _OPS[self._ops[i]], BY_ID[self._dts[i]], self._meta_vals[self._metas[i]][0], \
         self._arg_objs[self._args[i]]
     n.nid, n.idx, n.users = self._nids[i], i, 0 if self.users is None else self.users[i]
-    n.is_output, n.mat, n.buf, n.callbufs, n.out_slot, n.opcode, n._lz = False, False, None, None, None, None, self
+    n.is_output, n.mat, n.buf, n.callbufs, n.out_slot, n._lz = False, False, None, None, None, self
+    n.opcode = self._opcodes.get(i)
     n.view = None if self.view_of is None else self.view_of(i)
     self._made[i] = n
     self.made_idx.append(i)
@@ -211,6 +214,8 @@ class LazyNodes:
         for _ in map(setattr, new, repeat("users"), pick(self.users)): pass
       if self.view_of is not None:
         for _ in map(setattr, new, repeat("view"), map(self.view_of, miss)): pass
+      if self._opcodes:
+        for _ in map(setattr, new, repeat("opcode"), map(self._opcodes.get, miss)): pass
       for i, x in zip(miss, new): made[i] = x
       self.made_idx += miss
       sp, start, ns = self._cols
@@ -248,9 +253,24 @@ def _flatten_plain(order: np.ndarray, info: np.ndarray, flat: np.ndarray, lazy: 
   metas = META.vals
   ns = info[:, 2].astype(np.int64)
   start = np.cumsum(ns) - ns
+  mul = np.flatnonzero((ops == _MUL) & _IS_FLOAT[info[:, 1]] & (ns == 2))
   if lazy and n >= _LAZY_MIN:
+    # values.quotient_operands' rule (see _quotient) on the columns: a float MUL of a RECIPROCAL (its second operand
+    # looked at first) is the quotient of its other operand by the RECIPROCAL's operand
+    q = np.zeros(0, np.int64)
+    if len(mul):
+      s0, s1 = sp[start[mul]], sp[start[mul] + 1]
+      b = ops[s1] == _RECIP
+      a = (ops[s0] == _RECIP) | b
+      q, s0, s1, b = mul[a], s0[a], s1[a], b[a]
+      sp[start[q] + 1] = sp[start[np.where(b, s1, s0)]]
+      sp[start[q]] = np.where(b, s0, s1)
+    special = dict.fromkeys(q.tolist(), "DIV")
     nodes = LazyNodes(ops.tolist(), info[:, 1].tolist(), info[:, 5].tolist(), info[:, 3].tolist(), order.tolist(),
-                      sp, start, ns)
+                      sp, start, ns, special)
+    cols = {"nsrc": ns.astype(np.int32), "src": sp.astype(np.int32), "op": ops.astype(np.int64), "meta": info[:, 5],
+            "dtype": info[:, 1].astype(np.int64), "special": special}
+    return nodes, pos, cols
   else:
     nodes = list(map(PNode, map(_OPS.__getitem__, ops.tolist()), map(BY_ID.__getitem__, info[:, 1].tolist()),
                      [metas[m][0] for m in info[:, 5].tolist()], map(ARGS.objs.__getitem__, info[:, 3].tolist()),
@@ -262,14 +282,13 @@ def _flatten_plain(order: np.ndarray, info: np.ndarray, flat: np.ndarray, lazy: 
       cols = [map(get, sp[start[at] + j].tolist()) for j in range(k)]
       for _ in map(setattr, map(get, at.tolist()), repeat("src"), zip(*cols)): pass
   # values.quotient_operands' rule (see _quotient): a float MUL of a RECIPROCAL is a quotient
-  mul = np.flatnonzero((ops == _MUL) & _IS_FLOAT[info[:, 1]] & (ns == 2))
   if len(mul):
     a, b = ops[sp[start[mul]]] == _RECIP, ops[sp[start[mul] + 1]] == _RECIP
     for i in mul[a | b].tolist():
       m = nodes[i]
       _quotient(m, (m.src[0].nid, m.src[1].nid))
       sp[start[i]:start[i] + 2] = [m.src[0].idx, m.src[1].idx]
-  special = [i for i in mul[a | b].tolist() if nodes[i].opcode is not None] if len(mul) else []
+  special = {i: nodes[i].opcode for i in mul[a | b].tolist() if nodes[i].opcode is not None} if len(mul) else {}
   cols = {"nsrc": ns.astype(np.int32), "src": sp.astype(np.int32), "op": ops.astype(np.int64), "meta": info[:, 5],
           "dtype": info[:, 1].astype(np.int64), "special": special}
   return nodes, pos, cols

@@ -77,9 +77,9 @@ class Graph:
       self.op_ids = np.fromiter(map(_G_OP, nodes), np.int64, n)
       self.dt_ids = np.fromiter(map(_G_ID, map(_G_DTYPE, nodes)), np.int64, n)
     self.ops = OP_FLAGS[self.op_ids]
-    sp = (cols["special"] if cols is not None else
-          [i for i, o in enumerate(map(_G_OPCODE, nodes)) if o is not None])  # (flatten's quotients: few)
-    self.special = {i: nodes[i].opcode for i in sp}  # node -> its opcode name
+    # node -> its opcode name (flatten's quotients)
+    self.special = cols["special"] if cols is not None else \
+        {i: o for i, o in enumerate(map(_G_OPCODE, nodes)) if o is not None}
     self.off = np.cumsum(self.nsrc, dtype=np.int64) - self.nsrc
     from .vmlib import ffi, lib  # (the planner itself needs no compiled module)
     self.ffi, self.lib = ffi, lib

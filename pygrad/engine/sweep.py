@@ -58,8 +58,8 @@ def sweep(pl, g, nodes: LazyNodes, outs: list[int]) -> np.ndarray | None:
   # not one element and not computed where its readers are (_fused_shared)
   dec = is_out | ((g.users >= 2) & many[sid] & (g.fused_np == 0))
   own = red | (alu & dec)  # buffers decided at the node's own visit, in node order (CONSTs too, below)
-  # per node: the node whose event made the buffer its view reads (an input's: -2 - its buffer's id; none: -1), the class
-  # of that view (views[c]); classes by View.key, the contiguous ones per shape id first made when needed
+  # per node: the node whose event made the buffer its view reads (an input's: -2 - its buffer's id; none: -1), the
+  # class of that view (views[c]); classes by View.key, the contiguous ones per shape id first made when needed
   bref = np.full(n, -1, np.int64)
   bref[at_in] = [-2 - input_bufs[nids[i]].id for i in at_in]
   at_own = np.flatnonzero(own | const)
@@ -91,35 +91,45 @@ def sweep(pl, g, nodes: LazyNodes, outs: list[int]) -> np.ndarray | None:
   ev_t, ev_s, ev_k, ev_n = at_own.tolist(), [2] * len(at_own), [_MAT] * len(at_own), at_own.tolist()
   at_mv = np.flatnonzero(move)
   if len(at_mv):
-    hv, br, vcl = has.tolist(), bref.tolist(), vc.tolist()
-    sidl, manyl, decl = sid.tolist(), many.tolist(), dec.tolist()
-    sp, start, args, argobj, opl = nodes._sp, nodes._start, nodes._args, nodes._arg_objs, nodes._ops
+    # per movement: its node, source, op, arg, shape ids, decision, and its source's view before the sweep (buffer
+    # ref, class); upd: node -> (buffer ref, class) of the views the sweep gives (movements, sources stored here)
+    sp, start = nodes._cols[:2]
+    srcs = sp[start[at_mv]]
+    ml, sl, opm, decm = at_mv.tolist(), srcs.tolist(), ops[at_mv].tolist(), dec[at_mv].tolist()
+    bs, cs, ssid, msid = bref[srcs].tolist(), vc[srcs].tolist(), sid[srcs].tolist(), sid[at_mv].tolist()
+    args, argobj, manyl = nodes._args, nodes._arg_objs, many.tolist()
     trans: dict = {}  # (class, op id, arg id) -> class after the movement, or -1: a copy
     copied: dict = {}  # (shape id, op id, arg id) -> the class of the movement on a contiguous copy
-    for i in at_mv.tolist():
-      s, o = sp[start[i]], opl[i]
-      if not hv[s] and (o == _PAD or (o == _EXPAND and manyl[sidl[s]])):  # its source stored first
+    upd: dict = {}
+    for k, i in enumerate(ml):
+      s, o = sl[k], opm[k]
+      u = upd.get(s)
+      sb, sc = u if u is not None else (bs[k], cs[k])
+      if sb == -1 and (o == _PAD or (o == _EXPAND and manyl[ssid[k]])):  # its source stored first
         ev_t.append(i), ev_s.append(0), ev_k.append(_MAT), ev_n.append(s)
-        hv[s], br[s], vcl[s] = True, s, contig_cls(sidl[s])
-      if hv[s]:
+        sb, sc = upd[s] = (s, contig_cls(ssid[k]))
+      if sb != -1:
         a = args[i]
-        tk = (vcl[s], o, a)
+        tk = (sc, o, a)
         t = trans.get(tk)
         if t is None:
-          v2 = apply(views[vcl[s]], _NAMES[o], argobj[a])
+          v2 = apply(views[sc], _NAMES[o], argobj[a])
           t = trans[tk] = -1 if v2 is None else cls(v2)
         if t < 0:  # (a RESHAPE the strides cannot express: a contiguous copy of the source's view)
-          ck = (sidl[s], o, a)
+          ck = (ssid[k], o, a)
           t = copied.get(ck)
-          if t is None: t = copied[ck] = cls(apply(View.contiguous(shapes[sidl[s]]), _NAMES[o], argobj[a]))
+          if t is None: t = copied[ck] = cls(apply(View.contiguous(shapes[ssid[k]]), _NAMES[o], argobj[a]))
           ev_t.append(i), ev_s.append(1), ev_k.append(_COPY), ev_n.append(i)
-          br[i] = i
-        else: br[i] = br[s]
-        hv[i], vcl[i] = True, t
-      elif decl[i]:
+          upd[i] = (i, t)
+        else: upd[i] = (sb, t)
+      elif decm[k]:
         ev_t.append(i), ev_s.append(2), ev_k.append(_MAT), ev_n.append(i)
-        hv[i], br[i], vcl[i] = True, i, contig_cls(sidl[i])
-    bref, vc = np.array(br, np.int64), np.array(vcl, np.int64)
+        upd[i] = (i, contig_cls(msid[k]))
+    if upd:
+      at_u = np.fromiter(upd, np.int64, len(upd))
+      bc = np.array(list(upd.values()), np.int64).reshape(-1, 2)
+      bref[at_u], vc[at_u] = bc[:, 0], bc[:, 1]
+  br, vcl = bref.tolist(), vc.tolist()
   # the buffers, in the visit's order
   order = np.lexsort((np.array(ev_s, np.int64), np.array(ev_t, np.int64))).tolist()
   bufs: dict = {}  # event node -> its buffer
@@ -127,18 +137,17 @@ def sweep(pl, g, nodes: LazyNodes, outs: list[int]) -> np.ndarray | None:
     j = ev_n[e]
     if ev_k[e] == _COPY:
       s = nodes._sp[nodes._start[j]]
-      rs = int(bref[s])
-      src = nodes[s]
-      bufs[j] = pl._copy_view((bufs[rs] if rs >= 0 else pl.bufs[-2 - rs], views[int(vc[s])]), src, j)
+      rs = br[s]
+      bufs[j] = pl._copy_view((bufs[rs] if rs >= 0 else pl.bufs[-2 - rs], views[vcl[s]]), nodes[s], j)
     elif const[j]: bufs[j] = pl._const(nodes[j])
     else:
       m = nodes[j]
       pl._materialize(m)
       bufs[j] = m.buf
-  inb, brl, vcl = pl.bufs, bref.tolist(), vc.tolist()  # (an input's buffer: pl.bufs[its id])
+  inb = pl.bufs  # (an input's buffer: pl.bufs[its id])
 
   def view_of(i: int):
-    r = brl[i]
+    r = br[i]
     if r == -1: return None
     return (bufs[r] if r >= 0 else inb[-2 - r], views[vcl[i]])
   nodes.view_of = view_of
