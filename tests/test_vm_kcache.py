@@ -206,7 +206,8 @@ def test_the_c_job_loop_refuses_arrays_it_is_not_bound_to():
 @pytest.mark.parametrize("name", ["w1-grad-4", "w1-grad-150"])
 def test_a_contractions_dims_are_read_from_its_template(name, monkeypatch):
   """kwords.gemm_dims (the step passes' first test, before a step's words are made): a contraction's batch dims and
-  output sizes, from its words or from its cached template's, the same as gemm_words reads from its words."""
+  output sizes, from its words or from its cached template's, the same as gemm_words reads from its words; and
+  kwords.gemm_steps finds the contractions kind_of finds."""
   from pygrad.engine import kwords
   from pygrad.engine.lower import VK_GEMM
   seen = []
@@ -219,6 +220,7 @@ def test_a_contractions_dims_are_read_from_its_template(name, monkeypatch):
     m.setattr(program, "relayout", grab)
     _compile(name, True, monkeypatch)
   gemms = [s for s in seen if kwords.kind_of(s) == VK_GEMM]
+  assert kwords.gemm_steps(seen) == [i for i, s in enumerate(seen) if kwords.kind_of(s) == VK_GEMM]
   assert any(type(s.words) is kcache.Words for s in gemms) and any(type(s.words) is list for s in gemms)
   for s in gemms:
     g = kwords.gemm_words(kwords.words_of(s))

@@ -8,8 +8,8 @@ than on one). Values are the same: each element gets the same operations.
 A pass over the lowered steps (the loops' words, made two-dimensional over the contraction's (n, m), or (m, n)
 when that is how its output lies); csrc/vm_epilogue.c checks the same conditions when the program is prepared."""
 from __future__ import annotations
-from .lower import Part, VK_LOOP, VK_GEMM
-from .kwords import kind_of, words_of, loop_words, gemm_words, gemm_dims
+from .lower import Part, VK_LOOP
+from .kwords import kind_of, gemm_steps, words_of, loop_words, gemm_words, gemm_dims
 from ..ids import value
 
 VK_EPILOGUE = value("vm_kinds", "EPILOGUE")
@@ -81,8 +81,8 @@ def fuse_epilogues(steps: list) -> int:
   kernels, and every step of a group names all the group's buffers, so the arena keeps them apart for the whole
   group). Returns how many loops became epilogues."""
   fused = 0
-  for gi, s in enumerate(steps):
-    if kind_of(s) != VK_GEMM: continue
+  for gi in gemm_steps(steps):
+    s = steps[gi]
     nb, n, m = gemm_dims(s)
     if nb != 0 or n * m < MIN_OUT: continue  # (the test below, before the words are made)
     g = gemm_words(words_of(s))

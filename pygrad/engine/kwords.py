@@ -13,6 +13,13 @@ def kind_of(step) -> int:
   return w[0] if type(w) is list else w.kind
 
 
+def gemm_steps(steps: list) -> list[int]:
+  """The positions of the VK_GEMM steps (kind_of's test inline: the step passes look for the few contractions among
+  tens of thousands of steps)."""
+  return [i for i, s in enumerate(steps) if type(s) is Part and
+          (s.words[0] if type(s.words) is list else s.words.tmpl.words[0]) == VK_GEMM]
+
+
 def words_of(part) -> list[int]:
   """A Part's words as a list of ints (cached kernels hold a template: kcache.Words)."""
   w = part.words
@@ -94,5 +101,5 @@ def gemm_dims(step) -> tuple[int, int, int]:
   return w[17], w[8], w[9]
 
 
-__all__ = ["kind_of", "words_of", "gemm_dims", "LoopView", "LoopWords", "loop_words", "GemmWords", "gemm_words",
+__all__ = ["kind_of", "gemm_steps", "words_of", "gemm_dims", "LoopView", "LoopWords", "loop_words", "GemmWords", "gemm_words",
            "GEMM_SCN"]

@@ -6,8 +6,8 @@ such a buffer is stored transposed instead and its readers read it along its row
 unchanged: only where it lives. A pass over the lowered steps (their words), so a program is the same whichever way
 its kernels were lowered (one by one, or cached from the planner's C walk)."""
 from __future__ import annotations
-from .lower import Part, VK_LOOP, VK_GEMM
-from .kwords import kind_of, words_of, loop_words, gemm_words, gemm_dims, GEMM_SCN
+from .lower import Part, VK_LOOP
+from .kwords import kind_of, gemm_steps, words_of, loop_words, gemm_words, gemm_dims, GEMM_SCN
 from . import epilogue
 
 
@@ -51,8 +51,8 @@ def relayout(steps: list) -> int:
   that only elementwise loops read, every one of them column by column. Edits the steps' words (a changed step is
   a new Part); returns how many buffers changed layout."""
   cands = {}  # C's buffer id -> (the contraction's step, its words, R, S)
-  for gi, s in enumerate(steps):
-    if kind_of(s) != VK_GEMM: continue
+  for gi in gemm_steps(steps):
+    s = steps[gi]
     nb, n, m = gemm_dims(s)
     if nb != 0 or n * m < epilogue.MIN_OUT: continue  # (the test below, before the words are made)
     w = words_of(s)
