@@ -112,7 +112,9 @@ def test_gc_after_a_conversion():
     gc.freeze()
     frozen = gc.get_freeze_count()
     assert pt.to_tinygrad(pt.from_tinygrad(y.uop)) is y.uop
-    assert gc.get_freeze_count() == frozen  # the program's frozen objects were not unfrozen
+    # the program's frozen objects were neither unfrozen (the count would be 0) nor joined by the conversion's (it
+    # would grow); it may shrink: frozen objects die as usual (a batch of handles released meanwhile)
+    assert 0 < gc.get_freeze_count() <= frozen
     del p
   finally:
     gc.unfreeze()
