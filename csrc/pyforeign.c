@@ -257,13 +257,14 @@ static PyObject *source(const cfg_t *c, long j) {
   return PyObject_CallFunction(c->lazy, "l", j);  /* a helper row, made now */
 }
 
-/* the hash-consed node (op, x's dtype, (x,), arg, None) of a movement or reduce (a new reference; *fresh as
-   node_of sets it), or NULL with an exception set */
-static PyObject *unary(const cfg_t *c, PyObject *op, PyObject *x, PyObject *arg, int *fresh) {
+/* the hash-consed node (op, x's dtype, (x,), arg, None) of a movement or reduce, or with s not NULL (op, x's dtype,
+   (x, s), None, None) of a movement whose shape is a source node s (a reshape or an expand): a new reference (*fresh
+   as node_of sets it), or NULL with an exception set */
+static PyObject *moved(const cfg_t *c, PyObject *op, PyObject *x, PyObject *s, PyObject *arg, int *fresh) {
   PyObject *d = PyObject_GetAttr(x, dtype_name), *src, *key, *t;
   if (!d) return NULL;
-  src = PyTuple_Pack(1, x);
-  key = src ? PyTuple_Pack(5, op, d, src, arg, Py_None) : NULL;
+  src = s ? PyTuple_Pack(2, x, s) : PyTuple_Pack(1, x);
+  key = src ? PyTuple_Pack(5, op, d, src, s ? Py_None : arg, Py_None) : NULL;
   Py_DECREF(d);
   Py_XDECREF(src);
   if (!key) return NULL;
@@ -277,23 +278,8 @@ static PyObject *unary(const cfg_t *c, PyObject *op, PyObject *x, PyObject *arg,
 static PyObject *maybe(const cfg_t *c, PyObject *op, PyObject *x, PyObject *arg, int *fresh) {
   PyObject *t;
   if (arg == Py_None) return x;
-  t = unary(c, op, x, arg, fresh);
+  t = moved(c, op, x, NULL, arg, fresh);
   Py_DECREF(x);
-  return t;
-}
-
-/* the hash-consed node (op, x's dtype, (x, s), None, None) of a movement whose shape is a source node s (a reshape
-   or an expand: a new reference; *fresh as node_of sets it), or NULL with an exception set */
-static PyObject *shaped(const cfg_t *c, PyObject *op, PyObject *x, PyObject *s, int *fresh) {
-  PyObject *d = PyObject_GetAttr(x, dtype_name), *src, *key, *t;
-  if (!d) return NULL;
-  src = PyTuple_Pack(2, x, s);
-  key = src ? PyTuple_Pack(5, op, d, src, Py_None, Py_None) : NULL;
-  Py_DECREF(d);
-  Py_XDECREF(src);
-  if (!key) return NULL;
-  t = node_of(c, key, fresh);
-  Py_DECREF(key);
   return t;
 }
 
@@ -363,15 +349,15 @@ static int expand_row(const cfg_t *c, Py_ssize_t i, PyObject *plan) {
     eq = sid == want;
   }
   if (!eq) {
-    t = shaped(c, PyTuple_GetItem(plan, 5), x, PyTuple_GetItem(plan, 6), &fresh);
+    t = moved(c, PyTuple_GetItem(plan, 5), x, PyTuple_GetItem(plan, 6), Py_None, &fresh);
     Py_DECREF(x);
     if (!(x = t)) return -1;
   }
-  t = shaped(c, PyTuple_GetItem(plan, 7), x, PyTuple_GetItem(plan, 8), &fresh);
+  t = moved(c, PyTuple_GetItem(plan, 7), x, PyTuple_GetItem(plan, 8), Py_None, &fresh);
   Py_DECREF(x);
   if (!t) return -1;
   if ((perm = PyTuple_GetItem(plan, 10)) != Py_None) {
-    x = unary(c, PyTuple_GetItem(plan, 9), t, perm, &fresh);
+    x = moved(c, PyTuple_GetItem(plan, 9), t, NULL, perm, &fresh);
     Py_DECREF(t);
     if (!(t = x)) return -1;
   }
