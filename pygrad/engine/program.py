@@ -13,6 +13,7 @@ from ..dtype import dtypes
 from . import vmlib
 from .vmlib import ffi, lib
 from ..ids import value
+from ..pages import small_pages
 from .flatten import LazyNodes, flatten
 from .planner import Planner, Loop, CallStep, Buf, compute_dtype
 from .lower import Part, VK_GEMM
@@ -199,7 +200,7 @@ class Program:
       if not isinstance(u, UOp) or u.op not in (Ops.BUFFER, Ops.DEFINE_VAR, Ops.PARAM):
         raise ValueError(f"compile: inputs must be BUFFER or DEFINE_VAR nodes, got {getattr(u, 'op', u)!r}")
     self.inputs = list(inputs)
-    with _no_cycle_gc(): self.nodes = self._plan(outputs, keep_words)
+    with _no_cycle_gc(), small_pages(): self.nodes = self._plan(outputs, keep_words)
     # planning made ~1 KB of short-lived Python objects per node, now freed; glibc keeps freed heap pages that lie
     # below live blocks for good, so a long-running process planning big graphs would hold its largest plan's
     # transient memory forever (csrc/mem.c, pg_mem_trim): under 1 ms after a plan of 0.4 s (20k nodes) or more
