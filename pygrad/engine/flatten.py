@@ -161,15 +161,19 @@ class LazyNodes:
   (a planner that reads most nodes asks for it: one by one they cost 2-3x more). Its nodes refer to it: `release()`
   after planning breaks that cycle (Program does). `opcodes`: the nodes with an opcode of their own (flatten's
   quotients, found on the columns: no node is made for them)."""
-  __slots__ = ("_made", "_ops", "_dts", "_metas", "_args", "_nids", "_sp", "_start", "_ns", "users", "made_idx",
+  __slots__ = ("_made", "_info", "_ops", "_dts", "_args", "_nids", "_sp", "_start", "_ns", "users", "made_idx",
                "_meta_vals", "_arg_objs", "_cols", "view_of", "vcols", "_opcodes")
 
-  def __init__(self, ops: list, dts: list, metas: list, args: list, nids: list, sp: np.ndarray, start: np.ndarray,
-               ns: np.ndarray, opcodes: dict | None = None):
+  def __init__(self, info: np.ndarray, nids: np.ndarray, sp: np.ndarray, start: np.ndarray, ns: np.ndarray,
+               opcodes: dict | None = None):
     from ..intern import ARGS, META
-    self._made: list = [None] * len(ops)
-    self._ops, self._dts, self._metas, self._args, self._nids = ops, dts, metas, args, nids
-    self._sp, self._start, self._ns = sp.tolist(), start.tolist(), ns.tolist()
+    # the columns stay arrays (CORE.rows' info: op, dtype, arg and meta ids per node; nids: the core's ids): a node
+    # made reads its row, a column of nodes made at once their rows (a list per column would cost more than the
+    # planner's reads of it)
+    self._made: list = [None] * len(info)
+    self._info, self._nids = info, nids
+    self._ops, self._dts, self._args = (info[:, k].astype(np.int64) for k in (0, 1, 3))
+    self._sp, self._start, self._ns = sp, start, ns
     self._cols = (sp, start, ns)
     self._opcodes = opcodes or {}  # node -> its opcode (flatten's quotients: "DIV"), else None
     # view_of: node -> its view, once planned (sweep.py); vcols: the same as columns (buffer id, view class per node,
@@ -185,9 +189,9 @@ class LazyNodes:
 
   def _make(self, i: int) -> PNode:
     n = _new_pnode(PNode)
-    n.op, n.dtype, n.shape, n.arg = _OPS[self._ops[i]], BY_ID[self._dts[i]], self._meta_vals[self._metas[i]][0], \
-        self._arg_objs[self._args[i]]
-    n.nid, n.idx, n.users = self._nids[i], i, 0 if self.users is None else self.users[i]
+    op, dt, _, aid, _, mid, _ = self._info[i].tolist()
+    n.op, n.dtype, n.shape, n.arg = _OPS[op], BY_ID[dt], self._meta_vals[mid][0], self._arg_objs[aid]
+    n.nid, n.idx, n.users = int(self._nids[i]), i, 0 if self.users is None else self.users[i]
     n.is_output, n.mat, n.buf, n.callbufs, n.out_slot, n._lz = False, False, None, None, None, self
     n.opcode = self._opcodes.get(i)
     n.view = None if self.view_of is None else self.view_of(i)
@@ -196,28 +200,15 @@ class LazyNodes:
     return n
 
   def src_of(self, i: int) -> tuple:
-    s = self._start[i]
-    return tuple([self[j] for j in self._sp[s:s + self._ns[i]]])
+    s = int(self._start[i])
+    return tuple([self[j] for j in self._sp[s:s + int(self._ns[i])].tolist()])
 
   def all(self) -> list[PNode]:
     """Every node, made: those not made yet a column at a time, as flatten makes a small graph's, then every node's
     src from the columns (the same tuples as a node made when read gets)."""
     made = self._made
-    miss = [i for i, x in enumerate(made) if x is None]
-    if miss:
-      pick = itemgetter(*miss) if len(miss) > 1 else (lambda col: (col[miss[0]],))
-      mv = self._meta_vals
-      new = list(map(PNode, map(_OPS.__getitem__, pick(self._ops)), map(BY_ID.__getitem__, pick(self._dts)),
-                     [mv[m][0] for m in pick(self._metas)], map(self._arg_objs.__getitem__, pick(self._args)),
-                     repeat(()), pick(self._nids), miss))
-      if self.users is not None:
-        for _ in map(setattr, new, repeat("users"), pick(self.users)): pass
-      if self.view_of is not None:
-        for _ in map(setattr, new, repeat("view"), map(self.view_of, miss)): pass
-      if self._opcodes:
-        for _ in map(setattr, new, repeat("opcode"), map(self._opcodes.get, miss)): pass
-      for i, x in zip(miss, new): made[i] = x
-      self.made_idx += miss
+    if None in made:
+      self.make([i for i, x in enumerate(made) if x is None], False)
       sp, start, ns = self._cols
       get = made.__getitem__
       for k in range(1, int(ns.max()) + 1):
@@ -226,6 +217,31 @@ class LazyNodes:
         cols = [map(get, sp[start[at] + j].tolist()) for j in range(k)]
         for _ in map(setattr, map(get, at.tolist()), repeat("src"), zip(*cols)): pass
     return list(made)
+
+  def make(self, miss: list, lazy_src: bool = True) -> list[PNode]:
+    """Makes the nodes miss (indices of nodes not made yet, each once), a column at a time, as _make would one by
+    one; lazy_src: their src made when first read (else the caller sets it)."""
+    if not miss: return []
+    at = np.array(miss, np.int64)
+    rows = self._info[at]
+    mv = self._meta_vals
+    new = list(map(PNode, map(_OPS.__getitem__, rows[:, 0].tolist()), map(BY_ID.__getitem__, rows[:, 1].tolist()),
+                   [mv[m][0] for m in rows[:, 5].tolist()], map(self._arg_objs.__getitem__, rows[:, 3].tolist()),
+                   repeat(()), self._nids[at].tolist(), miss))
+    if self.users is not None:
+      pick = itemgetter(*miss) if len(miss) > 1 else (lambda col: (col[miss[0]],))
+      for _ in map(setattr, new, repeat("users"), pick(self.users)): pass
+    if self.view_of is not None:
+      for _ in map(setattr, new, repeat("view"), map(self.view_of, miss)): pass
+    if self._opcodes:
+      for _ in map(setattr, new, repeat("opcode"), map(self._opcodes.get, miss)): pass
+    if lazy_src:
+      for _ in map(setattr, new, repeat("_lz"), repeat(self)): pass
+      for _ in map(delattr, new, repeat("src")): pass
+    made = self._made
+    for i, x in zip(miss, new): made[i] = x
+    self.made_idx += miss
+    return new
 
   def __iter__(self): return iter(self.all())
   def __reversed__(self): return reversed(self.all())
@@ -266,8 +282,7 @@ def _flatten_plain(order: np.ndarray, info: np.ndarray, flat: np.ndarray, lazy: 
       sp[start[q] + 1] = sp[start[np.where(b, s1, s0)]]
       sp[start[q]] = np.where(b, s0, s1)
     special = dict.fromkeys(q.tolist(), "DIV")
-    nodes = LazyNodes(ops.tolist(), info[:, 1].tolist(), info[:, 5].tolist(), info[:, 3].tolist(), order.tolist(),
-                      sp, start, ns, special)
+    nodes = LazyNodes(info, order, sp, start, ns, special)
     cols = {"nsrc": ns.astype(np.int32), "src": sp.astype(np.int32), "op": ops.astype(np.int64), "meta": info[:, 5],
             "dtype": info[:, 1].astype(np.int64), "special": special}
     return nodes, pos, cols

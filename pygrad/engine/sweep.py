@@ -15,7 +15,7 @@ import numpy as np
 from ..ops import Ops, GroupOp
 from ..dtype import BY_ID
 from .views import View, apply
-from .records import compute_dtype
+from .records import compute_dtype, storage_dtype, Buf
 from .flatten import LazyNodes, _OPS
 from .kwalk import PU_ALU, PU_ALU_MOVE, PURE, VM_MAXSIZE
 
@@ -23,7 +23,8 @@ _INPUT_IDS = [int(o) for o in (Ops.BUFFER, Ops.DEFINE_VAR, Ops.PARAM)]
 _CONST, _REDUCE, _PAD, _EXPAND = (int(o) for o in (Ops.CONST, Ops.REDUCE_AXIS, Ops.PAD, Ops.EXPAND))
 _NAMES = [o.name for o in _OPS]
 _ITEMSIZE = [max(compute_dtype(d).itemsize, 1) for d in BY_ID]
-_MAT, _COPY = 0, 1  # event kinds: a node's buffer (_materialize, or _const for a CONST), a copy of a view
+_MAT, _COPY, _CONSTEV = 0, 1, 2  # event kinds: a node's buffer (_materialize), a copy of a view, a CONST's buffer
+_CT = {d: compute_dtype(d) for d in BY_ID if d is not None}
 
 
 def covers(nodes) -> bool:
@@ -40,9 +41,10 @@ def sweep(pl, g, nodes: LazyNodes, outs: list[int]) -> np.ndarray | None:
   move = (flags & (PU_ALU | PU_ALU_MOVE)) == PU_ALU_MOVE
   inp, const, red = np.isin(ops, _INPUT_IDS), ops == _CONST, ops == _REDUCE
   if not (alu | move | inp | const | red).all(): return None
-  nids, input_bufs = nodes._nids, pl.input_bufs
-  at_in = np.flatnonzero(inp).tolist()
-  if any(nids[i] not in input_bufs for i in at_in): return None
+  input_bufs = pl.input_bufs
+  at_in = np.flatnonzero(inp)
+  in_nids = nodes._nids[at_in].tolist()
+  if any(i not in input_bufs for i in in_nids): return None
   shapes, sid = g.sid_shapes, g.sid
   # every value but a pure ALU op's within the VM's bound (its size by shape id and dtype id)
   chk = np.flatnonzero((flags & PURE) == 0)
@@ -61,7 +63,7 @@ def sweep(pl, g, nodes: LazyNodes, outs: list[int]) -> np.ndarray | None:
   # per node: the node whose event made the buffer its view reads (an input's: -2 - its buffer's id; none: -1), the
   # class of that view (views[c]); classes by View.key, the contiguous ones per shape id first made when needed
   bref = np.full(n, -1, np.int64)
-  bref[at_in] = [-2 - input_bufs[nids[i]].id for i in at_in]
+  bref[at_in] = [-2 - input_bufs[i].id for i in in_nids]
   at_own = np.flatnonzero(own | const)
   bref[at_own] = at_own
   views, vkey, contig = [], {}, {}
@@ -97,7 +99,7 @@ def sweep(pl, g, nodes: LazyNodes, outs: list[int]) -> np.ndarray | None:
     srcs = sp[start[at_mv]]
     ml, sl, opm, decm = at_mv.tolist(), srcs.tolist(), ops[at_mv].tolist(), dec[at_mv].tolist()
     bs, cs, ssid, msid = bref[srcs].tolist(), vc[srcs].tolist(), sid[srcs].tolist(), sid[at_mv].tolist()
-    args, argobj, manyl = nodes._args, nodes._arg_objs, many.tolist()
+    argl, argobj, manyl = nodes._args[at_mv].tolist(), nodes._arg_objs, many.tolist()
     trans: dict = {}  # (class, op id, arg id) -> class after the movement, or -1: a copy
     copied: dict = {}  # (shape id, op id, arg id) -> the class of the movement on a contiguous copy
     upd: dict = {}
@@ -109,7 +111,7 @@ def sweep(pl, g, nodes: LazyNodes, outs: list[int]) -> np.ndarray | None:
         ev_t.append(i), ev_s.append(0), ev_k.append(_MAT), ev_n.append(s)
         sb, sc = upd[s] = (s, contig_cls(ssid[k]))
       if sb != -1:
-        a = args[i]
+        a = argl[k]
         tk = (sc, o, a)
         t = trans.get(tk)
         if t is None:
@@ -130,20 +132,36 @@ def sweep(pl, g, nodes: LazyNodes, outs: list[int]) -> np.ndarray | None:
       bc = np.array(list(upd.values()), np.int64).reshape(-1, 2)
       bref[at_u], vc[at_u] = bc[:, 0], bc[:, 1]
   br, vcl = bref.tolist(), vc.tolist()
-  # the buffers, in the visit's order
-  order = np.lexsort((np.array(ev_s, np.int64), np.array(ev_t, np.int64))).tolist()
+  # the buffers, in the visit's order; the nodes they store (and the copies' sources) made a column at a time
+  order = np.lexsort((np.array(ev_s, np.int64), np.array(ev_t, np.int64)))
+  en, ek = np.array(ev_n, np.int64)[order], np.array(ev_k, np.int64)[order]
+  ek[(ek == _MAT) & const[en]] = _CONSTEV
+  cps = nodes._cols[0][nodes._cols[1][en[ek == _COPY]]]
+  need = np.unique(np.concatenate((en[ek != _COPY], cps)))
+  made = nodes._made
+  nodes.make([i for i, m in zip(need.tolist(), map(made.__getitem__, need.tolist())) if m is None])
   bufs: dict = {}  # event node -> its buffer
-  for e in order:
-    j = ev_n[e]
-    if ev_k[e] == _COPY:
-      s = nodes._sp[nodes._start[j]]
-      rs = br[s]
-      bufs[j] = pl._copy_view((bufs[rs] if rs >= 0 else pl.bufs[-2 - rs], views[vcl[s]]), nodes[s], j)
-    elif const[j]: bufs[j] = pl._const(nodes[j])
-    else:
-      m = nodes[j]
-      pl._materialize(m)
+  bl, jobs = pl.bufs, pl.jobs
+  cv = [View.contiguous(sh) for sh in shapes]  # (per shape id)
+  cps = iter(cps.tolist())
+  for j, k, q in zip(en.tolist(), ek.tolist(), sid[en].tolist()):
+    m = made[j]
+    if k == _MAT and not m.mat:  # (Planner._materialize's common case inline: an arena buffer)
+      if m.is_output and m.out_slot is None and (m.op is not Ops.REDUCE_AXIS or storage_dtype(m.dtype) is
+                                                  compute_dtype(m.dtype)):
+        pl._materialize(m)
+      else:
+        b = m.buf = Buf(len(bl), "arena", _CT[m.dtype], m.shape, m.dtype)
+        b.node, m.mat, m.view = m, True, (b, cv[q])
+        bl.append(b)
+        jobs.append(((j, len(jobs)), m, None))
       bufs[j] = m.buf
+    elif k == _COPY:
+      s = next(cps)
+      rs = br[s]
+      bufs[j] = pl._copy_view((bufs[rs] if rs >= 0 else bl[-2 - rs], views[vcl[s]]), made[s], j)
+    elif k == _CONSTEV: bufs[j] = pl._const(m)
+    else: bufs[j] = m.buf
   inb = pl.bufs  # (an input's buffer: pl.bufs[its id])
 
   def view_of(i: int):
