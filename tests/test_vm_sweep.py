@@ -16,11 +16,15 @@ from test_vm_plan_golden import GRAPHS, GOLDEN, digest  # noqa: E402
 F32 = dtypes.float32
 
 
-def _small_thresholds(m):
-  """Every graph a LazyNodes one, swept and walked in C, however small."""
-  from pygrad.engine import flatten, planner
+def _small_thresholds(m, rounds=False):
+  """Every graph a LazyNodes one, swept and walked in C, however small; rounds: its movements swept a round at a
+  time as arrays, however few (else one by one, as a graph with few movements has them; "mixed": rounds of at
+  least two, the rest one by one)."""
+  from pygrad.engine import flatten, planner, sweep
   m.setattr(flatten, "_LAZY_MIN", 0)
   for k in ("_GRAPH_MIN_NODES", "_WALK_MIN_NODES", "_WALK_PER_JOB"): m.setattr(planner, k, 0)
+  m.setattr(sweep, "_ROUND_MIN", 2 if rounds == "mixed" else 0 if rounds else 1 << 62)
+  m.setattr(sweep, "_ROUND_SHARE", 1 << 62)
 
 
 def _kernel(k):
@@ -59,10 +63,10 @@ def _plan(outs, ins, swept: bool, m):
   return (ran[0] if ran else None), bufs, kernels, views, mat
 
 
-def _same_plan(outs, ins, monkeypatch) -> bool:
+def _same_plan(outs, ins, monkeypatch, rounds=False) -> bool:
   """Asserts the swept plan is the node by node one; returns whether the sweep took the graph."""
   with monkeypatch.context() as m:
-    _small_thresholds(m)
+    _small_thresholds(m, rounds)
     ran, *swept = _plan(outs, ins, True, m)
     assert _plan(outs, ins, False, m)[0] is None  # (the per-node visit, the reference)
   with monkeypatch.context() as m:
@@ -75,19 +79,21 @@ def _same_plan(outs, ins, monkeypatch) -> bool:
   return bool(ran)
 
 
+@pytest.mark.parametrize("rounds", [False, True], ids=["one-by-one", "rounds"])
 @pytest.mark.parametrize("name", sorted(GRAPHS))
-def test_swept_plan_is_the_node_by_node_one(name, monkeypatch):
+def test_swept_plan_is_the_node_by_node_one(name, rounds, monkeypatch):
   outs, ins = GRAPHS[name]()
   try:
-    ran = _same_plan(outs, ins, monkeypatch)
+    ran = _same_plan(outs, ins, monkeypatch, rounds)
   except (ValueError, TypeError):
     return  # (a graph compile refuses: see the errors below)
   if name.startswith(("w1", "grad", "forward")): assert ran, "the sweep left a plain graph to _visit"
 
 
+@pytest.mark.parametrize("rounds", [False, True], ids=["one-by-one", "rounds"])
 @pytest.mark.parametrize("name", sorted(GRAPHS))
-def test_swept_program_is_the_recorded_one(name, monkeypatch):
-  _small_thresholds(monkeypatch)
+def test_swept_program_is_the_recorded_one(name, rounds, monkeypatch):
+  _small_thresholds(monkeypatch, rounds)
   assert digest(name) == GOLDEN[name]
 
 
@@ -112,11 +118,12 @@ def _movements():
   return outs, [a, b]
 
 
-def test_swept_movements_are_the_node_by_node_ones(monkeypatch):
+@pytest.mark.parametrize("rounds", [False, True, "mixed"], ids=["one-by-one", "rounds", "mixed"])
+def test_swept_movements_are_the_node_by_node_ones(rounds, monkeypatch):
   outs, ins = _movements()
-  assert _same_plan(outs, ins, monkeypatch)
+  assert _same_plan(outs, ins, monkeypatch, rounds)
   with monkeypatch.context() as m:
-    _small_thresholds(m)
+    _small_thresholds(m, rounds)
     vals = pygrad.evaluate(outs, {ins[0]: np.arange(24, dtype=np.float32).reshape(4, 6) / 7,
                                   ins[1]: np.arange(6, dtype=np.float32) / 5}, engine="c")
   ref = pygrad.evaluate(outs, {ins[0]: np.arange(24, dtype=np.float32).reshape(4, 6) / 7,
@@ -155,3 +162,18 @@ def test_lazy_nodes_are_the_flattened_nodes(name, monkeypatch):
   assert lcols["special"] == wcols["special"]
   for k in ("nsrc", "src", "op", "meta", "dtype"): np.testing.assert_array_equal(lcols[k], wcols[k])
   if name.startswith("grad"): assert lcols["special"]  # (the gradients' quotients were found)
+
+
+@pytest.mark.parametrize("big", [False, True], ids=["one-int-key", "rows-key"])
+def test_per_key_calls_once_per_distinct_row(big):
+  """sweep._per_key: fn once per distinct row (memo kept), each row given its row's result; columns whose ranges do
+  not fit one int64 key are grouped as rows."""
+  from pygrad.engine.sweep import _per_key
+  rng = np.random.default_rng(7)
+  cols = [rng.integers(0, 4, 300) for _ in range(3)]
+  if big: cols[1] = cols[1] * (1 << 40)
+  calls, memo = [], {(0, 0, 0): -5}
+  out = _per_key(tuple(cols), memo, lambda *k: calls.append(k) or hash(k) % 1000)
+  rows = list(zip(*(c.tolist() for c in cols)))
+  assert sorted(calls) == sorted(set(rows) - {(0, 0, 0)})
+  assert out.tolist() == [-5 if r == (0, 0, 0) else hash(r) % 1000 for r in rows]

@@ -89,52 +89,15 @@ def sweep(pl, g, nodes: LazyNodes, outs: list[int]) -> np.ndarray | None:
     vc[at_v] = np.array([contig_cls(s) for s in us.tolist()], np.int64)[inv]
   at_c = np.flatnonzero(const)
   if len(at_c): vc[at_c] = cls(View.contiguous(()))
-  # the movement ops, in node order: (time, sub-order, kind, node) per event they make
-  ev_t, ev_s, ev_k, ev_n = at_own.tolist(), [2] * len(at_own), [_MAT] * len(at_own), at_own.tolist()
+  # the events, (time, sub-order, kind, node) arrays: the buffers decided at a node's own visit, then the movements'
+  ev = [(at_own, np.full_like(at_own, 2), np.full_like(at_own, _MAT), at_own)]
   at_mv = np.flatnonzero(move)
-  if len(at_mv):
-    # per movement: its node, source, op, arg, shape ids, decision, and its source's view before the sweep (buffer
-    # ref, class); upd: node -> (buffer ref, class) of the views the sweep gives (movements, sources stored here)
-    sp, start = nodes._cols[:2]
-    srcs = sp[start[at_mv]]
-    ml, sl, opm, decm = at_mv.tolist(), srcs.tolist(), ops[at_mv].tolist(), dec[at_mv].tolist()
-    bs, cs, ssid, msid = bref[srcs].tolist(), vc[srcs].tolist(), sid[srcs].tolist(), sid[at_mv].tolist()
-    argl, argobj, manyl = nodes._args[at_mv].tolist(), nodes._arg_objs, many.tolist()
-    trans: dict = {}  # (class, op id, arg id) -> class after the movement, or -1: a copy
-    copied: dict = {}  # (shape id, op id, arg id) -> the class of the movement on a contiguous copy
-    upd: dict = {}
-    for k, i in enumerate(ml):
-      s, o = sl[k], opm[k]
-      u = upd.get(s)
-      sb, sc = u if u is not None else (bs[k], cs[k])
-      if sb == -1 and (o == _PAD or (o == _EXPAND and manyl[ssid[k]])):  # its source stored first
-        ev_t.append(i), ev_s.append(0), ev_k.append(_MAT), ev_n.append(s)
-        sb, sc = upd[s] = (s, contig_cls(ssid[k]))
-      if sb != -1:
-        a = argl[k]
-        tk = (sc, o, a)
-        t = trans.get(tk)
-        if t is None:
-          v2 = apply(views[sc], _NAMES[o], argobj[a])
-          t = trans[tk] = -1 if v2 is None else cls(v2)
-        if t < 0:  # (a RESHAPE the strides cannot express: a contiguous copy of the source's view)
-          ck = (ssid[k], o, a)
-          t = copied.get(ck)
-          if t is None: t = copied[ck] = cls(apply(View.contiguous(shapes[ssid[k]]), _NAMES[o], argobj[a]))
-          ev_t.append(i), ev_s.append(1), ev_k.append(_COPY), ev_n.append(i)
-          upd[i] = (i, t)
-        else: upd[i] = (sb, t)
-      elif decm[k]:
-        ev_t.append(i), ev_s.append(2), ev_k.append(_MAT), ev_n.append(i)
-        upd[i] = (i, contig_cls(msid[k]))
-    if upd:
-      at_u = np.fromiter(upd, np.int64, len(upd))
-      bc = np.array(list(upd.values()), np.int64).reshape(-1, 2)
-      bref[at_u], vc[at_u] = bc[:, 0], bc[:, 1]
+  if len(at_mv): ev += _moves(at_mv, nodes, ops, dec, sid, shapes, many, bref, vc, views, cls, contig_cls)
   br, vcl = bref.tolist(), vc.tolist()
   # the buffers, in the visit's order; the nodes they store (and the copies' sources) made a column at a time
-  order = np.lexsort((np.array(ev_s, np.int64), np.array(ev_t, np.int64)))
-  en, ek = np.array(ev_n, np.int64)[order], np.array(ev_k, np.int64)[order]
+  ev_t, ev_s, ev_k, ev_n = (np.concatenate(c) for c in zip(*ev))
+  order = np.lexsort((ev_s, ev_t))
+  en, ek = ev_n[order], ev_k[order]
   ek[(ek == _MAT) & const[en]] = _CONSTEV
   cps = nodes._cols[0][nodes._cols[1][en[ek == _COPY]]]
   need = np.unique(np.concatenate((en[ek != _COPY], cps)))
@@ -177,3 +140,129 @@ def sweep(pl, g, nodes: LazyNodes, outs: list[int]) -> np.ndarray | None:
     m = made[i]
     if m.view is None: m.view = view_of(i)
   return bref != -1
+
+
+_ROUND_MIN = 1024  # movements from which a round of them is swept as arrays (fewer: one by one, in node order)
+_ROUND_SHARE = 8  # and at least 1/this of the movements left
+
+
+def _moves(at_mv, nodes: LazyNodes, ops, dec, sid, shapes, many, bref, vc, views, cls, contig_cls) -> list:
+  """The movement ops' views and events ((time, sub-order, kind, node) arrays), bref and vc updated. A movement
+  depends on its source only: one whose source is settled (not a movement, or a movement swept before) is swept
+  with the others of its round as arrays, a transition computed once per distinct (class, op, arg); all readers of a
+  source are in one round, so a PAD or EXPAND storing its source stores it at its first such reader, and the
+  readers before that one read it as an expression, as the per-node visit has them. What is left when a round would
+  be small, or small against what is left (long chains of movements), is swept one by one (_moves_seq)."""
+  sp, start = nodes._cols[:2]
+  srcs = sp[start[at_mv]]
+  opm, argm = ops[at_mv], nodes._args[at_mv]
+  argobj = nodes._arg_objs
+  settled = np.ones(len(bref), bool)
+  settled[at_mv] = False
+  ev: list = []
+  left = np.arange(len(at_mv))
+  trans: dict = {}  # (class, op id, arg id) -> class after the movement, or -1: a copy
+  copied: dict = {}  # (shape id, op id, arg id) -> the class of the movement on a contiguous copy
+  while len(left):
+    ready = settled[srcs[left]]
+    r = left[ready]
+    if len(r) < _ROUND_MIN or not len(r) or len(r) < len(left) // _ROUND_SHARE:  # (a round costs O(left))
+      ev += _moves_seq(left, at_mv, srcs, opm, argm, argobj, dec, sid, shapes, many, bref, vc, views, cls,
+                       contig_cls, trans, copied)
+      break
+    left = left[~ready]
+    i, s, o, a = at_mv[r], srcs[r], opm[r], argm[r]
+    sb, sc, ssid = bref[s], vc[s], sid[s]
+    st = (sb == -1) & ((o == _PAD) | ((o == _EXPAND) & many[ssid]))
+    if st.any():  # sources stored first, at their first such reader
+      us, first = np.unique(s[st], return_index=True)
+      t0 = i[st][first]
+      cu = _classes(sid[us], contig_cls)
+      ev.append((t0, np.zeros_like(t0), np.full_like(t0, _MAT), us))
+      bref[us], vc[us] = us, cu
+      p = np.minimum(np.searchsorted(us, s), len(us) - 1)
+      later = (sb == -1) & (us[p] == s) & (i >= t0[p])
+      sb[later], sc[later] = s[later], cu[p[later]]
+    h = np.flatnonzero(sb != -1)
+    if len(h):  # views moved: a class per distinct (class, op, arg), or a copy (-1)
+      t = _per_key((sc[h], o[h], a[h]), trans, lambda c, oo, aa: _trans(views, cls, c, oo, argobj[aa]))
+      cp = t < 0
+      if cp.any():  # (a RESHAPE the strides cannot express: a contiguous copy of the source's view)
+        hc = h[cp]
+        t[cp] = _per_key((ssid[hc], o[hc], a[hc]), copied, lambda q, oo, aa: cls(apply(
+          View.contiguous(shapes[q]), _NAMES[oo], argobj[aa])))
+        ev.append((i[hc], np.ones_like(hc), np.full_like(hc, _COPY), i[hc]))
+        sb[hc] = i[hc]
+      bref[i[h]], vc[i[h]] = sb[h], t
+    d = np.flatnonzero((sb == -1) & dec[i])
+    if len(d):  # no view, and stored
+      ev.append((i[d], np.full_like(d, 2), np.full_like(d, _MAT), i[d]))
+      bref[i[d]], vc[i[d]] = i[d], _classes(sid[i[d]], contig_cls)
+    settled[i] = True
+  return ev
+
+
+def _trans(views, cls, c: int, o: int, arg) -> int:
+  v2 = apply(views[c], _NAMES[o], arg)
+  return -1 if v2 is None else cls(v2)
+
+
+def _classes(q: np.ndarray, contig_cls) -> np.ndarray:
+  """The contiguous view classes of the shape ids q."""
+  u, inv = np.unique(q, return_inverse=True)
+  return np.array([contig_cls(x) for x in u.tolist()], np.int64)[inv.reshape(-1)]
+
+
+def _per_key(cols: tuple, memo: dict, fn) -> np.ndarray:
+  """fn(*key) per row of the int columns cols, computed once per distinct key (memo: key tuple -> result)."""
+  k = np.stack(cols, 1)
+  span = k.max(0) + 1  # (one int per row when the columns' ranges fit: np.unique's axis=0 sorts much slower)
+  if math.prod(span.tolist()) < 1 << 62:
+    code = k[:, 0].copy()
+    for j in range(1, k.shape[1]): code = code * span[j] + k[:, j]
+    first, inv = np.unique(code, return_index=True, return_inverse=True)[1:]
+    u = k[first]
+  else: u, inv = np.unique(k, axis=0, return_inverse=True)
+  out = []
+  for key in map(tuple, u.tolist()):
+    x = memo.get(key)
+    if x is None: x = memo[key] = fn(*key)
+    out.append(x)
+  return np.array(out, np.int64)[inv.reshape(-1)]
+
+
+def _moves_seq(left, at_mv, srcs, opm, argm, argobj, dec, sid, shapes, many, bref, vc, views, cls, contig_cls, trans,
+               copied) -> list:
+  """_moves' sweep of the movements left (positions in at_mv, in node order) one by one: the per-node visit's."""
+  ev_t, ev_s, ev_k, ev_n = [], [], [], []
+  mv, sv = at_mv[left], srcs[left]
+  ml, sl, opl, argl, decm = mv.tolist(), sv.tolist(), opm[left].tolist(), argm[left].tolist(), dec[mv].tolist()
+  bs, cs, ssid, msid, manyl = bref[sv].tolist(), vc[sv].tolist(), sid[sv].tolist(), sid[mv].tolist(), many.tolist()
+  upd: dict = {}  # node -> (buffer ref, class) of the views given here (movements, sources stored here)
+  for k, i in enumerate(ml):
+    s, o = sl[k], opl[k]
+    u = upd.get(s)
+    sb, sc = u if u is not None else (bs[k], cs[k])
+    if sb == -1 and (o == _PAD or (o == _EXPAND and manyl[ssid[k]])):  # its source stored first
+      ev_t.append(i), ev_s.append(0), ev_k.append(_MAT), ev_n.append(s)
+      sb, sc = upd[s] = (s, contig_cls(ssid[k]))
+    if sb != -1:
+      a = argl[k]
+      tk = (sc, o, a)
+      t = trans.get(tk)
+      if t is None: t = trans[tk] = _trans(views, cls, sc, o, argobj[a])
+      if t < 0:  # (a RESHAPE the strides cannot express: a contiguous copy of the source's view)
+        ck = (ssid[k], o, a)
+        t = copied.get(ck)
+        if t is None: t = copied[ck] = cls(apply(View.contiguous(shapes[ssid[k]]), _NAMES[o], argobj[a]))
+        ev_t.append(i), ev_s.append(1), ev_k.append(_COPY), ev_n.append(i)
+        upd[i] = (i, t)
+      else: upd[i] = (sb, t)
+    elif decm[k]:
+      ev_t.append(i), ev_s.append(2), ev_k.append(_MAT), ev_n.append(i)
+      upd[i] = (i, contig_cls(msid[k]))
+  if upd:
+    at_u = np.fromiter(upd, np.int64, len(upd))
+    bc = np.array(list(upd.values()), np.int64).reshape(-1, 2)
+    bref[at_u], vc[at_u] = bc[:, 0], bc[:, 1]
+  return [tuple(np.array(x, np.int64) for x in (ev_t, ev_s, ev_k, ev_n))]
