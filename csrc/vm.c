@@ -86,6 +86,45 @@ static int in_buf(const pg_vm *vm, int32_t bf, int64_t mn, int64_t mx, int64_t e
   return mn >= 0 && mx < LIM_SIZE && (mx + 1) * esize <= vm->bufs[bf].nbytes;
 }
 
+#define VM_CHUNK_HEAD ((sizeof(vm_chunk) + 63) / 64 * 64)  /* (a block's data 64-byte aligned) */
+#define VM_CHUNK_MIN ((size_t)64 << 10)
+#define VM_CHUNK_MAX ((size_t)16 << 20)
+
+/* count elements of size bytes, zeroed and 16-byte aligned, from the program's arena: blocks from mem.h, each
+   twice the last up to VM_CHUNK_MAX (or as large as one request), all freed with the program. A program of tens of
+   thousands of kernels made four callocs per kernel and freed them one by one: about half the time of preparing
+   and freeing it. NULL without memory (or for a request past what size_t holds) */
+static void *vm_take(pg_vm *vm, size_t count, size_t size) {
+  vm_chunk *c = vm->chunks;
+  size_t n;
+  char *p;
+  if (size == 0 || count > (SIZE_MAX / 4) / size) return NULL;
+  n = (count * size + 15) & ~(size_t)15;
+  if (!c || c->cap - c->used < n) {
+    size_t cap = vm->chunk_next < VM_CHUNK_MIN ? VM_CHUNK_MIN : vm->chunk_next;
+    if (cap < n) cap = n;
+    c = (vm_chunk *)pg_mem_alloc(VM_CHUNK_HEAD + cap);
+    if (!c) return NULL;
+    c->next = vm->chunks, c->cap = cap, c->used = 0, c->size = VM_CHUNK_HEAD + cap;
+    vm->chunks = c;
+    vm->chunk_next = cap >= VM_CHUNK_MAX / 2 ? VM_CHUNK_MAX : 2 * cap;
+  }
+  p = (char *)c + VM_CHUNK_HEAD + c->used;
+  c->used += n;
+  memset(p, 0, n);
+  return p;
+}
+
+/* the array of a kernel's count elements of size bytes, each read from at least `words` words: as many as the
+   words left can fill, plus the one a read running out of words writes before it fails (a program claiming 2**28
+   instructions in a few words gets no gigabytes), at least one. NULL, with the reader failed, without memory */
+static void *rd_take(rd *r, pg_vm *vm, int64_t count, int64_t words, size_t size) {
+  int64_t most = (r->n - r->i) / words + 1;
+  void *p = vm_take(vm, (size_t)(count < 1 ? 1 : count < most ? count : most), size);
+  if (!p) rd_fail(r, "out of memory");
+  return p;
+}
+
 static void read_view(rd *r, pg_vm *vm, vm_kernel *k, vm_view *v, int isstore) {
   int d;
   int64_t mn, mx, numel = 1;
@@ -96,8 +135,10 @@ static void read_view(rd *r, pg_vm *vm, vm_kernel *k, vm_view *v, int isstore) {
   v->off = rd_get(r, -LIM_SIZE, LIM_SIZE, "view offset out of range");
   v->masked = (int32_t)rd_get(r, 0, isstore ? 0 : 1, "stores take no mask");
   for (d = 0; d < k->ndim; d++) v->st[d] = rd_get(r, -LIM_SIZE, LIM_SIZE, "view stride out of range");
-  for (d = 0; d < k->ndim; d++) { v->lo[d] = 0; v->hi[d] = k->shape[d]; }
   if (v->masked) {
+    v->lo = (int64_t *)vm_take(vm, 2 * (size_t)k->ndim, sizeof *v->lo);
+    if (!v->lo) { rd_fail(r, "out of memory"); return; }
+    v->hi = v->lo + k->ndim;
     for (d = 0; d < k->ndim; d++) v->lo[d] = rd_get(r, 0, k->shape[d], "mask bound out of range");
     for (d = 0; d < k->ndim; d++) v->hi[d] = rd_get(r, v->lo[d], k->shape[d], "mask bound out of range");
   }
@@ -196,8 +237,8 @@ static void read_loop(rd *r, pg_vm *vm, vm_kernel *k) {
   if (k->redmask >> k->ndim) rd_fail(r, "reduce mask names a dim past ndim");
   k->nregs = (int32_t)rd_get(r, 1, PG_VM_MAXREGS, "register count out of range");
   if (r->err) return;
-  k->regs = (vm_regdef *)calloc((size_t)k->nregs, sizeof *k->regs);
-  if (!k->regs) { rd_fail(r, "out of memory"); return; }
+  k->regs = (vm_regdef *)rd_take(r, vm, k->nregs, 2, sizeof *k->regs);
+  if (!k->regs) return;
   ws = 128 + 2 * (int64_t)k->nregs * (int64_t)sizeof(char *);  /* ptr[] and scratch[], then 64-aligned tiles */
   for (i = 0; i < k->nregs && !r->err; i++) {
     k->regs[i].ct = (int32_t)rd_get(r, 0, VT_N - 1, "register type out of range");
@@ -209,8 +250,8 @@ static void read_loop(rd *r, pg_vm *vm, vm_kernel *k) {
   k->wsbytes = ws;
   k->nloads = (int32_t)rd_get(r, 0, k->nregs, "load count out of range");
   if (r->err) return;
-  k->loads = (vm_view *)calloc((size_t)k->nloads + 1, sizeof *k->loads);
-  if (!k->loads) { rd_fail(r, "out of memory"); return; }
+  k->loads = (vm_view *)rd_take(r, vm, k->nloads, 5 + k->ndim, sizeof *k->loads);
+  if (!k->loads) return;
   for (i = 0; i < k->nloads && !r->err; i++) {
     read_view(r, vm, k, &k->loads[i], 0);
     if (r->err) return;
@@ -219,8 +260,8 @@ static void read_loop(rd *r, pg_vm *vm, vm_kernel *k) {
   }
   k->nins = (int32_t)rd_get(r, 0, (int64_t)1 << 28, "instruction count out of range");
   if (r->err) return;
-  k->ins = (vm_ins *)calloc((size_t)k->nins + 1, sizeof *k->ins);
-  if (!k->ins) { rd_fail(r, "out of memory"); return; }
+  k->ins = (vm_ins *)rd_take(r, vm, k->nins, 6, sizeof *k->ins);
+  if (!k->ins) return;
   for (i = 0; i < k->nins && !r->err; i++) {
     vm_ins *in = &k->ins[i];
     in->op = (int32_t)rd_get(r, 0, VM_NOPCODES - 1, "opcode out of range");
@@ -233,8 +274,8 @@ static void read_loop(rd *r, pg_vm *vm, vm_kernel *k) {
   }
   k->nstores = (int32_t)rd_get(r, k->redop ? 1 : 0, k->redop ? 1 : 1 << 20, "store count out of range");
   if (r->err) return;
-  k->stores = (vm_view *)calloc((size_t)k->nstores + 1, sizeof *k->stores);
-  if (!k->stores) { rd_fail(r, "out of memory"); return; }
+  k->stores = (vm_view *)rd_take(r, vm, k->nstores, 5 + k->ndim, sizeof *k->stores);
+  if (!k->stores) return;
   for (i = 0; i < k->nstores && !r->err; i++) {
     read_view(r, vm, k, &k->stores[i], 1);
     if (!r->err && k->regs[k->stores[i].reg].scalar && k->redop) rd_fail(r, "a reduction of a scalar register");
@@ -269,8 +310,9 @@ static void check_gemm_operand(rd *r, pg_vm *vm, const vm_gemm *g, int32_t bf, i
 }
 
 static void read_gemm(rd *r, pg_vm *vm, vm_kernel *k) {
-  vm_gemm *g = &k->gemm;
+  vm_gemm *g = k->gemm = (vm_gemm *)rd_take(r, vm, 1, 1, sizeof *k->gemm);
   int32_t d, nb = vm->nbufs - 1;
+  if (!g) return;
   g->lt = (int32_t)rd_get(r, VT_F32, VT_F64, "contraction type must be float32 or float64");
   g->a = (int32_t)rd_get(r, 0, nb, "buffer out of range");
   g->offa = rd_get(r, 0, LIM_SIZE, "offset out of range");
@@ -302,15 +344,12 @@ static void read_gemm(rd *r, pg_vm *vm, vm_kernel *k) {
 
 /* free a program and everything it owns (NULL is fine) */
 void pg_vm_free(pg_vm *vm) {
-  int32_t i;
   if (!vm) return;
-  if (vm->kern)
-    for (i = 0; i < vm->nkern; i++) {
-      free(vm->kern[i].regs);
-      free(vm->kern[i].loads);
-      free(vm->kern[i].stores);
-      free(vm->kern[i].ins);
-    }
+  while (vm->chunks) {
+    vm_chunk *c = vm->chunks;
+    vm->chunks = c->next;
+    pg_mem_free(c, c->size);
+  }
   free(vm->kern);
   free(vm->bufs);
   free(vm->slotmin);
@@ -473,7 +512,8 @@ static int gather_columns(const vm_view *v, const char *base, const int64_t *sha
 /* fill a tile register from a view: nr rows from outer index idx0, columns [c0, c0+nc) */
 static void gather(const vm_view *v, const char *base, const int64_t *shape, int nd, const int64_t *idx0, int64_t nr,
                    int64_t c0, int64_t nc, char *dst) {
-  int64_t idx[VM_MAXDIM], r, ces = vm_esize(vm_ct(v->stype)), si = v->st[nd], lo = v->lo[nd], hi = v->hi[nd];
+  int64_t idx[VM_MAXDIM], r, ces = vm_esize(vm_ct(v->stype)), si = v->st[nd],
+          lo = v->masked ? v->lo[nd] : 0, hi = v->masked ? v->hi[nd] : shape[nd];
   int d;
   /* whole rows that follow each other in memory along the last outer dim (a matrix broadcast over the dims before
      it, in a contraction-shaped loop): one copy per run of rows, not one per row */
@@ -879,7 +919,7 @@ static int64_t gemm_ws_need(const pg_vm *vm, const vm_isa *isa) {
   for (i = 0; i < vm->nkern; i++) {
     vm_gemm swapped;
     if (vm->kern[i].kind != VK_GEMM) continue;
-    w = ((int64_t)isa->gemm_ws(gemm_oriented(&vm->kern[i].gemm, &swapped)) + 63) / 64 * 64;
+    w = ((int64_t)isa->gemm_ws(gemm_oriented(vm->kern[i].gemm, &swapped)) + 63) / 64 * 64;
     if (w > need) need = w;
   }
   return need;
@@ -890,12 +930,12 @@ static int64_t gemm_ws_need(const pg_vm *vm, const vm_isa *isa) {
 static int run_gemm(const vm_kernel *k, char *const *bufp, char *ws, int64_t wsstride, int64_t epiws,
                     int32_t nthreads, const vm_isa *isa) {
   vm_gemm swapped;
-  const vm_gemm *g = gemm_oriented(&k->gemm, &swapped);
+  const vm_gemm *g = gemm_oriented(k->gemm, &swapped);
   int64_t total = 1, flops, units;
   int d;
   gemm_job j;
   j.g = g; j.isa = isa; j.es = vm_esize(g->lt);
-  j.epi = k + 1; j.nepi = k->nepi; j.swapped = g != &k->gemm; j.bufp = bufp; j.epiws = epiws;
+  j.epi = k + 1; j.nepi = k->nepi; j.swapped = g != k->gemm; j.bufp = bufp; j.epiws = epiws;
   j.a = bufp[g->a] + g->offa * j.es; j.b = bufp[g->b] + g->offb * j.es; j.c = bufp[g->c] + g->offc * j.es;
   for (d = 0; d < g->nbatch; d++) total *= g->bsize[d];
   if (total == 0 || g->n == 0 || g->m == 0) return 0;

@@ -40,7 +40,8 @@ typedef struct vm_regdef { int32_t ct, scalar, isload; } vm_regdef;
    the same row for every outer index (a bias broadcast over a batch) */
 typedef struct vm_view {
   int32_t reg, buf, stype, esize, masked, contig, invariant, rowinv;
-  int64_t off, st[VM_MAXDIM], lo[VM_MAXDIM], hi[VM_MAXDIM];
+  int64_t off, st[VM_MAXDIM];
+  int64_t *lo, *hi;  /* (a masked view's, in the program's arena; NULL unmasked: [0, shape) in every dim) */
 } vm_view;
 
 /* C[batch][n][m] = sum_k A[batch][n][k] * B[batch][k][m], strides in elements */
@@ -59,16 +60,22 @@ typedef struct vm_kernel {
   vm_regdef *regs;
   vm_view *loads, *stores;
   vm_ins *ins;
-  vm_gemm gemm;
+  vm_gemm *gemm;  /* (a contraction's only: most kernels are loops, and vm_gemm is ~600 bytes) */
 } vm_kernel;
 
 typedef struct vm_buf { int32_t slot; int64_t off, nbytes, align; } vm_buf;
+
+/* a block of a program's arena (vm.c, vm_take): its kernels' registers, views, instructions and contractions, from
+   `data` on; the blocks are chained from the newest */
+typedef struct vm_chunk { struct vm_chunk *next; size_t cap, used, size; } vm_chunk;
 
 struct pg_vm {
   int32_t nslots, nbufs, nkern, hasepi;
   int64_t *slotmin, wsbytes;
   vm_buf *bufs;
   vm_kernel *kern;
+  vm_chunk *chunks;  /* the arena, and the size of its next block */
+  size_t chunk_next;
   /* the register files of the last run, kept for the next one (a compiled program runs many times: mapping them
      afresh each run would fault every page in again); NULL while a run has them, so a concurrent run of the same
      program makes its own. Freed with the program, so a dropped program gives them back (csrc/mem.h) */

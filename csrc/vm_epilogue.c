@@ -62,7 +62,7 @@ const char *vm_epilogue_check(pg_vm *vm, int32_t ki) {
   while (gi >= 0 && vm->kern[gi].kind == VK_EPILOGUE) gi--;
   if (gi < 0 || vm->kern[gi].kind != VK_GEMM) return "an epilogue must follow a contraction";
   gk = &vm->kern[gi];
-  g = &gk->gemm;
+  g = gk->gemm;
   if (ki - gi > EPI_MAX) return "too many epilogues for one contraction";
   if (g->nbatch != 0) return "an epilogue of a batched contraction";
   if (k->ndim != 2 || k->redop != VR_NONE) return "an epilogue is an elementwise kernel over two dims";

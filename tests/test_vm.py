@@ -446,6 +446,22 @@ def test_corrupted_programs_raise_and_never_crash():
   assert refused > 1000
 
 
+def test_counts_past_the_programs_words_are_refused_without_allocating_them():
+  """A kernel claiming 2**28 instructions (or 2**20 stores) in a few words is refused as truncated, and
+  its arrays come from the program's arena sized by the words left (vm.c rd_take), not by the claim: 8 GB of
+  instructions are neither zeroed nor mapped."""
+  import resource
+  from pygrad.engine import vmlib, lower
+  head = [program._MAGIC, program._VERSION, 1, 1, 1, 64, 0, 0, 64]  # one slot, one buffer of 64 bytes, one kernel
+  loop = [lower.VK_LOOP, 1, 16, 0, 0, 0, 0, 16, 1, dtypes.float32.id, 0]  # 16 elements, one float32 register
+  before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  for tail in ([0, 1 << 28], [0, 0, 1 << 20, 0, 0]):  # instructions, stores
+    with pytest.raises(ValueError, match="truncated"): vmlib.prepare(head + loop + tail)
+  assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # (KB: far below the claims)
+  f32 = dtypes.float32.id
+  vmlib.prepare(head + loop + [1, 0, 0, f32, 0, 0, 1, 0, 1, 0, 0, f32, 0, 0, 1])  # (the same words, complete)
+
+
 @pytest.mark.parametrize("dt", [d for d in VALUE_DTYPES if not dtypes.is_unsigned(d) and not dtypes.is_bool(d)],
                          ids=lambda d: d.name)
 def test_abs_is_lowered_with_the_products_exact_results(dt):
