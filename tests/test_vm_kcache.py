@@ -225,3 +225,28 @@ def test_a_contractions_dims_are_read_from_its_template(name, monkeypatch):
   for s in gemms:
     g = kwords.gemm_words(kwords.words_of(s))
     assert kwords.gemm_dims(s) == (g.nbatch, g.n, g.m)
+
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_copies_keyed_by_their_view_get_the_loops_words(name, monkeypatch):
+  """KernelCache.copied (the planner's copy kernels lowered at once, keyed by view, dtype, storage types and
+  constant) gives the words the copy's Loop lowered through loop_key gives, in the same order; a layered gradient's
+  output copies (its weights' gradients, stored transposed) are mostly given an earlier copy's template."""
+  given = {"n": 0}
+  orig = kcache.KernelCache.copied
+
+  def count(self, *a):
+    r = orig(self, *a)
+    given["n"] += r is not None and type(r[0].words) is kcache.Words
+    return r
+  with monkeypatch.context() as m:
+    m.setattr(kcache.KernelCache, "copied", lambda self, *a: None)
+    want, wout, _ = _compile(name, True, monkeypatch)
+  with monkeypatch.context() as m:
+    m.setattr(kcache.KernelCache, "copied", count)
+    got, gout, _ = _compile(name, True, monkeypatch)
+  assert got == want
+  if wout is not None:
+    assert all(np.array_equal(x, y, equal_nan=True) for x, y in zip(gout, wout))
+  if name == "w1-grad-150": assert given["n"] >= 100
+  if name == "copies": assert given["n"] >= 1

@@ -9,7 +9,8 @@ own way (Planner._emit_root and _walked, which also teach the cache what C lacke
 The words are those the planner's own path gives (tests/test_vm_kcache.py, tests/test_vm_plan_golden.py)."""
 from __future__ import annotations
 from functools import partial
-from operator import attrgetter
+from itertools import compress
+from operator import attrgetter, itemgetter, is_
 import numpy as np
 from ..ops import Ops
 from .kwalk import SMALL_KERNEL, KW_LEAF, PU_ALU_MOVE
@@ -19,6 +20,7 @@ from .views import View
 
 _C_BATCH = True  # (tests turn it off to compare the planner's own path)
 _IDX, _BUF, _ID, _STYPE, _FUSED, _ARG = (attrgetter(a) for a in ("idx", "buf", "id", "stype", "fused", "arg"))
+_FN, _NODE, _NOFN = itemgetter(2), itemgetter(1), partial(is_, None)
 _WORDS, _PART = partial(tuple.__new__, Words), partial(tuple.__new__, Part)  # (NamedTuples made from a tuple)
 _MIN_JOBS = 16  # fewer storing jobs: the planner's own path (it makes the key state only once a kernel is small)
 _IDS = 1 << 16  # buffer ids one call may return (it stops early when the largest kernel's would not fit)
@@ -28,14 +30,15 @@ def run_jobs(pl, c_key: bool) -> None:
   """Runs the planner's sorted jobs ((order, seq), node, fn): fn() when set, else Planner._emit_root(node); the
   storing ones in C when the plan keys its small kernels in C (c_key: the walk goes through movement ops)."""
   jobs, cache = pl.jobs, pl.cache
+  at = list(compress(range(len(jobs)), map(_NOFN, map(_FN, jobs))))  # (the storing jobs: no fn)
   if not (_C_BATCH and c_key and cache is not None and pl.walk is not None and pl.walk.moves and
-          min(SMALL_KERNEL, cache.max_nodes) > 0 and sum(1 for j in jobs if j[2] is None) >= _MIN_JOBS):
+          min(SMALL_KERNEL, cache.max_nodes) > 0 and len(at) >= _MIN_JOBS):
     for _, n, fn in jobs:
       if fn is None: pl._emit_root(n)
       else: fn()
     return
   kk = cache.kkey_of(pl)
-  tops, leaf, space, head, sbuf = _columns(pl, kk, jobs)
+  tops, leaf, space, head, sbuf = _columns(pl, kk, jobs, at)
   w, ffi, lib = pl.walk, kk.ffi, kk.lib
   nj = len(jobs)
   cp = ffi.from_buffer
@@ -100,17 +103,17 @@ def _direct(kk) -> np.ndarray:
   return d
 
 
-def _columns(pl, kk, jobs):
-  """Per job, what C needs to walk and key it (-1 as the top: a job for Python): the top node, whether the top is
-  a load, the index space's and head's ids (KKey.head's) and the store buffer's id, as _emit_root passes them. Read
-  from the graph's columns (a reduction's source is not made into a PNode), a head made once per distinct one."""
+def _columns(pl, kk, jobs, at: list):
+  """Per job, what C needs to walk and key it (-1 as the top: a job for Python; at: the storing jobs): the top
+  node, whether the top is a load, the index space's and head's ids (KKey.head's) and the store buffer's id, as
+  _emit_root passes them. Read from the graph's columns (a reduction's source is not made into a PNode), a head made
+  once per distinct one."""
   w = pl.walk
   g, nj = w.g, len(jobs)
   tops, leaf = np.full(nj, -1, np.int32), np.zeros(nj, np.uint8)
   space, head, sbuf = np.zeros(nj, np.int32), np.zeros(nj, np.int64), np.zeros(nj, np.int32)
-  at = [j for j, (_, n, fn) in enumerate(jobs) if fn is None]
-  if not at: return tops, leaf, space, head, sbuf  # (a list here)
-  ns = [jobs[j][1] for j in at]
+  if not at: return tops, leaf, space, head, sbuf
+  ns = list(map(_NODE, map(jobs.__getitem__, at)))
   at = np.array(at, np.int64)
   idx = np.fromiter(map(_IDX, ns), np.int64, len(ns))
   bufs = list(map(_BUF, ns))

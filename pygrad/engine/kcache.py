@@ -40,6 +40,7 @@ class KernelCache:
   def __init__(self):
     self.memo: dict = {}  # loop_key's keys -> Template, or None (the VM cannot take it)
     self.wmemo: dict = {}  # walked_key's (another form of key: the two never mix)
+    self.cmemo: dict = {}  # copied's: a copy's key -> the Template of its loop_key, or None
     self.hits = 0
     self.kkey = None  # the plan's C key state (engine/kkey.py), once walked_c has run
 
@@ -66,6 +67,26 @@ class KernelCache:
     (words, fused, _), = parts
     hit = memo[kt] = Template(words, fused)
     return _patched(hit, bufs)
+
+  def copied(self, src: Buf, view: View, dtype, b: Buf) -> list[Part] | None:
+    """The lowered Parts of the planner's copy kernel (_emit_copy: src read through view, stored contiguous in b),
+    or None when the VM cannot take it (the planner keeps the Loop, which the program runs by numpy). A copy's key
+    holds only what varies in its loop_key (view, dtype, storage types, a constant's value), so a plan's thousands
+    of copies (a layered gradient's transposed weight gradients) make no KNode, Loop or loop_key each; the first
+    copy of a key is lowered as the Loop it is."""
+    const = src.kind == "const" and view.is_scalar()
+    ck = (view.key(), dtype, src.stype, b.stype, const, src.data.item() if const else None)
+    t = self.cmemo.get(ck, _MISS)
+    if t is _MISS:
+      k = KNode.load(src, view, dtype)
+      loop = Loop(view.shape, [k], [Store(k, b, View.contiguous(view.shape))])
+      parts = self.lower(loop)
+      self.cmemo[ck] = self.memo.get(loop_key(loop)[0])
+      return parts
+    if t is None: return None
+    self.hits += 1
+    ids = (src.id, b.id)  # (numbered by first use: the load's buffer, then the store's)
+    return [Part(Words(t, [ids[j] for j in t.js]), t.fused, [src, b])]
 
   def walked(self, pl, walk: tuple, top, kshape, head: tuple, sbuf: Buf, sview: View) -> list:
     """The kernel storing `top` (walked in C: walk is Planner._Walk.run's (entries, operands, cells), at most
@@ -157,10 +178,11 @@ class Words(NamedTuple):
     return words
 
 
-def assemble(prefix: list[int], seg: list) -> np.ndarray:
-  """The int64 program of a segment: prefix, then each kernel's words (a list, or Words: its template's array with
-  the kernel's buffer ids written in, one scatter per template for all its kernels)."""
-  pieces, run, off = [], list(prefix), 0
+def assemble(prefix: np.ndarray, seg: list) -> np.ndarray:
+  """The int64 program of a segment: prefix (an int64 array: the header and buffer table), then each kernel's words
+  (a list, or Words: its template's array with the kernel's buffer ids written in, one scatter per template for all
+  its kernels)."""
+  pieces, run, off = [prefix], [], len(prefix)
   groups: dict = {}  # id(template) -> (template, word offsets of its kernels, their buffer ids)
   for w in seg:
     if type(w) is Words:

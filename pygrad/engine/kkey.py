@@ -7,10 +7,12 @@ C numbers a kernel's loads and buffers, builds its key and interns it as a class
 keys, so a class's first kernel is lowered (KernelCache._miss) and every later one gets those words with its own
 buffers."""
 from __future__ import annotations
+from operator import attrgetter
 from .kwalk import Walk
 from .records import Buf
 from .views import View
 
+_ID, _KIND, _STYPE_ID = attrgetter("id"), attrgetter("kind"), attrgetter("stype.id")
 _SMALL = 64  # outputs for kernels of up to this many entries (the cache's bound; the caller checks it)
 
 
@@ -80,9 +82,11 @@ class KKey:
     bid, vcl, views, bl = cols
     at = np.asarray(at, np.int64)
     b = bid[at]
-    dts = np.asarray(flat._dts, np.int64)[at]
+    dts = self.walk.g.dt_ids[at]  # (the graph's column: flat._dts is the same as a list)
     # per buffer: its own id when a constant (the class holds its value), else -1 - its storage type's id
-    bkey = np.array([x.id if x.kind == "const" else -1 - x.stype.id for x in bl], np.int64)[b]
+    isc = np.fromiter(map("const".__eq__, map(_KIND, bl)), bool, len(bl))
+    bkey = np.where(isc, np.fromiter(map(_ID, bl), np.int64, len(bl)),
+                    -1 - np.fromiter(map(_STYPE_ID, bl), np.int64, len(bl)))[b]
     nd, nv = len(BY_ID) + 1, len(views) + 1
     first, inv = np.unique(((bkey + nd) * nv + vcl[at]) * nd + dts, return_index=True, return_inverse=True)[1:]
     by = np.empty(len(first), np.int32)

@@ -245,6 +245,11 @@ class Planner:
 
   def _emit_copy(self, view, dtype, b: Buf) -> None:
     src, v = view
+    if self.cache is not None:  # (lowered now: a gradient copies thousands of views, kcache keys them cheaply)
+      parts = self.cache.copied(src, v, dtype, b)
+      if parts is not None:
+        self.kernels += parts
+        return
     k = KNode.load(src, v, dtype)
     self.kernels.append(Loop(v.shape, [k], [Store(k, b, View.contiguous(v.shape))]))
 

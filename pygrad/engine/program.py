@@ -3,7 +3,7 @@ lower, place buffers by liveness) and `program(*arrays)` runs it with one call i
 unless the graph has CALLs, whose Python kernels run between segments. `evaluate_c` is compile-and-run-once."""
 from __future__ import annotations
 import bisect, contextlib, gc, heapq, mmap, os
-from itertools import compress
+from itertools import compress, chain, repeat
 from operator import attrgetter
 from typing import Any
 import numpy as np
@@ -29,6 +29,7 @@ VM_MAXSIZE = value("consts", "VM_MAXSIZE")  # csrc/tables.h: the bytes of a memo
 from_buffer, NULL = ffi.from_buffer, ffi.NULL
 _ALIGN = 64
 _BUF_ID, _BUF_KIND, _BUF_NBYTES = attrgetter("id"), attrgetter("kind"), attrgetter("nbytes")
+_BUF_INDEX, _BUF_OFFSET = attrgetter("index"), attrgetter("offset")
 _MAP_MIN = 1 << 17  # arenas of this many bytes or more are mapped pages (glibc's default mmap threshold)
 _TRIM_NODES = 20_000  # graphs whose plan gives its freed heap pages back to the OS (see Program.__init__)
 
@@ -141,25 +142,40 @@ def _place(kernels: list, bufs: list[Buf]) -> int:
 
 def _place_c(kernels: list, bufs: list[Buf]) -> int:
   """_place's offsets and arena size from csrc/place.c: the kernels' buffer ids and the buffers' kinds and sizes as
-  arrays, one call."""
-  counts, ids = [], []
-  for k in kernels:
-    u = k.bufs if type(k) is Part else _used(k)
-    counts.append(len(u))
-    ids += map(_BUF_ID, u)
+  arrays, one call (made through map: a gradient has tens of thousands of kernels)."""
+  us = [k.bufs if type(k) is Part else _used(k) for k in kernels]
+  c = np.fromiter(map(len, us), np.int32, len(us))
+  i = np.fromiter(map(_BUF_ID, chain.from_iterable(us)), np.int32, int(c.sum()))
   arena = np.fromiter(map("arena".__eq__, map(_BUF_KIND, bufs)), np.uint8, len(bufs))
   need = np.fromiter(map(_BUF_NBYTES, bufs), np.int64, len(bufs))
   need = np.maximum(_ALIGN, -(-need // _ALIGN) * _ALIGN)
   offset = np.zeros(len(bufs), np.int64)
-  c, i = np.array(counts, np.int32), np.array(ids, np.int32)
   top = lib.pg_place(len(c), from_buffer("int32_t[]", c), from_buffer("int32_t[]", i), len(i), len(bufs),
                      from_buffer("uint8_t[]", arena), from_buffer("int64_t[]", need), from_buffer("int64_t[]", offset))
   if top == lib.PG_ERR_NOMEM: raise MemoryError(f"pygrad VM: no memory to place {len(bufs)} buffers")
   if top < 0: raise RuntimeError(f"pygrad VM: the placement of {len(bufs)} buffers was refused ({top})")
   placed = np.zeros(len(bufs), bool)
   placed[i[arena[i] != 0]] = True
-  for b, off in zip(compress(bufs, placed.tolist()), offset[placed].tolist()): b.offset = off
+  for _ in map(setattr, compress(bufs, placed.tolist()), repeat("offset"), offset[placed].tolist()): pass
   return top
+
+
+_KIND = {"arena": 0, "const": 1, "input": 2}  # (any other kind: an output, 3)
+
+
+def _slot_table(bufs: list[Buf], nin: int, slot_size: list) -> tuple[list, np.ndarray]:
+  """Per buffer id its slot (0: the arena, 1: the constants' pool, then the inputs' and the outputs'), and the
+  program's buffer table (slot, offset, bytes per buffer); the inputs' and outputs' sizes go into slot_size. As
+  columns: a gradient plans tens of thousands of buffers."""
+  n = len(bufs)
+  kind = np.fromiter(map(_KIND.get, map(_BUF_KIND, bufs), repeat(3)), np.int64, n)
+  index = np.fromiter(map(_BUF_INDEX, bufs), np.int64, n)
+  nbytes = np.fromiter(map(_BUF_NBYTES, bufs), np.int64, n)
+  slot = np.where(kind == 2, 2 + index, np.where(kind == 3, 2 + nin + index, kind))
+  io = np.flatnonzero(kind >= 2)
+  for k, nb in zip(slot[io].tolist(), nbytes[io].tolist()): slot_size[k] = nb
+  table = np.stack([slot, np.fromiter(map(_BUF_OFFSET, bufs), np.int64, n), nbytes], 1).ravel()
+  return slot.tolist(), table
 
 
 @contextlib.contextmanager
@@ -237,7 +253,8 @@ class Program:
     fuse_epilogues(steps)  # (the loops after a contraction run on its tiles)
     self.arena_bytes = _place(steps, pl.bufs)
     _check_memory(self.arena_bytes, pl.bufs)
-    for b in pl.bufs: b.node = None  # (named in errors until here) no buffer keeps the graph alive, nor a cycle
+    for _ in map(setattr, pl.bufs, repeat("node"), repeat(None)): pass  # (named in errors until here) no buffer
+    # keeps the graph alive, nor a cycle
     pool, consts = 0, []
     for b in pl.bufs:
       if b.kind == "const":
@@ -249,16 +266,7 @@ class Program:
     nin = len(self.inputs)
     self._nslots = 2 + nin + len(self._out_bufs)
     slot_size = [self.arena_bytes, len(self._pool)] + [0] * (nin + len(self._out_bufs))
-    table, self._slot_of = [], {}
-    for b in pl.bufs:
-      kind = b.kind
-      if kind == "arena": slot = 0
-      elif kind == "const": slot = 1
-      else:
-        slot = 2 + b.index if kind == "input" else 2 + nin + b.index
-        slot_size[slot] = b.nbytes
-      self._slot_of[b.id] = slot
-      table += [slot, b.offset, b.nbytes]
+    self._slot_of, table = _slot_table(pl.bufs, nin, slot_size)
     head = [_MAGIC, _VERSION, self._nslots, len(pl.bufs)]
     self._slot_sizes = slot_size
     self._steps, seg, nk, nfused, ngemm = [], [], 0, 0, 0
@@ -269,7 +277,7 @@ class Program:
         nk, nfused, ngemm = nk + 1, nfused + k.fused, ngemm + ((w.kind if type(w) is Words else w[0]) == VK_GEMM)
         continue
       if seg:
-        code = assemble(head + [len(seg)] + slot_size + table, seg)  # (cached kernels' words patched in there)
+        code = assemble(np.concatenate([np.array(head + [len(seg)] + slot_size, np.int64), table]), seg)
         self._steps.append(vmlib.prepare(code))
         if keep_words: self._words = code.tolist()  # the last segment's program, for tests of the C validator
         seg = []
