@@ -4,7 +4,6 @@ names, and the value-preserving ops (CONTIGUOUS, CONTIGUOUS_BACKWARD, DETACH, CO
 MULTI) resolved to their source. Iterative: nothing recurses on graph depth."""
 from __future__ import annotations
 from itertools import repeat
-from operator import itemgetter
 import numpy as np
 from ..ops import Ops, GroupOp
 from ..uop import UOp, handle
@@ -156,8 +155,8 @@ _LAZY_MIN = 4096  # nodes from which a plain graph's PNodes are made when first 
 class LazyNodes:
   """The PNodes of a large plain graph, each made when first read (by index, or as another's source): the planner
   reads a fraction of them (outputs, shared values, reductions, movements, a walked kernel's loads), the rest only as
-  columns. A node's `src` is made when first read too. `users`: every node's users count once the planner knows
-  it (a node made after gets it). `made_idx`: the nodes made, in order. `all()` makes the rest a column at a time
+  columns. A node's `src` is made when first read too. `users`: every node's users count (an array) once the
+  planner knows it (a node made after gets it). `made_idx`: the nodes made, in order. `all()` makes the rest a column at a time
   (a planner that reads most nodes asks for it: one by one they cost 2-3x more). Its nodes refer to it: `release()`
   after planning breaks that cycle (Program does). `opcodes`: the nodes with an opcode of their own (flatten's
   quotients, found on the columns: no node is made for them)."""
@@ -191,7 +190,7 @@ class LazyNodes:
     n = _new_pnode(PNode)
     op, dt, _, aid, _, mid, _ = self._info[i].tolist()
     n.op, n.dtype, n.shape, n.arg = _OPS[op], BY_ID[dt], self._meta_vals[mid][0], self._arg_objs[aid]
-    n.nid, n.idx, n.users = int(self._nids[i]), i, 0 if self.users is None else self.users[i]
+    n.nid, n.idx, n.users = int(self._nids[i]), i, 0 if self.users is None else int(self.users[i])
     n.is_output, n.mat, n.buf, n.callbufs, n.out_slot, n._lz = False, False, None, None, None, self
     n.opcode = self._opcodes.get(i)
     n.view = None if self.view_of is None else self.view_of(i)
@@ -229,8 +228,7 @@ class LazyNodes:
                    [mv[m][0] for m in rows[:, 5].tolist()], map(self._arg_objs.__getitem__, rows[:, 3].tolist()),
                    repeat(()), self._nids[at].tolist(), miss))
     if self.users is not None:
-      pick = itemgetter(*miss) if len(miss) > 1 else (lambda col: (col[miss[0]],))
-      for _ in map(setattr, new, repeat("users"), pick(self.users)): pass
+      for _ in map(setattr, new, repeat("users"), self.users[at].tolist()): pass
     if self.view_of is not None:
       for _ in map(setattr, new, repeat("view"), map(self.view_of, miss)): pass
     if self._opcodes:
@@ -332,6 +330,9 @@ def _flatten_ids(outputs: list[UOp], lazy: bool = False):
   plain = _flatten_plain(order, info, flat, lazy)
   if plain is not None:
     nodes, pos, cols = plain
+    if type(nodes) is LazyNodes:  # (the outputs, made at once: they are the roots)
+      at = np.unique(pos[roots]).tolist()
+      nodes.make([i for i in at if nodes._made[i] is None])
     return nodes, [_structure(o, 0, None, lambda u, c: nodes[pos[u._id]]) for o in outputs], cols
   rows, flat, order = info.tolist(), flat.tolist(), order.tolist()
   tups: dict[int, list[int]] = {}  # the sources of TUPLE nodes, which GETTUPLE looks into

@@ -93,7 +93,7 @@ class Graph:
     flags = (self.ops & (PU_ALU | PU_ALU_MOVE)) | is_out
     # equal shapes, one id: canonical among the distinct meta ids, or else the distinct tuple objects
     keys = self.meta if self.meta is not None else np.fromiter(map(id, map(_G_SHAPE, nodes)), np.int64, n)
-    first, inv = np.unique(keys, return_index=True, return_inverse=True)[1:]
+    first, inv = _groups(keys)
     canon: dict = {}
     shapes = [nodes[i].shape for i in first.tolist()]
     self.scalar = np.array([not sh for sh in shapes], bool)[inv]  # (per node: shape ())
@@ -108,12 +108,12 @@ class Graph:
     if rc < 0: raise RuntimeError(f"pygrad planner: the users sweep refused {n} nodes with {len(self.src)} edges "
                                   f"(at most {2**31 - 1} edges in one program) ({rc})")
     self.users, self.fused_np = users, fused  # (sweep.py's columns)
-    ul = users.tolist()
     if type(nodes) is LazyNodes:  # the nodes made so far, and any made later
-      nodes.users = ul
-      for i in nodes.made_idx: nodes[i].users = ul[i]
+      nodes.users = users
+      made = nodes.made_idx
+      for _ in map(setattr, map(nodes.__getitem__, made), repeat("users"), users[made].tolist()): pass
     else:
-      for _ in map(setattr, nodes, repeat("users"), ul): pass
+      for _ in map(setattr, nodes, repeat("users"), users.tolist()): pass
     # the nodes _visit has anything to do for: a pure ALU node neither an output nor read twice stays an expression
     # (and a CAST or BITCAST read once neither: _visit would only check its size against the VM's bound, done here)
     quiet = (self.ops & (PURE | PU_ALU)) != 0
@@ -124,6 +124,21 @@ class Graph:
       quiet[casts[size * isz[self.dt_ids[casts]] > VM_MAXSIZE]] = False  # (left to _visit, which raises)
     self.visit = np.flatnonzero(~quiet | ((flags & PU_OUTPUT) != 0) | (users >= 2)).tolist()
     return bytearray(fused.tobytes())
+
+
+def _groups(keys: np.ndarray):
+  """np.unique(keys, return_index=True, return_inverse=True)[1:] for ints >= 0: through a table when the largest is
+  a few times the count or less (meta ids: no sort of every node's), else np.unique."""
+  n = len(keys)
+  top = int(keys.max()) + 1 if n else 0
+  if n == 0 or keys.min() < 0 or top > 4 * n + 1024:
+    return np.unique(keys, return_index=True, return_inverse=True)[1:]
+  first = np.full(top, n, np.int64)
+  np.minimum.at(first, keys, np.arange(n))  # (each key's first position)
+  present = np.flatnonzero(first < n)
+  rank = np.empty(top, np.int64)
+  rank[present] = np.arange(len(present))
+  return first[present], rank[keys]
 
 
 class Walk:

@@ -194,9 +194,10 @@ class Planner:
     n.buf, n.mat, n.view = b, True, (b, View.contiguous(n.shape))
     self.jobs.append(((n.idx, len(self.jobs)), n, None))  # (no fn: _emit_root(n), or engine/kbatch.py's C loop)
 
-  def _copy_view(self, view, n: PNode, order) -> Buf:
-    """A contiguous copy of a view (a RESHAPE the strides cannot express)."""
-    b = self._buf("arena", compute_dtype(n.dtype), n.shape, n.dtype)
+  def _copy_view(self, view, n: PNode, order, bid: int | None = None) -> Buf:
+    """A contiguous copy of a view (a RESHAPE the strides cannot express); bid: its buffer's id, reserved in bufs."""
+    if bid is None: b = self._buf("arena", compute_dtype(n.dtype), n.shape, n.dtype)
+    else: b = self.bufs[bid] = Buf(bid, "arena", compute_dtype(n.dtype), tuple(n.shape), n.dtype)
     b.node = n
     self._job(order - 0.5, lambda: self._emit_copy(view, n.dtype, b))
     return b

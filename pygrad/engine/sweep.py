@@ -11,11 +11,13 @@ made when it is first read (LazyNodes.view_of). A graph the sweep does not cover
 unknown op, a missing input, a value past the VM's bound) is left to the per-node visit, which raises its errors."""
 from __future__ import annotations
 import math
+from itertools import count, repeat
+from operator import attrgetter
 import numpy as np
-from ..ops import Ops, GroupOp
+from ..ops import Ops
 from ..dtype import BY_ID
 from .views import View, apply
-from .records import compute_dtype, storage_dtype, Buf
+from .records import compute_dtype, Buf
 from .flatten import LazyNodes, _OPS
 from .kwalk import PU_ALU, PU_ALU_MOVE, PURE, VM_MAXSIZE
 
@@ -23,8 +25,10 @@ _INPUT_IDS = [int(o) for o in (Ops.BUFFER, Ops.DEFINE_VAR, Ops.PARAM)]
 _CONST, _REDUCE, _PAD, _EXPAND = (int(o) for o in (Ops.CONST, Ops.REDUCE_AXIS, Ops.PAD, Ops.EXPAND))
 _NAMES = [o.name for o in _OPS]
 _ITEMSIZE = [max(compute_dtype(d).itemsize, 1) for d in BY_ID]
-_MAT, _COPY, _CONSTEV = 0, 1, 2  # event kinds: a node's buffer (_materialize), a copy of a view, a CONST's buffer
+# event kinds: a node's buffer (Planner._materialize's arena buffer), a copy of a view, a CONST's buffer, an output's
+_MAT, _COPY, _CONSTEV, _OUTEV = 0, 1, 2, 3
 _CT = {d: compute_dtype(d) for d in BY_ID if d is not None}
+_DTYPE, _SHAPE = attrgetter("dtype"), attrgetter("shape")
 
 
 def covers(nodes) -> bool:
@@ -96,35 +100,49 @@ def sweep(pl, g, nodes: LazyNodes, outs: list[int]) -> np.ndarray | None:
   br, vcl = bref.tolist(), vc.tolist()
   # the buffers, in the visit's order; the nodes they store (and the copies' sources) made a column at a time
   ev_t, ev_s, ev_k, ev_n = (np.concatenate(c) for c in zip(*ev))
-  order = np.lexsort((ev_s, ev_t))
+  order = np.argsort(ev_t * 4 + ev_s)  # (one key per event)
   en, ek = ev_n[order], ev_k[order]
   ek[(ek == _MAT) & const[en]] = _CONSTEV
-  cps = nodes._cols[0][nodes._cols[1][en[ek == _COPY]]]
-  need = np.unique(np.concatenate((en[ek != _COPY], cps)))
+  ek[(ek == _MAT) & is_out[en]] = _OUTEV
+  cps = nodes._cols[0][nodes._cols[1][en[ek == _COPY]]].tolist()
+  need = np.unique(np.concatenate((en[ek != _COPY], cps)).astype(np.int64)).tolist()
   made = nodes._made
-  nodes.make([i for i, m in zip(need.tolist(), map(made.__getitem__, need.tolist())) if m is None])
+  # (the nodes made before the events, and those made for them but the arena buffers': their views set at the end)
+  fix = list(nodes.made_idx) + np.unique(np.concatenate((en[(ek == _CONSTEV) | (ek == _OUTEV)], cps)).astype(
+    np.int64)).tolist()
+  nodes.make([i for i, m in zip(need, map(made.__getitem__, need)) if m is None])
+  # the events in order but the arena buffers of plain nodes (most of them): their ids reserved (None in bl) where
+  # they come, the buffers made after as columns
   bufs: dict = {}  # event node -> its buffer
-  bl, jobs = pl.bufs, pl.jobs
-  cv = [View.contiguous(sh) for sh in shapes]  # (per shape id)
-  cps = iter(cps.tolist())
-  for j, k, q in zip(en.tolist(), ek.tolist(), sid[en].tolist()):
-    m = made[j]
-    if k == _MAT and not m.mat:  # (Planner._materialize's common case inline: an arena buffer)
-      if m.is_output and m.out_slot is None and (m.op is not Ops.REDUCE_AXIS or storage_dtype(m.dtype) is
-                                                  compute_dtype(m.dtype)):
-        pl._materialize(m)
-      else:
-        b = m.buf = Buf(len(bl), "arena", _CT[m.dtype], m.shape, m.dtype)
-        b.node, m.mat, m.view = m, True, (b, cv[q])
-        bl.append(b)
-        jobs.append(((j, len(jobs)), m, None))
+  bl, jobs, aid, copies = pl.bufs, pl.jobs, [], []
+  odd = np.flatnonzero(ek != _MAT)
+  for q, p, j, k in zip(range(len(odd)), odd.tolist(), en[odd].tolist(), ek[odd].tolist()):
+    if p - q > len(aid): _reserve(bl, aid, p - q - len(aid))  # (p - q arena buffers come before this event)
+    if k == _CONSTEV: bufs[j] = pl._const(made[j])
+    elif k == _OUTEV:
+      m = made[j]
+      pl._materialize(m)
       bufs[j] = m.buf
-    elif k == _COPY:
-      s = next(cps)
-      rs = br[s]
-      bufs[j] = pl._copy_view((bufs[rs] if rs >= 0 else bl[-2 - rs], views[vcl[s]]), made[s], j)
-    elif k == _CONSTEV: bufs[j] = pl._const(m)
-    else: bufs[j] = m.buf
+    else:
+      copies.append((len(bl), j))
+      bl.append(None)
+  at_a = np.flatnonzero(ek == _MAT)
+  _reserve(bl, aid, len(at_a) - len(aid))
+  ja = en[at_a].tolist()
+  ms = list(map(made.__getitem__, ja))
+  dts = list(map(_DTYPE, ms))
+  new = list(map(Buf, aid, repeat("arena"), map(_CT.__getitem__, dts), map(_SHAPE, ms), dts))
+  for _ in map(bl.__setitem__, aid, new): pass
+  for _ in map(setattr, new, repeat("node"), ms): pass
+  for _ in map(setattr, ms, repeat("buf"), new): pass
+  for _ in map(setattr, ms, repeat("mat"), repeat(True)): pass
+  cv = [View.contiguous(sh) for sh in shapes]  # (per shape id)
+  for _ in map(setattr, ms, repeat("view"), zip(new, map(cv.__getitem__, sid[en[at_a]].tolist()))): pass
+  jobs += zip(zip(ja, count(len(jobs))), ms, repeat(None))  # (Planner._materialize's jobs)
+  bufs.update(zip(ja, new))
+  for (bid, j), s in zip(copies, cps):  # (in order: a copy may read an earlier one)
+    rs = br[s]
+    bufs[j] = pl._copy_view((bufs[rs] if rs >= 0 else bl[-2 - rs], views[vcl[s]]), made[s], j, bid)
   inb = pl.bufs  # (an input's buffer: pl.bufs[its id])
 
   def view_of(i: int):
@@ -133,13 +151,21 @@ def sweep(pl, g, nodes: LazyNodes, outs: list[int]) -> np.ndarray | None:
     return (bufs[r] if r >= 0 else inb[-2 - r], views[vcl[i]])
   nodes.view_of = view_of
   ids = np.full(n + 2, -1, np.int64)  # (per event node its buffer's id; -1 at the end for the nodes without a view)
-  if bufs: ids[np.fromiter(bufs, np.int64, len(bufs))] = [b.id for b in bufs.values()]
+  ids[en[at_a]] = aid
+  if len(bufs) > len(aid):
+    odd = [j for j in bufs if ids[j] < 0]  # (consts, outputs, copies)
+    ids[odd] = [bufs[j].id for j in odd]
   nodes.vcols = (np.where(bref >= 0, ids[np.maximum(bref, -1)], -2 - bref), vc, views, inb)
-  made = nodes._made
-  for i in nodes.made_idx:
+  for i in fix:
     m = made[i]
     if m.view is None: m.view = view_of(i)
   return bref != -1
+
+
+def _reserve(bl: list, aid: list, k: int) -> None:
+  """k buffer ids reserved at the end of bl (None there), listed in aid."""
+  aid += range(len(bl), len(bl) + k)
+  bl += repeat(None, k)
 
 
 _ROUND_MIN = 1024  # movements from which a round of them is swept as arrays (fewer: one by one, in node order)
