@@ -157,8 +157,17 @@ def test_lazy_nodes_are_the_flattened_nodes(name, monkeypatch):
   if type(lazy) is not LazyNodes: return  # (not a plain graph: both are the general flattening's)
   assert type(whole) is list and len(lazy) == len(whole)
 
-  def row(n): return (n.op, n.dtype, n.shape, n.arg, n.nid, n.idx, tuple(s.idx for s in n.src), n.opcode)
+  def row(n): return (n.op, n.dtype, n.shape, n.arg, n.nid, n.idx, tuple(s.idx for s in n.src), n.opcode, n.users,
+                      n.is_output, n.callbufs, n.out_slot)
   assert [row(lazy[i]) for i in range(len(lazy))] == [row(n) for n in whole]
+  bare = flatten.flatten(outs, columns=True)[0]  # (nodes made bare, their fields filled when first read)
+  bare.users = np.arange(len(bare)) % 3  # (as kwalk's users_fused sets them: on the nodes made so far too)
+  for i in bare.made_idx: bare[i].users = i % 3
+  at = list(range(0, len(bare), 2))
+  bare.make_bare([i for i in at if bare._made[i] is None])
+  assert all(bare[i].arg is whole[i].arg for i in at)
+  for n in whole: n.users = n.idx % 3
+  assert [row(bare[i]) for i in range(len(bare))] == [row(n) for n in whole]
   assert lcols["special"] == wcols["special"]
   for k in ("nsrc", "src", "op", "meta", "dtype"): np.testing.assert_array_equal(lcols[k], wcols[k])
   if name.startswith("grad"): assert lcols["special"]  # (the gradients' quotients were found)

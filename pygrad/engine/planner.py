@@ -68,6 +68,7 @@ class Planner:
 
   def __init__(self, nodes: list[PNode], shaped_outputs: list, inputs: list, cols: dict | None = None, cache=None):
     self.nodes, self.bufs, self.kernels, self.jobs, self.consts = nodes, [], [], [], {}
+    self.jobs_sorted = False  # (the sweep's are)
     # cache: a kcache.KernelCache, to which small kernels walked in C go lowered (kernels then holds lower.Parts)
     self.cache, self.prewalk = cache, None
     self.input_bufs: dict[int, Buf] = {}
@@ -108,7 +109,7 @@ class Planner:
     self.vmemo: dict = {}  # (view key, cell) -> the view with the cell's movements applied (_knodes_small)
     self.lmemo, self.sigs = {}, None  # kcache.walked_key's: (node, cell) -> its load; per node its ALU signature
     self.kkey = None  # (kcache.walked_c's state: engine/kkey.py)
-    self.jobs.sort(key=lambda j: j[0])
+    if not self.jobs_sorted: self.jobs.sort(key=lambda j: j[0])
     from .kbatch import run_jobs  # (it imports kcache, which imports this module)
     run_jobs(self, _C_KEY)  # (most of them in one C loop: engine/kbatch.py)
     self.jobs = []  # its closures hold the planner: dropped, the plan is freed by reference counting

@@ -12,7 +12,6 @@ unknown op, a missing input, a value past the VM's bound) is left to the per-nod
 from __future__ import annotations
 import math
 from itertools import count, repeat
-from operator import attrgetter
 import numpy as np
 from ..ops import Ops
 from ..dtype import BY_ID
@@ -28,7 +27,6 @@ _ITEMSIZE = [max(compute_dtype(d).itemsize, 1) for d in BY_ID]
 # event kinds: a node's buffer (Planner._materialize's arena buffer), a copy of a view, a CONST's buffer, an output's
 _MAT, _COPY, _CONSTEV, _OUTEV = 0, 1, 2, 3
 _CT = {d: compute_dtype(d) for d in BY_ID if d is not None}
-_DTYPE, _SHAPE = attrgetter("dtype"), attrgetter("shape")
 
 
 def covers(nodes) -> bool:
@@ -110,11 +108,15 @@ def sweep(pl, g, nodes: LazyNodes, outs: list[int]) -> np.ndarray | None:
   # (the nodes made before the events, and those made for them but the arena buffers': their views set at the end)
   fix = list(nodes.made_idx) + np.unique(np.concatenate((en[(ek == _CONSTEV) | (ek == _OUTEV)], cps)).astype(
     np.int64)).tolist()
+  at_a = np.flatnonzero(ek == _MAT)
+  ja = en[at_a].tolist()
+  nodes.make_bare([i for i in ja if made[i] is None])  # (the arena buffers' nodes: read by index, buffer, arg)
   nodes.make([i for i, m in zip(need, map(made.__getitem__, need)) if m is None])
   # the events in order but the arena buffers of plain nodes (most of them): their ids reserved (None in bl) where
   # they come, the buffers made after as columns
   bufs: dict = {}  # event node -> its buffer
   bl, jobs, aid, copies = pl.bufs, pl.jobs, [], []
+  j0 = len(jobs)
   odd = np.flatnonzero(ek != _MAT)
   for q, p, j, k in zip(range(len(odd)), odd.tolist(), en[odd].tolist(), ek[odd].tolist()):
     if p - q > len(aid): _reserve(bl, aid, p - q - len(aid))  # (p - q arena buffers come before this event)
@@ -126,23 +128,27 @@ def sweep(pl, g, nodes: LazyNodes, outs: list[int]) -> np.ndarray | None:
     else:
       copies.append((len(bl), j))
       bl.append(None)
-  at_a = np.flatnonzero(ek == _MAT)
   _reserve(bl, aid, len(at_a) - len(aid))
-  ja = en[at_a].tolist()
   ms = list(map(made.__getitem__, ja))
-  dts = list(map(_DTYPE, ms))
-  new = list(map(Buf, aid, repeat("arena"), map(_CT.__getitem__, dts), map(_SHAPE, ms), dts))
+  dts, sa = list(map(BY_ID.__getitem__, g.dt_ids[en[at_a]].tolist())), sid[en[at_a]].tolist()
+  new = list(map(Buf, aid, repeat("arena"), map(_CT.__getitem__, dts), map(shapes.__getitem__, sa), dts))
   for _ in map(bl.__setitem__, aid, new): pass
   for _ in map(setattr, new, repeat("node"), ms): pass
   for _ in map(setattr, ms, repeat("buf"), new): pass
   for _ in map(setattr, ms, repeat("mat"), repeat(True)): pass
   cv = [View.contiguous(sh) for sh in shapes]  # (per shape id)
-  for _ in map(setattr, ms, repeat("view"), zip(new, map(cv.__getitem__, sid[en[at_a]].tolist()))): pass
+  for _ in map(setattr, ms, repeat("view"), zip(new, map(cv.__getitem__, sa))): pass
   jobs += zip(zip(ja, count(len(jobs))), ms, repeat(None))  # (Planner._materialize's jobs)
   bufs.update(zip(ja, new))
   for (bid, j), s in zip(copies, cps):  # (in order: a copy may read an earlier one)
     rs = br[s]
     bufs[j] = pl._copy_view((bufs[rs] if rs >= 0 else bl[-2 - rs], views[vcl[s]]), made[s], j, bid)
+  # the jobs in their order (the planner's sort key: the stored node, a copy's movement node - 0.5, each once), as
+  # appended: the outputs', the arena buffers', the copies'
+  key = np.concatenate((en[odd][ek[odd] == _OUTEV], ja, np.array([j for _, j in copies], np.float64) - 0.5))
+  if j0 == 0 and len(key) == len(jobs):
+    jobs[:] = map(jobs.__getitem__, np.argsort(key, kind="stable").tolist())
+    pl.jobs_sorted = True  # (the jobs the planner appends after, its outputs' copies, come last: order inf)
   inb = pl.bufs  # (an input's buffer: pl.bufs[its id])
 
   def view_of(i: int):
