@@ -27,6 +27,8 @@ import argparse, gc, json, os, platform, statistics, subprocess, sys, time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 WORKLOADS = ("grad-scalar", "grad-vector", "forward", "w1-grad")
+# the default sizes (w1-grad's graph has ~2 nodes per unit of size: its points run from 20k to ~1M nodes)
+_SIZES = {None: "10000,100000,1000000", "w1-grad": "10000,100000,300000,485000"}
 
 
 def _py_ref() -> float:
@@ -87,7 +89,8 @@ def _run(root: str, kind: str, n: int, repeat: int) -> dict:
 
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--sizes", default="10000,100000,1000000")
+  ap.add_argument("--sizes", default=None, help="per workload: 10000,100000,1000000; w1-grad: 10000,100000,300000,"
+                  "485000 (its size is ~half its node count: 20k to 1M nodes)")
   ap.add_argument("--only", default=",".join(WORKLOADS))
   ap.add_argument("--repeat", type=int, default=3)
   ap.add_argument("--baseline", default=None, help="a folder holding another (built) pygrad package to compare")
@@ -97,12 +100,11 @@ def main(argv=None) -> int:
   if a.worker:
     print("RESULT " + json.dumps(worker(a.worker[0], int(a.worker[1]), int(a.worker[2]))))
     return 0
-  sizes = [int(s) for s in a.sizes.split(",")]
   base = os.path.abspath(a.baseline) if a.baseline else None
   rows = []
   for kind in [k.strip() for k in a.only.split(",") if k.strip()]:
     if kind not in WORKLOADS: raise SystemExit(f"unknown workload {kind!r}; expected one of {WORKLOADS}")
-    for n in sizes:
+    for n in [int(s) for s in (a.sizes or _SIZES.get(kind, _SIZES[None])).split(",")]:
       r = _run(ROOT, kind, n, a.repeat)
       if base is not None: r["base"] = _run(base, kind, n, a.repeat)  # interleaved: both under the same load
       rows.append(r)
@@ -113,7 +115,8 @@ def main(argv=None) -> int:
             f"{r['compile_s'] / r['nodes'] * 1e6:.2f} us/node (CPU {r['cpu_s'] / r['nodes'] * 1e6:.2f}){vs}  "
             f"run {r['run_s']:.4f} s  ref {r['py_ref_ns']:.0f} ns",
             flush=True)
-  cmd = f"python bench/bench_compile.py --sizes {a.sizes} --only {a.only} --repeat {a.repeat}" + \
+  cmd = "python bench/bench_compile.py" + (f" --sizes {a.sizes}" if a.sizes else "") + \
+      f" --only {a.only} --repeat {a.repeat}" + \
       (" --baseline BASELINE" if base else "")
   lines = ["# Compile time per node", "",
            f"`{cmd}` on {platform.machine()}, "

@@ -134,6 +134,8 @@ static void read_view(rd *r, pg_vm *vm, vm_kernel *k, vm_view *v, int isstore) {
   v->esize = (int32_t)vm_esize(v->stype);
   v->off = rd_get(r, -LIM_SIZE, LIM_SIZE, "view offset out of range");
   v->masked = (int32_t)rd_get(r, 0, isstore ? 0 : 1, "stores take no mask");
+  v->st = (int64_t *)vm_take(vm, (size_t)k->ndim, sizeof *v->st);
+  if (!v->st) { rd_fail(r, "out of memory"); return; }
   for (d = 0; d < k->ndim; d++) v->st[d] = rd_get(r, -LIM_SIZE, LIM_SIZE, "view stride out of range");
   if (v->masked) {
     v->lo = (int64_t *)vm_take(vm, 2 * (size_t)k->ndim, sizeof *v->lo);

@@ -40,7 +40,8 @@ typedef struct vm_regdef { int32_t ct, scalar, isload; } vm_regdef;
    the same row for every outer index (a bias broadcast over a batch) */
 typedef struct vm_view {
   int32_t reg, buf, stype, esize, masked, contig, invariant, rowinv;
-  int64_t off, st[VM_MAXDIM];
+  int64_t off;
+  int64_t *st;  /* ndim strides, in the program's arena (a gradient's program holds hundreds of thousands of views) */
   int64_t *lo, *hi;  /* (a masked view's, in the program's arena; NULL unmasked: [0, shape) in every dim) */
 } vm_view;
 

@@ -9,7 +9,7 @@ A pass over the lowered steps (the loops' words, made two-dimensional over the c
 when that is how its output lies); csrc/vm_epilogue.c checks the same conditions when the program is prepared."""
 from __future__ import annotations
 from .lower import Part, VK_LOOP
-from .kwords import kind_of, gemm_steps, words_of, loop_words, gemm_words, gemm_dims
+from .kwords import kind_of, gemm_steps, words_of, loop_words, gemm_words
 from ..ids import value
 
 VK_EPILOGUE = value("vm_kinds", "EPILOGUE")
@@ -81,10 +81,8 @@ def fuse_epilogues(steps: list) -> int:
   kernels, and every step of a group names all the group's buffers, so the arena keeps them apart for the whole
   group). Returns how many loops became epilogues."""
   fused = 0
-  for gi in gemm_steps(steps):
+  for gi in gemm_steps(steps, MIN_OUT):  # (the test below, before the words are made)
     s = steps[gi]
-    nb, n, m = gemm_dims(s)
-    if nb != 0 or n * m < MIN_OUT: continue  # (the test below, before the words are made)
     g = gemm_words(words_of(s))
     if g.nbatch != 0 or g.c in (g.a, g.b) or g.n * g.m < MIN_OUT: continue
     if not _injective(g.n, g.m, g.scn, g.scm): continue

@@ -13,11 +13,23 @@ def kind_of(step) -> int:
   return w[0] if type(w) is list else w.kind
 
 
-def gemm_steps(steps: list) -> list[int]:
-  """The positions of the VK_GEMM steps (kind_of's test inline: the step passes look for the few contractions among
-  tens of thousands of steps)."""
-  return [i for i, s in enumerate(steps) if type(s) is Part and
-          (s.words[0] if type(s.words) is list else s.words.tmpl.words[0]) == VK_GEMM]
+def gemm_steps(steps: list, min_out: int = 0) -> list[int]:
+  """The positions of the VK_GEMM steps; with min_out, of those without batch dims and with at least min_out
+  outputs (gemm_dims's test). A cached kernel's kind and dims are its template's: tested once per template, as the
+  step passes look for the few large contractions among tens of thousands of steps over a dozen templates."""
+  out, memo = [], {}
+  for i, s in enumerate(steps):
+    if type(s) is not Part: continue
+    w = s.words
+    if type(w) is list: ok = w[0] == VK_GEMM and (not min_out or (w[17] == 0 and w[8] * w[9] >= min_out))
+    else:
+      t = w[0]  # (its Template)
+      ok = memo.get(t)
+      if ok is None:
+        tw = t.words
+        ok = memo[t] = tw[0] == VK_GEMM and (not min_out or (tw[17] == 0 and tw[8] * tw[9] >= min_out))
+    if ok: out.append(i)
+  return out
 
 
 def words_of(part) -> list[int]:

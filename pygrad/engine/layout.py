@@ -7,7 +7,7 @@ unchanged: only where it lives. A pass over the lowered steps (their words), so 
 its kernels were lowered (one by one, or cached from the planner's C walk)."""
 from __future__ import annotations
 from .lower import Part, VK_LOOP
-from .kwords import kind_of, gemm_steps, words_of, loop_words, gemm_words, gemm_dims, GEMM_SCN
+from .kwords import kind_of, gemm_steps, words_of, loop_words, gemm_words, GEMM_SCN
 from . import epilogue
 
 
@@ -51,10 +51,8 @@ def relayout(steps: list) -> int:
   that only elementwise loops read, every one of them column by column. Edits the steps' words (a changed step is
   a new Part); returns how many buffers changed layout."""
   cands = {}  # C's buffer id -> (the contraction's step, its words, R, S)
-  for gi in gemm_steps(steps):
+  for gi in gemm_steps(steps, epilogue.MIN_OUT):  # (the test below, before the words are made)
     s = steps[gi]
-    nb, n, m = gemm_dims(s)
-    if nb != 0 or n * m < epilogue.MIN_OUT: continue  # (the test below, before the words are made)
     w = words_of(s)
     g = gemm_words(w)
     b = next((b for b in s.bufs if b.id == g.c), None)

@@ -10,6 +10,7 @@ leaves, so the expression is computed once per output element and an EXPAND is a
 from __future__ import annotations
 import math
 from functools import partial
+from operator import itemgetter
 import numpy as np
 from ..ops import Ops, GroupOp
 from .flatten import PNode, LazyNodes
@@ -57,6 +58,7 @@ def _fused_shared(nodes: list[PNode]) -> bytearray:
 _GRAPH_MIN_NODES = 4096  # graphs from which the planner's sweeps run in C over arrays
 _WALK_MIN_NODES, _WALK_PER_JOB = 4096, 64  # plans whose kernels average this many nodes walk them in C
 _MISS = object()
+_ORDER = itemgetter(0)  # (a job's (order, sequence))
 _C_KEY = True  # small kernels keyed in C (csrc/kkey.c) when the graph has movement ops; else kcache.walked_key
 _SWEEP = True  # a large plain graph's visit swept over its columns (sweep.py); else node by node (_visit)
 _LAZY_MOVES = 64  # a graph with more than one movement op in this many nodes has its LazyNodes made at once
@@ -109,7 +111,7 @@ class Planner:
     self.vmemo: dict = {}  # (view key, cell) -> the view with the cell's movements applied (_knodes_small)
     self.lmemo, self.sigs = {}, None  # kcache.walked_key's: (node, cell) -> its load; per node its ALU signature
     self.kkey = None  # (kcache.walked_c's state: engine/kkey.py)
-    if not self.jobs_sorted: self.jobs.sort(key=lambda j: j[0])
+    if not self.jobs_sorted: self.jobs.sort(key=_ORDER)
     from .kbatch import run_jobs  # (it imports kcache, which imports this module)
     run_jobs(self, _C_KEY)  # (most of them in one C loop: engine/kbatch.py)
     self.jobs = []  # its closures hold the planner: dropped, the plan is freed by reference counting
