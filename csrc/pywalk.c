@@ -12,7 +12,8 @@
 /* cfg: (live, memo, targets, rows, puts, mdd, tsh, shapes, plain, smove, alu, dti, cmp, weak, param, reshape,
    permute, ints, shn, node, meta, vsrc, mdata, md1, dt, where, reduce, buffer, rop, paramarg, leaf, same)
    live: dict node -> whether it is on a path to a target (every node visited); memo: dict node -> its row; targets:
-   a set, or None (every node is converted); rows, puts: lists the rows and (row, node) pairs are appended to; mdd:
+   a set, or None (every node is converted); rows, puts: lists the rows and (row, node) pairs are appended to (puts
+   None: no pairs are kept); mdd:
    dict row -> metadata; tsh: dict node -> its shape; shapes: dict shape or axes -> the one object of it; plain,
    smove: sets of ops whose value sources are all sources, the first source; alu: dict op -> the row's op; dti: dict
    dtype -> the row's dtype; cmp: set of ops whose result is bool; weak: set of weak dtypes; param, reshape, permute:
@@ -38,9 +39,20 @@ typedef struct {
   Py_ssize_t met;  /* nodes whose metadata was looked up */
 } mdix_t;
 
+/* the pygrad metadata of the Metadata objects a walk has met, for one-element metadata tuples: a direct-mapped
+   table keyed by the object's address (tinygrad makes one Metadata per Tensor method call, shared by the nodes that
+   call makes, usually consecutive), so its name and backward are read and its pygrad form looked up once. Each
+   entry holds strong references to its key and value until it is replaced or the walk ends: an address the walk
+   has cached cannot be freed and reused meanwhile, so a hit is always the same object */
+#define MDC_N 256
+typedef struct {
+  PyObject *key[MDC_N], *val[MDC_N];  /* owned; NULL: empty */
+} mdc_t;
+
 typedef struct {
   PyObject *f[W_N];
   mdix_t *mx;
+  mdc_t *mc;
   PyObject *r_reshape, *r_permute, *r_bool, *r_expand, *r_btag, *r_reduce, *r_buffer, *r_rtag;
 } walk_t;
 
@@ -74,7 +86,8 @@ static int read_cfg(PyObject *t, walk_t *w) {
     return bad("live, memo, mdd, tsh, shapes, alu, dti, md1, dt, rop and same must be dicts");
   if (!PyType_Check(w->f[W_PARAMARG])) return bad("paramarg must be a class");
   if (w->f[W_MDATA] != Py_None && !PyDict_Check(w->f[W_MDATA])) return bad("mdata must be a dict or None");
-  if (!PyList_Check(w->f[W_ROWS]) || !PyList_Check(w->f[W_PUTS])) return bad("rows and puts must be lists");
+  if (!PyList_Check(w->f[W_ROWS]) || (w->f[W_PUTS] != Py_None && !PyList_Check(w->f[W_PUTS])))
+    return bad("rows must be a list, puts a list or None");
   if (!PyAnySet_Check(w->f[W_PLAIN]) || !PyAnySet_Check(w->f[W_SMOVE]) || !PyAnySet_Check(w->f[W_CMP]) ||
       !PyAnySet_Check(w->f[W_WEAK]) || !PyAnySet_Check(w->f[W_LEAF]) ||
       (w->f[W_TARGETS] != Py_None && !PyAnySet_Check(w->f[W_TARGETS])))
@@ -181,11 +194,23 @@ out:
   return row;
 }
 
+/* the pair (row ri, node u) appended to puts, for the way back's rev(); nothing if puts is None (a conversion
+   nothing is converted back through). 0, or -1 with an exception set */
+static int put_pair(const walk_t *w, PyObject *ri, PyObject *u) {
+  PyObject *pair;
+  int r;
+  if (w->f[W_PUTS] == Py_None) return 0;
+  if (!(pair = PyTuple_Pack(2, ri, u))) return -1;
+  r = PyList_Append(w->f[W_PUTS], pair);
+  Py_DECREF(pair);
+  return r;
+}
+
 /* the row of source s (borrowed from memo). A typed source with a device that the walk did not convert (it lies
    on no target path) gets an opaque BUFFER row, its memo entry, its (row, node) pair and metadata, as the Python
    walk's _get makes them. NULL with no exception set if Python makes it, NULL with one set */
 static PyObject *src_row(const walk_t *w, PyObject *s) {
-  PyObject *x = PyDict_GetItemWithError(w->f[W_MEMO], s), *sd, *op = NULL, *dev, *row = NULL, *ri, *pair;
+  PyObject *x = PyDict_GetItemWithError(w->f[W_MEMO], s), *sd, *op = NULL, *dev, *row = NULL, *ri;
   int r;
   if (x || PyErr_Occurred()) return x;
   if (!PyDict_GetItemWithError(w->f[W_LIVE], s)) return NULL;  /* not visited: Python walks it */
@@ -201,11 +226,8 @@ static PyObject *src_row(const walk_t *w, PyObject *s) {
     goto out;
   }
   row = NULL;  /* append took it */
-  if (PyDict_SetItem(w->f[W_MEMO], s, ri) == 0 && (pair = PyTuple_Pack(2, ri, s)) != NULL) {
-    r = PyList_Append(w->f[W_PUTS], pair);
-    Py_DECREF(pair);
-    if (r == 0 && put_meta(w, s, ri) == 0) x = PyDict_GetItemWithError(w->f[W_MEMO], s);
-  }
+  if (PyDict_SetItem(w->f[W_MEMO], s, ri) == 0 && put_pair(w, ri, s) == 0 && put_meta(w, s, ri) == 0)
+    x = PyDict_GetItemWithError(w->f[W_MEMO], s);
   Py_DECREF(ri);
 out:
   Py_DECREF(sd);
@@ -214,10 +236,25 @@ out:
   return x;
 }
 
+/* t, or the one object of its value in the shapes dict (borrowed: the dict holds it), as the Python walk's _canon
+   gives it: a tuple of exact ints is entered there on first sight, so the builder interns one object per distinct
+   broadcast shape, not one per node (each costs a lookup by value); anything else is left as it is (its equality may
+   be Python code). NULL with an exception set */
+static PyObject *canon_ints(const walk_t *w, PyObject *t) {
+  PyObject *got;
+  Py_ssize_t i;
+  if (!PyTuple_CheckExact(t)) return t;
+  for (i = 0; i < PyTuple_Size(t); i++)
+    if (!PyLong_CheckExact(PyTuple_GetItem(t, i))) return t;
+  if ((got = PyDict_GetItemWithError(w->f[W_SHAPES], t)) != NULL || PyErr_Occurred()) return got;
+  return PyDict_SetItem(w->f[W_SHAPES], t, t) < 0 ? NULL : t;
+}
+
 /* row x (its dtype that of its table row), of shape ss, made explicit at `shape` as the Python walk's _bcast does:
-   a RESHAPE prepending 1s, then an EXPAND, both tagged. A new reference, or NULL with an exception set */
+   a RESHAPE prepending 1s, then an EXPAND, both tagged, their shapes canonical (canon_ints). A new reference, or NULL
+   with an exception set */
 static PyObject *bcast(const walk_t *w, PyObject *x, PyObject *ss, PyObject *shape) {
-  PyObject *xrow, *d, *src, *r, *pad, *s2;
+  PyObject *xrow, *d, *src, *r, *pad, *s2, *c;
   Py_ssize_t k = PyTuple_Size(shape) - PyTuple_Size(ss), i;
   int eq;
   if (!(xrow = PyList_GetItem(w->f[W_ROWS], PyLong_AsSsize_t(x)))) return NULL;
@@ -241,12 +278,12 @@ static PyObject *bcast(const walk_t *w, PyObject *x, PyObject *ss, PyObject *sha
     s2 = PySequence_Concat(pad, ss);
     Py_DECREF(pad);
     if (!s2) goto fail;
-    if (!(src = PyTuple_Pack(1, r))) {
+    if (!(c = canon_ints(w, s2)) || !(src = PyTuple_Pack(1, r))) {
       Py_DECREF(s2);
       goto fail;
     }
     Py_DECREF(r);
-    r = append(w, PyTuple_Pack(5, w->r_reshape, d, src, s2, w->r_btag));
+    r = append(w, PyTuple_Pack(5, w->r_reshape, d, src, c, w->r_btag));
     Py_DECREF(src);
     if (!r) {
       Py_DECREF(s2);
@@ -257,9 +294,9 @@ static PyObject *bcast(const walk_t *w, PyObject *x, PyObject *ss, PyObject *sha
     if (eq < 0) goto fail;
     if (eq) return r;
   }
-  if (!(src = PyTuple_Pack(1, r))) goto fail;
+  if (!(c = canon_ints(w, shape)) || !(src = PyTuple_Pack(1, r))) goto fail;
   Py_DECREF(r);
-  r = append(w, PyTuple_Pack(5, w->r_expand, d, src, shape, w->r_btag));
+  r = append(w, PyTuple_Pack(5, w->r_expand, d, src, c, w->r_btag));
   Py_DECREF(src);
   return r;
 fail:
@@ -469,10 +506,42 @@ static int mdix_make(const walk_t *w) {
   return 0;
 }
 
+/* the slot of Metadata object m in the walk's cache (mdc_t): its address's bits above the allocator's alignment */
+static size_t mdc_slot(const PyObject *m) {
+  uintptr_t a = (uintptr_t)m;
+  return (size_t)((a >> 4) ^ (a >> 12)) & (MDC_N - 1);
+}
+
+/* the pygrad metadata (borrowed) of the one-element tuple (m0,): the walk's cache, else md1's entry for its (name,
+   backward), cached. NULL with no exception set if md1 has none (the callback makes it), NULL with one set */
+static PyObject *md1_of(const walk_t *w, PyObject *m0) {
+  size_t k = mdc_slot(m0);
+  PyObject *nm, *bw, *key, *m;
+  if (w->mc->key[k] == m0) return w->mc->val[k];
+  if (!(nm = PyObject_GetAttr(m0, s_name))) return NULL;
+  if (!(bw = PyObject_GetAttr(m0, s_backward))) {
+    Py_DECREF(nm);
+    return NULL;
+  }
+  key = PyTuple_Pack(2, nm, bw);
+  Py_DECREF(nm);
+  Py_DECREF(bw);
+  if (!key) return NULL;
+  m = PyDict_GetItemWithError(w->f[W_MD1], key);
+  Py_DECREF(key);
+  if (!m) return NULL;
+  Py_INCREF(m0);
+  Py_INCREF(m);
+  Py_XDECREF(w->mc->key[k]);
+  Py_XDECREF(w->mc->val[k]);
+  w->mc->key[k] = m0, w->mc->val[k] = m;
+  return m;
+}
+
 /* u's metadata onto row ri, as the Python walk does: the usual 1-tuple whose pygrad form is known, onto a row with
    none yet, here; anything else through the callback. 0, or -1 with an exception set */
 static int put_meta(const walk_t *w, PyObject *u, PyObject *ri) {
-  PyObject *ref, *md, *m0, *nm = NULL, *bw = NULL, *key = NULL, *m, *res;
+  PyObject *ref, *md, *m, *res;
   int r;
   if (w->f[W_MDATA] == Py_None) return 0;
   if (!w->mx->ix && ++w->mx->met >= 64 && w->mx->met * 8 >= PyDict_Size(w->f[W_MDATA]) && mdix_make(w) < 0)
@@ -488,25 +557,12 @@ static int put_meta(const walk_t *w, PyObject *u, PyObject *ri) {
   }
   if (!md) return PyErr_Occurred() ? -1 : 0;
   if ((r = PyObject_IsTrue(md)) <= 0) return r;
-  Py_INCREF(md);
-  if (PyTuple_Check(md) && PyTuple_Size(md) == 1 && !PyDict_GetItemWithError(w->f[W_MDD], ri) && !PyErr_Occurred()) {
-    m0 = PyTuple_GetItem(md, 0);
-    if ((nm = PyObject_GetAttr(m0, s_name)) && (bw = PyObject_GetAttr(m0, s_backward)) &&
-        (key = PyTuple_Pack(2, nm, bw))) {
-      m = PyDict_GetItemWithError(w->f[W_MD1], key);
-      Py_DECREF(nm), Py_DECREF(bw), Py_DECREF(key);
-      if (m) {
-        r = PyDict_SetItem(w->f[W_MDD], ri, m);
-        Py_DECREF(md);
-        return r;
-      }
-    } else {
-      Py_XDECREF(nm), Py_XDECREF(bw);
-    }
-    if (PyErr_Occurred()) {
-      Py_DECREF(md);
-      return -1;
-    }
+  Py_INCREF(md);  /* the dict's entry may go while Python code runs (a Metadata's __eq__, the callback) */
+  if (PyTuple_Check(md) && PyTuple_Size(md) == 1 && !PyDict_GetItemWithError(w->f[W_MDD], ri) && !PyErr_Occurred() &&
+      (m = md1_of(w, PyTuple_GetItem(md, 0))) != NULL) {
+    r = PyDict_SetItem(w->f[W_MDD], ri, m);
+    Py_DECREF(md);
+    return r;
   }
   if (PyErr_Occurred()) {
     Py_DECREF(md);
@@ -541,7 +597,7 @@ static PyObject *value_srcs(const walk_t *w, PyObject *u, PyObject *op) {
 
 /* the second visit of u (its value sources vs all visited): on a target path or not, and its row. 0 or -1 */
 static int finish(const walk_t *w, PyObject *u, PyObject *vs) {
-  PyObject *op = NULL, *dt = NULL, *ri = NULL, *pair;
+  PyObject *op = NULL, *dt = NULL, *ri = NULL;
   int below, r = -1, t;
   Py_ssize_t i;
   if (!(op = PyObject_GetAttr(u, s_op))) return -1;
@@ -582,10 +638,7 @@ static int finish(const walk_t *w, PyObject *u, PyObject *vs) {
       goto out;
     }
   }
-  if (!(pair = PyTuple_Pack(2, ri, u))) goto out;
-  t = PyList_Append(w->f[W_PUTS], pair);
-  Py_DECREF(pair);
-  if (t < 0) goto out;
+  if (put_pair(w, ri, u) < 0) goto out;
   r = put_meta(w, u, ri);
 out:
   Py_XDECREF(op);
@@ -602,6 +655,8 @@ typedef struct {
 static PyObject *foreign_walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   walk_t w;
   mdix_t mx = {NULL, 0};
+  mdc_t *mc;
+  size_t j;
   frame *st = NULL, *grown;
   size_t n = 0, cap = 0;
   PyObject *ret = NULL;
@@ -609,8 +664,13 @@ static PyObject *foreign_walk(PyObject *self, PyObject *const *args, Py_ssize_t 
   if (nargs != 2) return PyErr_Format(PyExc_TypeError, "pygrad C core: foreign walk takes 2 arguments");
   if (intern_names() < 0 || read_cfg(args[0], &w) < 0) return NULL;
   w.mx = &mx;
+  if (!(mc = calloc(1, sizeof *mc))) return PyErr_NoMemory();
+  w.mc = mc;
   cap = 64;
-  if (!(st = malloc(cap * sizeof *st))) return PyErr_NoMemory();
+  if (!(st = malloc(cap * sizeof *st))) {
+    free(mc);
+    return PyErr_NoMemory();
+  }
   Py_INCREF(args[1]);
   st[n].u = args[1], st[n].vs = NULL, n++;
   while (n) {
@@ -670,6 +730,11 @@ done:
   }
   free(st);
   Py_XDECREF(mx.ix);
+  for (j = 0; j < MDC_N; j++) {
+    Py_XDECREF(mc->key[j]);
+    Py_XDECREF(mc->val[j]);
+  }
+  free(mc);
   return ret;
 }
 

@@ -38,7 +38,7 @@ __all__ = ["from_tinygrad", "to_tinygrad", "compute_gradient", "install", "unins
 
 def from_tinygrad(roots):
   """tinygrad UOps (one, or a list/tuple) -> the pygrad UOps with the same meaning; every node converted."""
-  cin = _In()
+  cin = _In(rev=False)
   with _no_gc():
     if isinstance(roots, (list, tuple)): return type(roots)(cin.build([cin.add(r) for r in roots]))
     return cin.build([cin.add(roots)])[0]

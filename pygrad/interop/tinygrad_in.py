@@ -107,16 +107,17 @@ class _In:
   """One conversion tinygrad -> pygrad, into a node table (rows of op, dtype id, source rows, arg, tag) that `build`
   makes in one bulk call (pygrad.build's builder). With `targets`, only nodes on a path to a target (or under a
   PARAM, or without a device) are converted node by node; any other node is an opaque BUFFER standing for it.
-  `known` (a _Fwd) holds the nodes of an earlier conversion, used as they are."""
+  `known` (a _Fwd) holds the nodes of an earlier conversion, used as they are. rev: keep what rev() needs (a
+  conversion whose nodes are never converted back, from_tinygrad's, skips a pair per node)."""
 
-  def __init__(self, targets=None, known=None):
+  def __init__(self, targets=None, known=None, rev: bool = True):
     self.targets, self.known = targets, known
     self.memo: dict = {}   # tinygrad node (or (node, dtype) if weak) -> row
     self.live: dict = {}   # tinygrad node -> converted node by node
     self.rows: list = []   # the table
     self.md: dict = {}     # row -> metadata
     self.given: dict = {}  # row -> pygrad node of `known`
-    self.puts: list = []   # (row, tinygrad node) for the way back
+    self.puts = [] if rev else None  # (row, tinygrad node) for the way back
     self.ids: list = []    # after build: every row's node id
     self.keep: list = []   # after build: handles that keep every row alive
     self._rev = None
@@ -165,6 +166,7 @@ class _In:
   def rev(self) -> dict:
     """pygrad node id -> the tinygrad node it stands for (the first one converted to it)."""
     if self._rev is None:
+      if self.puts is None: raise RuntimeError("_In.rev(): this conversion was made with rev=False")
       ids = self.ids
       self._rev = {ids[r]: u for r, u in reversed(self.puts)}
     return self._rev
@@ -183,7 +185,8 @@ class _In:
                       TOps.REDUCE, TOps.BUFFER, _ROP, ParamArg, _LEAF, _SAME_I)
       _FWALK[0](self._wcfg, root)
       return
-    live, memo, targets, known, node, meta = self.live, self.memo, self.targets, self.known, self._node, self._meta
+    live, memo, targets, known, node, meta, puts = self.live, self.memo, self.targets, self.known, self._node, \
+      self._meta, self.puts
     mdget = _tg_metadata.data.get if self.mdon else None  # the WeakKeyDictionary's dict: its get is a Python frame
     plain, weak, smove = _PLAIN, _WEAK, _SHAPED_MOVE
     stack: list = [(root, None)]
@@ -211,7 +214,7 @@ class _In:
       live[u] = below or u in targets
       if not below or u in memo or u.dtype in weak: continue
       r = node(u, vs)
-      self.puts.append((r, u))
+      if puts is not None: puts.append((r, u))
       if mdget is not None and (md := mdget(_wref(u))): meta(r, md)
 
   def _node(self, u: TUOp, vs: tuple) -> int:
@@ -258,7 +261,7 @@ class _In:
 
   def _put(self, u: TUOp, r: int, want=None) -> None:
     self.memo[(u, want) if u.dtype in _WEAK else u] = r
-    self.puts.append((r, u))
+    if self.puts is not None: self.puts.append((r, u))
     if self.mdon and (md := _tg_metadata.get(u)):
       m, cur = _md_in(md), self.md.get(r)
       self.md[r] = m if cur is None else cur + tuple(x for x in m if x not in cur)
@@ -425,15 +428,15 @@ class _In:
 
   def _bcast(self, r: int, ss: tuple, shape: tuple) -> int:
     """Row r, of shape ss, made explicit at `shape` (tinygrad broadcasts ALU operands like numpy, pygrad only
-    `()`)."""
+    `()`). The shapes are canonical (_canon): one object per distinct shape is interned, not one per node."""
     rows = self.rows
     d = rows[r][1]
     if len(ss) < len(shape):
       ss = (1,) * (len(shape) - len(ss)) + ss
-      rows.append((_RESHAPE, d, (r,), ss, _BCAST))
+      rows.append((_RESHAPE, d, (r,), self._canon(ss), _BCAST))
       r = len(rows) - 1
     if ss == shape: return r
-    rows.append((_EXPANDOP, d, (r,), shape, _BCAST))
+    rows.append((_EXPANDOP, d, (r,), self._canon(shape), _BCAST))
     return len(rows) - 1
 
   def _movement(self, u: TUOp, x: int, tag) -> int:
