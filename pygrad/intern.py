@@ -7,6 +7,8 @@ from itertools import count
 from .core import CORE
 
 _INTS = "ints"
+_NONE_KEY = (type(None), None)  # argkey(None)
+_BATCH = 32  # get_many interns at least this many values it lacks in one batch (_enter_many), fewer one by one
 
 
 def argkey(x):
@@ -20,9 +22,17 @@ def argkey(x):
       if type(e) is not int: break
     else: return (_INTS, x)  # the common case, a shape or axes: ints only
     out = [tuple]
-    for e in x:  # ints and strs (a BUFFER's index, device, name) in argkey's own form, without a call each
-      te = type(e)
-      out.append((te, e) if te is int or te is str or te is bool else argkey(e))
+    for e in x:  # argkey's own form of each item, without a call for the usual ones (a BUFFER's node, index, device,
+      te = type(e)  # name)
+      if te is int or te is str or te is bool: out.append((te, e))
+      elif e is None: out.append(_NONE_KEY)
+      elif te is float or te is tuple or te is complex: out.append(argkey(e))
+      else:
+        try:
+          hash(e)
+        except TypeError:
+          raise TypeError(f"arg of type {te.__name__} is not hashable: {e!r}") from None
+        out.append((te, e))
     return tuple(out)
   if t is complex: return (complex, argkey(x.real), argkey(x.imag))
   try:
@@ -96,11 +106,39 @@ class Interner:
     """[get(x) for x in xs] (keys: their argkeys, if the caller has them). An object that is itself the interned one
     (passed again to pygrad.build, or loaded again) is found by identity, without its key: ~30x cheaper for a
     BUFFER's nested tuple. Sound because an interned object stays in objs until its id is forgotten, and forgetting
-    drops its ident entry first, so a live object's id() names no other object's entry."""
-    out = list(map(self.ident.get, map(id, xs)))  # None (None's entry) where no interned object is x
-    for j in [j for j, x, o in zip(count(), xs, map(self.objs.get, out)) if o is not x]:
-      out[j] = self.get(xs[j]) if keys is None else self.get_key(keys[j], xs[j])
+    drops its ident entry first, so a live object's id() names no other object's entry. Many values it lacks (a
+    conversion's fresh BUFFERs) are entered in one batch (_get_batch)."""
+    ident, objs = self.ident, self.objs
+    out = list(map(ident.get, map(id, xs)))  # None (None's entry) where no interned object is x
+    miss = [j for j, x, o in zip(count(), xs, map(objs.get, out)) if o is not x]
+    if len(miss) < _BATCH:
+      for j in miss: out[j] = self.get(xs[j]) if keys is None else self.get_key(keys[j], xs[j])
+      return [0 if a is None else a for a in out] if None in out else out
+    if self.since_drain >= 1024:  # a drain due (a batch enters without one): made before anything is looked up,
+      with self.lock:  # so that it cannot forget an id found here, unheld as the last conversion's are (ArgGone)
+        if self.since_drain >= 1024: self._drain()
+      out = list(map(ident.get, map(id, xs)))
+      miss = [j for j, x, o in zip(count(), xs, map(objs.get, out)) if o is not x]
+    ms = [xs[j] for j in miss]
+    ks = [argkey(x) for x in ms] if keys is None else [keys[j] for j in miss]
+    got = list(map(self.ids.get, ks))
+    if None in got: self._get_batch(ms, ks, got)
+    for j, a in zip(miss, got): out[j] = a
     return [0 if a is None else a for a in out] if None in out else out
+
+  def _get_batch(self, ms: list, ks: list, got: list) -> None:
+    """got[i] (None where ks[i] was not found) made the id of ms[i] (whose key is ks[i]): what get_many lacks,
+    entered in one batch (_enter_many, no drain) instead of one _enter each."""
+    ids = self.ids
+    with self.lock:
+      new: dict = {}  # key -> value: a value twice in the batch gets one id
+      for i, k, a in zip(count(), ks, got):
+        if a is None:  # looked up again under the lock: another thread may have entered it meanwhile
+          if (a := ids.get(k)) is not None: got[i] = a
+          elif k not in new: new[k] = ms[i]
+      if new:
+        self._enter_many(list(new), list(new.values()))
+        got[:] = [ids[k] if a is None else a for k, a in zip(ks, got)]
 
   def _new(self, k, x) -> int:
     with self.lock:
@@ -118,6 +156,29 @@ class Interner:
     self.ident[id(x)] = aid
     if is_plain: self.plain[x] = aid
     return aid
+
+  def _enter_many(self, ks: list, xs: list) -> None:
+    """_enter for each new x under its key k (lock held; none of ks is in ids), with no drain (the next get_many of
+    a batch makes it, if it is due)."""
+    self.since_drain += len(ks)
+    free, slots, gens, reg = self.free, self.slots, self.gens, self.core.arg_register
+    aids = []
+    for _ in ks:  # _slot inline
+      if free:
+        old = free.popleft()
+        gen = (old // slots + 1) % gens
+        if gen == 0:  # (as _slot)
+          for f in self.on_wrap: f()
+        aids.append(gen * slots + old % slots)
+      else: aids.append(self._slot())
+    for aid in aids: reg(aid)
+    self.ids.update(zip(ks, aids))
+    self.objs.update(zip(aids, xs))
+    self.keys.update(zip(aids, ks))
+    self.ident.update(zip(map(id, xs), aids))
+    pl = self.plain
+    for x, aid in zip(xs, aids):
+      if plain(x): pl[x] = aid
 
   def _slot(self) -> int:
     """A free id (lock held): the oldest drained slot with its next generation, else a slot never used."""
@@ -139,25 +200,24 @@ class Interner:
     with self.lock:
       pass
 
-  def _forget(self, aid: int) -> None:
-    self.forgets += 1  # first: a reader that saw the old count checks ids the core still holds (or finds them gone)
-    k = self.keys.pop(aid, None)
-    x = self.objs.get(aid)
-    if self.ident.get(id(x)) == aid: del self.ident[id(x)]
-    if plain(x) and self.plain.get(x) == aid: del self.plain[x]
-    self.objs.pop(aid, None)
-    if k is not None and self.ids.get(k) == aid: del self.ids[k]
-
   def drain(self) -> None:
     with self.lock:
       self._drain()
 
   def _drain(self) -> None:
     self.since_drain = 0
-    for aid in self.core.arg_drain():
-      if aid in self.keys:  # ours (not a raw registration of a test): its slot is free again
-        self._forget(aid)
-        self.free.append(aid)
+    keys, objs, ident, pl, ids, free = self.keys, self.objs, self.ident, self.plain, self.ids, self.free
+    for aid in self.core.arg_drain():  # _forget inline, as a drain after a large conversion forgets thousands
+      if aid not in keys: continue  # not ours (a raw registration of a test)
+      self.forgets += 1  # first: a reader that saw the old count checks ids the core still holds (or finds them gone)
+      k = keys.pop(aid)
+      x = objs.get(aid)
+      if ident.get(id(x)) == aid: del ident[id(x)]  # before objs': a live object's id() names no other's entry
+      if plain(x) and pl.get(x) == aid: del pl[x]
+      objs.pop(aid, None)
+      a = ids.pop(k, None)  # (one hash of the key, not two: it is a nested tuple, hashed anew each time)
+      if a is not None and a != aid: ids[k] = a
+      free.append(aid)
 
 
 ARGS = Interner(CORE)
