@@ -71,7 +71,8 @@ def test_c_walk_metadata_cache_holds_what_it_caches():
     c, py = _both(lambda: pt.from_tinygrad(y.uop))
     got = _listing(c)
     assert c is py and got == _listing(py)
-    seen.append({m.name[:2] for _, _, md in got for m in (md or ())})
+    seen.append({m.name[:2] for _, _, md in got for m in (md or ()) if m.name[:1] == "r"})  # (shared constants carry
+    # the metadata of the test that made them first)
     del x, y, us, c, py
   assert seen == [{"r0"}, {"r1"}, {"r2"}]
 
