@@ -158,9 +158,8 @@ def sweep(pl, g, nodes: LazyNodes, outs: list[int]) -> np.ndarray | None:
   nodes.view_of = view_of
   ids = np.full(n + 2, -1, np.int64)  # (per event node its buffer's id; -1 at the end for the nodes without a view)
   ids[en[at_a]] = aid
-  if len(bufs) > len(aid):
-    odd = [j for j in bufs if ids[j] < 0]  # (consts, outputs, copies)
-    ids[odd] = [bufs[j].id for j in odd]
+  oj = en[odd].tolist()  # (the consts', outputs' and copies' buffers, made one by one)
+  ids[oj] = [bufs[j].id for j in oj]
   nodes.vcols = (np.where(bref >= 0, ids[np.maximum(bref, -1)], -2 - bref), vc, views, inb)
   for i in fix:
     m = made[i]
