@@ -91,7 +91,7 @@ int pg_grad_meta_add(pg_grad *g, int32_t md, int32_t mdcur, int32_t merged);
 int64_t pg_grad_count(pg_grad *g);
 int64_t pg_grad_items(pg_grad *g, int32_t *keys, int32_t *vals, int64_t cap);
 
-/* ---- vm.c, vm_simd.c: the vectorized interpreter. It runs a flat program (int64 words) that
+/* ---- vm_read.c, vm.c, vm_simd.c: the vectorized interpreter. It runs a flat program (int64 words) that
    pygrad/engine/planner.py lowers a graph to; it never touches the node store. ---- */
 #define PG_VM_ERR_PROGRAM -20
 #define PG_VM_ERR_SLOTS -21

@@ -24,7 +24,7 @@
 /* structural nodes' dtype (TUPLE, SINK, ...); never a VM type */
 #define PG_DTYPE_VOID 13
 
-/* VM program format (pygrad/engine/lower.py and program.py write it, vm.c reads it) */
+/* VM program format (pygrad/engine/lower.py and program.py write it, vm_read.c reads it) */
 #define PG_VM_KINDS(X) X(LOOP, 1) X(GEMM, 2) X(EPILOGUE, 3)  /* kernel kinds (EPILOGUE: a loop run per GEMM tile) */
 #define PG_VM_REDOPS(X) X(NONE, 0) X(ADD, 1) X(MAX, 2) X(MUL, 3) X(DOT, 4)  /* DOT: a sum of the last product */
 #define PG_VM_MAGIC 0x50475650  /* "PGVP" */

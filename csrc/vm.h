@@ -1,4 +1,4 @@
-/* vm.h: the interpreter's internal types, shared by vm.c (program parsing, validation, the tile loop) and vm_simd.c
+/* vm.h: the interpreter's internal types, shared by vm_read.c (program parsing, validation), vm.c (the tile loop) and vm_simd.c
    (the per-instruction-set tile kernels). Not seen by cffi: pygrad.h declares only the public pg_vm_* functions. */
 #ifndef PG_VM_H
 #define PG_VM_H
@@ -66,7 +66,7 @@ typedef struct vm_kernel {
 
 typedef struct vm_buf { int32_t slot; int64_t off, nbytes, align; } vm_buf;
 
-/* a block of a program's arena (vm.c, vm_take): its kernels' registers, views, instructions and contractions, from
+/* a block of a program's arena (vm_read.c, vm_take): its kernels' registers, views, instructions and contractions, from
    `data` on; the blocks are chained from the newest */
 typedef struct vm_chunk { struct vm_chunk *next; size_t cap, used, size; } vm_chunk;
 

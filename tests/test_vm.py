@@ -448,7 +448,7 @@ def test_corrupted_programs_raise_and_never_crash():
 
 def test_counts_past_the_programs_words_are_refused_without_allocating_them():
   """A kernel claiming 2**28 instructions (or 2**20 stores) in a few words is refused as truncated, and
-  its arrays come from the program's arena sized by the words left (vm.c rd_take), not by the claim: 8 GB of
+  its arrays come from the program's arena sized by the words left (vm_read.c rd_take), not by the claim: 8 GB of
   instructions are neither zeroed nor mapped."""
   import resource
   from pygrad.engine import vmlib, lower

@@ -1,4 +1,4 @@
-"""Reading and editing lowered kernels' words (csrc/vm.c's format, as lower.emit and lower.contraction write them)
+"""Reading and editing lowered kernels' words (csrc/vm_read.c's format, as lower.emit and lower.contraction write them)
 for the passes that run on the program's steps after lowering (engine/layout.py, engine/epilogue.py): where each
 view of a VK_LOOP kernel lies, and a contraction's operands."""
 from __future__ import annotations

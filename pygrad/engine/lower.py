@@ -1,4 +1,4 @@
-"""Lowering: one planned Loop (engine/planner.py) becomes the int64 words of one VM kernel (csrc/vm.c's format), in
+"""Lowering: one planned Loop (engine/planner.py) becomes the int64 words of one VM kernel (csrc/vm_read.c's format), in
 passes that each do one thing:
 
 1. `index_space`: size-1 dims dropped, dims ordered by the memory order of the main view, adjacent dims merged
