@@ -161,16 +161,8 @@ class Interner:
     """_enter for each new x under its key k (lock held; none of ks is in ids), with no drain (the next get_many of
     a batch makes it, if it is due)."""
     self.since_drain += len(ks)
-    free, slots, gens, reg = self.free, self.slots, self.gens, self.core.arg_register
-    aids = []
-    for _ in ks:  # _slot inline
-      if free:
-        old = free.popleft()
-        gen = (old // slots + 1) % gens
-        if gen == 0:  # (as _slot)
-          for f in self.on_wrap: f()
-        aids.append(gen * slots + old % slots)
-      else: aids.append(self._slot())
+    aids = [self._slot() for _ in ks]
+    reg = self.core.arg_register
     for aid in aids: reg(aid)
     self.ids.update(zip(ks, aids))
     self.objs.update(zip(aids, xs))

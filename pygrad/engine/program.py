@@ -253,8 +253,8 @@ class Program:
     fuse_epilogues(steps)  # (the loops after a contraction run on its tiles)
     self.arena_bytes = _place(steps, pl.bufs)
     _check_memory(self.arena_bytes, pl.bufs)
-    for _ in map(setattr, pl.bufs, repeat("node"), repeat(None)): pass  # (named in errors until here) no buffer
-    # keeps the graph alive, nor a cycle
+    # (named in errors until here) no buffer keeps the graph alive, nor a cycle
+    for _ in map(setattr, pl.bufs, repeat("node"), repeat(None)): pass
     pool, consts = 0, []
     for b in pl.bufs:
       if b.kind == "const":
