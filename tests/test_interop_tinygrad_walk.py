@@ -108,3 +108,21 @@ def test_broadcast_shapes_are_one_object_per_shape():
     bc = [r[3] for r in cin.rows if r[4] == _BCAST]
     assert len(bc) >= 60 and all(cin.shapes[s] is s for s in bc)
     assert len({id(s) for s in bc}) == len(set(bc)) == 2  # (1, 8) and (4, 8)
+
+
+def test_repeated_metadata_entries_become_one_each():
+  """tinygrad's compute_gradient appends a node's backward metadata without looking at what the node has, so a node
+  shared by many graphs (a constant) gains a copy per backward pass. The conversion gives each (name, backward) once,
+  in first-seen order (pygrad's metadata holds each entry once), with either walk, however long the tuple."""
+  x = Tensor.empty(4, 8, device=DEV)
+  y = (x * 3.0).exp2() + x
+  u = y.uop
+  rep = (TMetadata("softmax", True), TMetadata("reciprocal", True), TMetadata("softmax", False))
+  all_metadata[u] = rep * 400 + (TMetadata("reciprocal", True),)
+  c, py = _both(lambda: pt.from_tinygrad(u))
+  assert c is py and _listing(c) == _listing(py)
+  assert [(m.name, m.backward) for m in c.metadata] == [("softmax", True), ("reciprocal", True), ("softmax", False)]
+  v = ((x * 5.0).exp2() + x).uop  # other content, another order: its own pygrad tuple (on another node: pygrad's
+  all_metadata[v] = tuple(reversed(rep)) * 3  # hash-consing keeps the metadata a node was first made with)
+  assert [(m.name, m.backward) for m in pt.from_tinygrad(v).metadata] == \
+    [("softmax", False), ("reciprocal", True), ("softmax", True)]

@@ -25,8 +25,11 @@ _COLS = [CORE.rows_columns]  # the C core's columns of the table (csrc/pyrows.c)
 
 def _md_in(md: tuple) -> tuple:
   """pygrad's metadata for a tinygrad metadata tuple: one tuple object per distinct content (the builder interns each
-  object once). tinygrad makes a new Metadata per Tensor method call, whose hash and == run in Python: a 1-tuple (the
-  usual) is looked up by its item's (name, backward)."""
+  object once), each entry once. tinygrad makes a new Metadata per Tensor method call, whose hash and == run in
+  Python, so tuples are looked up by their items' (name, backward). tinygrad's compute_gradient appends a node's
+  backward metadata without looking at what the node has: a node that is in every graph (a shared constant) gains a
+  copy per backward pass, hundreds in a training loop; pygrad's metadata holds each entry once (merge_metadata), so
+  the copies are one entry, and converting such a node stays as cheap as converting any other."""
   if len(md) == 1:
     m = md[0]
     k = (m.name, m.backward)
@@ -35,10 +38,11 @@ def _md_in(md: tuple) -> tuple:
       if len(_MD_IN1) >= 4096: _MD_IN1.clear()
       got = _MD_IN1[k] = (Metadata(m.name, "", m.backward),)
     return got
-  got = _MD_IN.get(md)
+  k = tuple(dict.fromkeys([(m.name, m.backward) for m in md]))  # str and bool: hashed in C
+  got = _MD_IN.get(k)
   if got is None:
     if len(_MD_IN) >= 4096: _MD_IN.clear()
-    got = _MD_IN[md] = tuple(Metadata(m.name, "", m.backward) for m in md)
+    got = _MD_IN[k] = tuple(Metadata(name, "", bw) for name, bw in k)
   return got
 
 
