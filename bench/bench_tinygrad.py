@@ -5,7 +5,7 @@
 
 For each workload (pygrad.bench's W1 residual MLP chain and W2 transformer block stack, built with tinygrad's
 Tensor API on unrealized Tensor.empty inputs), on the same graph, alternating: tinygrad's own compute_gradient, and
-pygrad.interop.tinygrad.compute_gradient split into its phases (convert in, derive, convert out). Then the
+pygrad.interop.tinygrad.compute_gradient split into its phases (convert in, derive, convert out, release). Then the
 conversions on their own, every node: from_tinygrad of the whole forward graph and to_tinygrad back (a fresh
 conversion, rebuilding every node through tinygrad's hash-consing). Nothing is realized. Medians of --reps runs,
 after a warm-up derivation of a tiny instance (both engines' per-process caches primed).
@@ -56,11 +56,13 @@ def one_run(wl: str, size: int) -> dict:
   ours, r["out_s"] = timed(lambda: pt.convert_out(cin, root, rg, ptargets, grads))
   assert all(t in ours for t in targets)
   r["in_nodes"] = len(cin.memo)
+  del proot, pgrad, ptargets, grads
+  _, r["release_s"] = timed(lambda: pt.release(cin))
   sink = TUOp.sink(*ours.values())  # one walk over all gradients: one toposort each is quadratic in W1's depth
   fresh = {id(u) for u in sink.toposort()} - {id(u) for u in root.toposort()} - {id(sink)}
   r["out_nodes"] = len(fresh)
-  r["ours_s"] = r["in_s"] + r["derive_s"] + r["out_s"]
-  del cin, proot, pgrad, ptargets, grads, ours, sink
+  r["ours_s"] = r["in_s"] + r["derive_s"] + r["out_s"] + r["release_s"]
+  del cin, ours, sink
   # the conversions alone, every node both ways
   p, r["from_s"] = timed(lambda: pt.from_tinygrad(root))
   r["from_nodes"] = len(p.toposort())
@@ -109,13 +111,15 @@ def write(a, rows) -> None:
     "`pygrad.interop.tinygrad.compute_gradient` on the same arguments (what `install()` makes `Tensor.backward` "
     "call), split into convert in (the graph above the targets into pygrad; everything else one opaque node "
     "each), derive (pygrad's compute_gradient, C core), convert out (the targets' gradients back, forward nodes "
-    "reused).", "",
+    "reused) and release (the conversion's pygrad nodes freed and the interner drained, so that no tinygrad node "
+    "is kept alive past the call).", "",
     "| workload | size | forward nodes | own (s) | pygrad (s) | convert in (s) | derive (s) | convert out (s) "
-    "| speedup | in: nodes, us/node | out: new nodes, us/node |",
-    "|---|---|---|---|---|---|---|---|---|---|---|"]
+    "| release (s) | speedup | in: nodes, us/node | out: new nodes, us/node |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for wl, size, m in rows:
     lines.append(f"| {wl} | {pb.SIZE_NAME[wl]} {size:,} | {int(m['nodes']):,} | {m['own_s']:.3g} | {m['ours_s']:.3g} "
-                 f"| {m['in_s']:.3g} | {m['derive_s']:.3g} | {m['out_s']:.3g} | {m['own_s'] / m['ours_s']:.1f}x "
+                 f"| {m['in_s']:.3g} | {m['derive_s']:.3g} | {m['out_s']:.3g} | {m['release_s']:.3g} "
+                 f"| {m['own_s'] / m['ours_s']:.1f}x "
                  f"| {int(m['in_nodes']):,}, {m['in_s'] / m['in_nodes'] * us:.2f} "
                  f"| {int(m['out_nodes']):,}, {m['out_s'] / max(m['out_nodes'], 1) * us:.2f} |")
   lines += ["", "Whole-graph conversions (every node of the forward graph; to_tinygrad is a fresh conversion that "

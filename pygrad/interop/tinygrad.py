@@ -27,6 +27,7 @@ so ops pygrad lacks (THREEFRY, STORE into views, ...) may sit anywhere off the t
 from __future__ import annotations
 import contextlib
 from pygrad import UOp, Ops
+from pygrad.intern import ARGS
 import pygrad.gradient as _pg_gradient
 from .tinygrad_in import _In
 from .tinygrad_out import _Out
@@ -57,7 +58,10 @@ def compute_gradient(root: TUOp, root_grad: TUOp, targets) -> dict:
   with _no_gc():
     cin, proot, pgrad, ptargets = convert_in(root, root_grad, targets)
     grads = derive(cin, proot, pgrad, ptargets)
-    return convert_out(cin, root, root_grad, ptargets, grads)
+    ret = convert_out(cin, root, root_grad, ptargets, grads)
+    del proot, pgrad, ptargets, grads
+    release(cin)
+    return ret
 
 
 def convert_in(root: TUOp, root_grad: TUOp, targets):
@@ -89,6 +93,15 @@ def convert_out(cin, root: TUOp, root_grad: TUOp, ptargets: dict, grads: dict) -
   ret = {root: root_grad}
   with _no_gc(): ret.update(zip((t for t, _ in got), _Out(cin.rev()).convert([g for _, g in got])))
   return ret
+
+
+def release(cin) -> None:
+  """compute_gradient's end: the conversion's pygrad nodes freed (the caller holds no other pygrad node of it) and
+  the interner drained. The opaque BUFFERs' args hold tinygrad nodes (a BUFFER's unique id is the node it stands
+  for): left to the interner's next due drain, they would keep the caller's graph alive until some later conversion
+  forgot them, and that conversion would pay for forgetting them and for freeing the graph."""
+  cin.keep, cin.ids, cin.given = [], [], {}
+  ARGS.drain()
 
 
 _saved = []
