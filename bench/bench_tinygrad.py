@@ -26,6 +26,7 @@ from tinygrad.uop.ops import UOp as TUOp  # noqa: E402
 import pygrad  # noqa: E402
 from pygrad import bench as pb  # noqa: E402
 import pygrad.interop.tinygrad as pt  # noqa: E402
+from pygrad.intern import ARGS  # noqa: E402
 
 TG_OWN = tg_gradient.compute_gradient
 TRACEMETA = os.environ.get("TRACEMETA", "1")
@@ -39,7 +40,11 @@ def build(wl: str, size: int):
 
 
 def timed(fn):
+  """fn() and its time, after earlier work's garbage is freed: Python's (gc.collect) and pygrad's (the interner's
+  drain forgets the args of nodes dropped since, e.g. the previous repetition's from_tinygrad result, whose
+  BUFFER args hold that repetition's tinygrad graph), so that no phase pays for freeing what an earlier one made."""
   gc.collect()
+  ARGS.drain()
   t = time.perf_counter()
   r = fn()
   return r, time.perf_counter() - t
@@ -103,7 +108,8 @@ def write(a, rows) -> None:
     f"Python {platform.python_version()}, tinygrad 0.14.0 (TRACEMETA={TRACEMETA}: metadata "
     f"{'recorded' if TRACEMETA != '0' else 'off'}), pygrad {pygrad.core_name()} core, "
     f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Medians of {a.reps} runs; each run builds the graph "
-    "afresh (tinygrad Tensor API, unrealized inputs) and times both engines on it, one after the other. The "
+    "afresh (tinygrad Tensor API, unrealized inputs) and times both engines on it, one after the other; before each "
+    "timed phase, earlier work's garbage is freed (gc.collect, and pygrad's interner drained). The "
     "machine was shared with other jobs (1-minute load average at the start and the end: "
     f"{a.load[0]:.1f}, {a.load[-1]:.1f} on {os.cpu_count()} CPUs): absolute times are under load, the ratios are "
     "side by side.", "",
