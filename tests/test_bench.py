@@ -52,3 +52,22 @@ def test_compile_bench_runs_every_workload_against_a_baseline(tmp_path):
   rows = [x for x in (tmp_path / "compile.md").read_text().splitlines() if x.startswith("| ") and "workload" not in x]
   assert [r.split(" | ")[0][2:] for r in rows] == ["grad-scalar", "grad-vector", "forward", "w1-grad"]
   assert all(r.count("|") == 11 and r.split(" | ")[7].endswith("x") for r in rows), rows
+
+
+def test_tinygrad_bench_reports_every_phase(tmp_path):
+  """bench/bench_tinygrad.py at tiny sizes: both workloads, both engines, the four phases of pygrad's (release
+  included in its total) and the conversions' per-node figures."""
+  import os, sys
+  import pytest
+  pytest.importorskip("tinygrad", reason="tinygrad is not installed (pip install '.[tinygrad]')")
+  script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "bench_tinygrad.py")
+  out = subprocess.run([sys.executable, script, "--reps", "1", "--w1", "3", "--w2", "1", "--out",
+                        str(tmp_path / "t.md")], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "DEV": "PYTHON"})
+  assert out.returncode == 0, out.stderr[-2000:]
+  rows = [x.split(" | ") for x in (tmp_path / "t.md").read_text().splitlines() if x.startswith("| W")]
+  assert [r[0] for r in rows] == ["| W1", "| W2"] * 2
+  for r in rows[:2]:  # pygrad's total is the sum of its phases; each phase took some time
+    total, phases = float(r[4]), [float(x) for x in r[5:9]]
+    assert all(p > 0 for p in phases) and abs(total - sum(phases)) <= 0.01 * total + 1e-3, r
+    assert r[9].endswith("x")
