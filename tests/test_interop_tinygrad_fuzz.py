@@ -1,7 +1,8 @@
 """Random tinygrad programs through the interop (pygrad/interop/tinygrad.py), checked three ways each:
 * the round trip tinygrad -> pygrad -> tinygrad gives back tinygrad's own nodes (`is`);
 * pygrad's engines evaluate the converted graph to the values tinygrad realizes;
-* the gradients pygrad derives (installed as tinygrad's engine) realize to the values of tinygrad's own.
+* the gradients pygrad derives (installed as tinygrad's engine) realize to the values of tinygrad's own, and so do
+  the gradients of a gradient.
 
 A program is a few steps of tinygrad's Tensor API over small realized inputs: elementwise ops with numpy-style
 broadcasting and Python constants (weak dtypes), reductions with and without keepdim, every movement op, WHERE,
@@ -142,6 +143,13 @@ def check(seed: int) -> None:
     assert tg_gradient.compute_gradient is pt.compute_gradient
     ours = [g.numpy() for g in loss.gradient(*inputs)]
   for i, (g, w) in enumerate(zip(ours, own)): _close(g, w, f"gradient of input {i}", seed)
+  # second order: a gradient's own gradient (the way back in converts a graph the way out made)
+  def second():
+    g = loss.gradient(inputs[0])[0]
+    return [x.numpy() for x in (g * g).sum().gradient(*inputs)]
+  own = second()
+  with pt.installed(): ours = second()
+  for i, (g, w) in enumerate(zip(ours, own)): _close(g, w, f"second-order gradient of input {i}", seed)
 
 
 @pytest.fixture
