@@ -51,10 +51,12 @@ def _bcast_partner(rng: random.Random, shape: tuple) -> tuple:
 
 def _step(rng: random.Random, pool: list, nprng: np.random.Generator) -> Tensor:
   """One random Tensor-API step over the pool's tensors (float32 values of moderate size)."""
-  a = rng.choice(pool)
+  ia = rng.randrange(len(pool))
+  a = pool[ia]
   k = rng.randrange(14)
   if k <= 3:  # a binary op against a broadcast partner: another tensor, a fresh input or a Python constant
-    partner = [b for b in pool if b is not a and _broadcasts(a.shape, b.shape)]
+    partner = [b for i, b in enumerate(pool) if i != ia and _broadcasts(a.shape, b.shape)]  # (by position: a
+    # step may give back its operand itself, a reshape to its own shape, and the stepwise replay must draw alike)
     r = rng.random()
     if partner and r < 0.5: b = rng.choice(partner)
     elif r < 0.8: b = Tensor(nprng.standard_normal(_bcast_partner(rng, a.shape)).astype(np.float32), device=DEV)
@@ -144,6 +146,7 @@ def check(seed: int) -> None:
   # values: pygrad's engines on the converted graph against tinygrad's values, realized step by step (tinygrad
   # 0.14's fused kernels can be wrong: the sum of a PAD of a WHERE counted twice, seed 5118)
   ref, _, ref_outs = _program(seed, stepwise=True)
+  assert [o.shape for o in ref_outs] == [o.shape for o in outs], f"seed {seed}: the replay drew another program"
   want = [t.numpy() for t in [ref] + ref_outs]
   for engine in ["numpy"] + (["c"] if pygrad.core_name() == "c" else []):
     for i, (v, w) in enumerate(zip(_evaluate(roots, engine), want)):
