@@ -85,7 +85,8 @@ def _step(rng: random.Random, pool: list, nprng: np.random.Generator) -> Tensor:
     if m == 3 and n: return a.pad(tuple((rng.randint(0, 2), rng.randint(0, 1)) for _ in a.shape))
     if m == 4 and n and max(a.shape) > 1:
       return a.shrink(tuple((0, d) if d == 1 else (rng.randint(0, 1), d - rng.randint(0, 1)) for d in a.shape))
-    if n: return a.flip(tuple(rng.sample(range(n), rng.randint(1, n))))
+    big = [i for i, d in enumerate(a.shape) if d > 1]  # (a flip of size-1 axes only: tinygrad 0.14 then fails to
+    if big: return a.flip(tuple(rng.sample(big, rng.randint(1, len(big)))))  # read the realized result, seed 6009)
     return a + 1.0
   if k <= 12:  # WHERE on a comparison, against a partner or a constant
     partner = [b for b in pool if _broadcasts(a.shape, b.shape)]
