@@ -218,7 +218,7 @@ class LazyNodes:
         at = np.flatnonzero(ns == k)
         if not len(at): continue
         cols = [map(get, sp[start[at] + j].tolist()) for j in range(k)]
-        for _ in map(setattr, map(get, at.tolist()), repeat("src"), zip(*cols)): pass
+        for x, s in zip(map(get, at.tolist()), zip(*cols)): x.src = s
     return list(made)
 
   def make(self, miss: list, lazy_src: bool = True) -> list[PNode]:
@@ -232,14 +232,15 @@ class LazyNodes:
                    [mv[m][0] for m in rows[:, 5].tolist()], map(self._arg_objs.__getitem__, rows[:, 3].tolist()),
                    repeat(()), self._nids[at].tolist(), miss))
     if self.users is not None:
-      for _ in map(setattr, new, repeat("users"), self.users[at].tolist()): pass
+      for x, u in zip(new, self.users[at].tolist()): x.users = u
     if self.view_of is not None:
-      for _ in map(setattr, new, repeat("view"), map(self.view_of, miss)): pass
+      for x, v in zip(new, map(self.view_of, miss)): x.view = v
     if self._opcodes:
-      for _ in map(setattr, new, repeat("opcode"), map(self._opcodes.get, miss)): pass
+      for x, c in zip(new, map(self._opcodes.get, miss)): x.opcode = c
     if lazy_src:
-      for _ in map(setattr, new, repeat("_lz"), repeat(self)): pass
-      for _ in map(delattr, new, repeat("src")): pass
+      for x in new:
+        x._lz = self
+        del x.src
     made = self._made
     for i, x in zip(miss, new): made[i] = x
     self.made_idx += miss
@@ -251,9 +252,8 @@ class LazyNodes:
     only (engine/kbatch.py's columns): a third of make()'s cost."""
     if not miss: return []
     new = list(map(_new_pnode, repeat(PNode, len(miss))))
-    for _ in map(setattr, new, repeat("idx"), miss): pass
-    for _ in map(setattr, new, repeat("arg"), map(self._arg_objs.__getitem__, self._args[miss].tolist())): pass
-    for _ in map(setattr, new, repeat("_lz"), repeat(self)): pass
+    for x, i, a in zip(new, miss, map(self._arg_objs.__getitem__, self._args[miss].tolist())):
+      x.idx, x.arg, x._lz = i, a, self
     made = self._made
     for i, x in zip(miss, new): made[i] = x
     self.made_idx += miss
@@ -320,7 +320,7 @@ def _flatten_plain(order: np.ndarray, info: np.ndarray, flat: np.ndarray, lazy: 
       at = np.flatnonzero(ns == k)
       if not len(at): continue
       cols = [map(get, sp[start[at] + j].tolist()) for j in range(k)]
-      for _ in map(setattr, map(get, at.tolist()), repeat("src"), zip(*cols)): pass
+      for x, s in zip(map(get, at.tolist()), zip(*cols)): x.src = s
   # values.quotient_operands' rule (see _quotient): a float MUL of a RECIPROCAL is a quotient
   if len(mul):
     a, b = ops[sp[start[mul]]] == _RECIP, ops[sp[start[mul] + 1]] == _RECIP

@@ -111,9 +111,9 @@ class Graph:
     if type(nodes) is LazyNodes:  # the nodes made so far, and any made later
       nodes.users = users
       made = nodes.made_idx
-      for _ in map(setattr, map(nodes.__getitem__, made), repeat("users"), users[made].tolist()): pass
+      for x, u in zip(map(nodes.__getitem__, made), users[made].tolist()): x.users = u
     else:
-      for _ in map(setattr, nodes, repeat("users"), users.tolist()): pass
+      for x, u in zip(nodes, users.tolist()): x.users = u
     # the nodes _visit has anything to do for: a pure ALU node neither an output nor read twice stays an expression
     # (and a CAST or BITCAST read once neither: _visit would only check its size against the VM's bound, done here)
     quiet = (self.ops & (PURE | PU_ALU)) != 0
@@ -272,7 +272,7 @@ def make_knodes(g, kn_of, ent, srcs, keep, alu_e, ns, start, made) -> list[KNode
     at = np.flatnonzero(ns == k)
     if not len(at): continue
     cols = [kn_of[srcs[start[at] + j]].tolist() for j in range(k)]
-    for _ in map(setattr, kn_of[alu_e[at]].tolist(), repeat("src"), zip(*cols)): pass
+    for x, s in zip(kn_of[alu_e[at]].tolist(), zip(*cols)): x.src = s
   return kn_of[keep].tolist()
 
 

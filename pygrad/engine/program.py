@@ -156,7 +156,7 @@ def _place_c(kernels: list, bufs: list[Buf]) -> int:
   if top < 0: raise RuntimeError(f"pygrad VM: the placement of {len(bufs)} buffers was refused ({top})")
   placed = np.zeros(len(bufs), bool)
   placed[i[arena[i] != 0]] = True
-  for _ in map(setattr, compress(bufs, placed.tolist()), repeat("offset"), offset[placed].tolist()): pass
+  for b, o in zip(compress(bufs, placed.tolist()), offset[placed].tolist()): b.offset = o
   return top
 
 
@@ -254,7 +254,7 @@ class Program:
     self.arena_bytes = _place(steps, pl.bufs)
     _check_memory(self.arena_bytes, pl.bufs)
     # (named in errors until here) no buffer keeps the graph alive, nor a cycle
-    for _ in map(setattr, pl.bufs, repeat("node"), repeat(None)): pass
+    for b in pl.bufs: b.node = None
     pool, consts = 0, []
     for b in pl.bufs:
       if b.kind == "const":

@@ -113,7 +113,7 @@ def allocate_c(kn: list[KNode], live: set[KNode], tops: list[KNode], sp: Space) 
   alu = [k for k in kn if k.buf is None and k in live]
   order = lv + alu
   n, nl, na = len(order), len(lv), len(alu)
-  for _ in map(setattr, order, repeat("pos"), range(n)): pass  # (a dict of n KNodes costs 5x more)
+  for i, k in enumerate(order): k.pos = i  # (a dict of n KNodes costs 5x more)
   srcs = list(map(_G_SRC, alu))
   ns = np.fromiter(map(len, srcs), np.int64, na)
   flat = np.fromiter(map(_G_POS, chain.from_iterable(srcs)), np.int32)

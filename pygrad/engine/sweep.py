@@ -132,12 +132,10 @@ def sweep(pl, g, nodes: LazyNodes, outs: list[int]) -> np.ndarray | None:
   ms = list(map(made.__getitem__, ja))
   dts, sa = list(map(BY_ID.__getitem__, g.dt_ids[en[at_a]].tolist())), sid[en[at_a]].tolist()
   new = list(map(Buf, aid, repeat("arena"), map(_CT.__getitem__, dts), map(shapes.__getitem__, sa), dts))
-  for _ in map(bl.__setitem__, aid, new): pass
-  for _ in map(setattr, new, repeat("node"), ms): pass
-  for _ in map(setattr, ms, repeat("buf"), new): pass
-  for _ in map(setattr, ms, repeat("mat"), repeat(True)): pass
   cv = [View.contiguous(sh) for sh in shapes]  # (per shape id)
-  for _ in map(setattr, ms, repeat("view"), zip(new, map(cv.__getitem__, sa))): pass
+  for i, b, m, s in zip(aid, new, ms, sa):
+    bl[i] = b
+    b.node, m.buf, m.mat, m.view = m, b, True, (b, cv[s])
   jobs += zip(zip(ja, count(len(jobs))), ms, repeat(None))  # (Planner._materialize's jobs)
   bufs.update(zip(ja, new))
   for (bid, j), s in zip(copies, cps):  # (in order: a copy may read an earlier one)
