@@ -1,18 +1,19 @@
 """The single-node math methods (`a + b`, `a * 2.0`, `a.sin()`), one closure per op, made for UOp by
 mathops._bind. They are the inner loop of every graph build: each closure has its op's tables bound, checks its
-operands and makes the node, its handle and the handle's publication in one call (uop._mk_unary, _mk_binary,
+operands and makes the node, its handle and the handle's publication in one call (handles._mk_unary, _mk_binary,
 _mk_binaryk: csrc/pymake.c on the C core), since every Python step saved is a tenth of the method
 (bench/bench_core.py's stage breakdown). Anything off the fast path -- another dtype or shape, a node that already
-has a handle, an error code -- goes through uop._wrap, alu1/alu2/alu2k and the generic inference, which raise the
-precise errors."""
+has a handle, an error code -- goes through handles._wrap, make.alu1/alu2/alu2k and the generic inference, which
+raise the precise errors."""
 from __future__ import annotations
 from .ops import Ops
 from .dtype import BY_ID
 from .mathops import MathMixin
 from .intern import ARGS
 from . import uop as _u
-from .uop import UOp, alu1, alu2, alu2k, _attach_current, _wrap, _args_get, _UNARY_OK, _BINARY_OUT, _NONE, _META0, \
-  _mk_unary, _mk_binary, _mk_binaryk
+from .uop import UOp, _attach_current
+from .handles import _wrap, _mk_unary, _mk_binary, _mk_binaryk
+from .make import alu1, alu2, alu2k, _args_get, _UNARY_OK, _BINARY_OUT, _NONE, _META0
 
 
 def unary_method(op: Ops):

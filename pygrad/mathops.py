@@ -335,7 +335,7 @@ class MathMixin:
 
   # ---- movement ----
   # the common calls (one exact tuple, or ints; no -1; non-negative axes) skip the normalisation of the others, and
-  # a repeated one (its validity cached by uop.movement) is one call: _cached gives the node, or None for the rest
+  # a repeated one (its validity cached by make.movement) is one call: _cached gives the node, or None for the rest
   def reshape(self, *shape) -> UOp:
     if len(shape) == 1:
       shape = shape[0] if type(shape[0]) is tuple else tuple(shape[0]) if isinstance(shape[0], (tuple, list)) else shape

@@ -18,7 +18,8 @@ from .ops import Ops
 from .core import CORE
 from .intern import argkey
 from . import uop as _uop
-from .uop import UOp, _wrap
+from .uop import UOp
+from .handles import _wrap, _prog_cap, _tmpl_install
 
 if not CORE.programs: raise ImportError("templates need a core with template programs (the C core)")
 
@@ -77,7 +78,7 @@ def _record(key, fn, self, args, kw, ins):
   else:  # (the program twice: a cffi one for the calls below, a capsule for the C methods' hit path)
     words = program(phs, [out])
     e = (CORE.prog_new(words), out.op, out.dtype, out.arg, out.tag, out.shape, out.device, out._m,
-         _uop._prog_cap(words) if _uop._prog_cap is not None else None)
+         _prog_cap(words) if _prog_cap is not None else None)
   _entries[key] = e
   return e
 
@@ -168,12 +169,12 @@ def install(cls) -> None:
   for name in METHODS:
     fn = _python_method(cls, name)
     setattr(cls, name, templated(name, getattr(fn, "__wrapped__", fn)))
-  if _uop._tmpl_install is None: return
+  if _tmpl_install is None: return
   # the C core: the hit path of C_METHODS and C_SLOTS in C, each calling the templated method above otherwise
   specs = [(0, n, n, vars(cls)[n], None) for n in C_METHODS]
   for n, r in C_SLOTS.items():
     specs.append((2, n, n, vars(cls)[n], _python_method(cls, r)))
-  for n, descr in _uop._tmpl_install(cls, _entries, _state, tuple(specs)).items(): setattr(cls, n, descr)
+  for n, descr in _tmpl_install(cls, _entries, _state, tuple(specs)).items(): setattr(cls, n, descr)
   for n, r in C_SLOTS.items():  # so that the handle type's number slots (csrc/pyhandle.c) are the class's
     for k in (n, r):
       if k in vars(cls): delattr(cls, k)

@@ -1,28 +1,23 @@
 """UOp: a handle on one hash-consed node of the core. Handles are made lazily (a node made inside a core pass has
 no Python object until Python asks for it), unique per node while alive (so `is` is node identity), and each owns
-one core reference, dropped when the handle dies."""
+one core reference, dropped when the handle dies. This module holds the node (UOp, its walks) and the metadata
+state every node maker reads; the handle registry and the core's one-call makers are pygrad/handles.py, the node
+makers pygrad/make.py, both imported at the end (they need UOp) and their public names kept here."""
 from __future__ import annotations
-import itertools, weakref, contextlib, contextvars, threading, traceback
-from _weakref import _remove_dead_weakref  # type: ignore[import-not-found]  # CPython's, as WeakValueDictionary
+import itertools, contextlib, contextvars, threading, traceback
 from dataclasses import dataclass
 from operator import attrgetter
 from collections.abc import Mapping
 from typing import Any, Callable, Iterator
 from .ops import Ops
-from .dtype import DType, dtypes, BY_ID, coerce as _coerce, INT_RANGE as _INT_RANGE
+from .dtype import DType, dtypes, coerce as _coerce
 from .core import CORE, ArgGone
-from .intern import _INTS, ARGS, META, argkey
-from .shapes import INFER, SHAPE as _SHAPE, dtype_tables
+from .intern import _INTS, ARGS, META
+from .shapes import INFER
 from .mathops import MathMixin
 
-_handles: dict[int, weakref.ref] = {}
-_core_make, _core_decref, _core_incref, _core_info = CORE.make, CORE.decref, CORE.incref, CORE.info
-_core_release = CORE.release
-_make1, _make2, _make2k = CORE.make1, CORE.make2, CORE.make2k
-_ERR_GONE = -3  # a core make's code for an arg id drained meanwhile (csrc/pygrad.h PG_ERR_ARG_GONE)
-_args_get, _args_objs, _meta_get, _meta_vals, _meta_ids = ARGS.get, ARGS.objs, META.get, META.vals, META.ids
-_args_key, _args_fresh = ARGS.get_key, ARGS.get_fresh
-_new_handle, _claim = object.__new__, _handles.setdefault
+_core_info = CORE.info
+_args_get, _args_objs = ARGS.get, ARGS.objs
 _OPS = tuple(Ops)
 _VOID = dtypes.void
 _BUFFER = Ops.BUFFER
@@ -83,253 +78,6 @@ def metadata(name: str, caller: str | None = None):
       _md_open -= 1
       if _meth_md is not None: _meth_md(_md_open)
 
-
-def _make(op: Ops, dtype: DType, src: tuple, arg, tag, shape, device) -> UOp:
-  """The node with these fields (its shape and device already inferred), as its unique handle."""
-  mk = (shape, device)
-  meta = _meta_ids.get(mk)
-  if meta is None: meta = _meta_get(shape, device)
-  while True:
-    aid = 0 if arg is None else _args_get(arg)
-    tid = 0 if tag is None else _args_get(tag)
-    try:
-      nid = _core_make(op, dtype.id, tuple([s._id for s in src]), aid, tid, meta)
-      break
-    except ArgGone:
-      if aid: ARGS.forget(aid)
-      if tid: ARGS.forget(tid)
-  return _wrap(nid, op, dtype, arg, tag, shape, device, meta)
-
-
-def _wrap(nid: int, op: Ops, dtype: DType, arg, tag, shape, device, meta: int) -> UOp:
-  """The unique handle of a node the caller holds one new reference on (dropped if a handle exists already)."""
-  r = _handles.get(nid)
-  if r is not None:
-    o = r()
-    if o is not None:
-      _core_decref(nid)
-      if _md_open: _attach_current(o)
-      return o
-  o = _hnew(nid, op, dtype, arg, tag, shape, device, meta)
-  w = _Ref(o, _on_dead)
-  w.nid = nid
-  if _claim(nid, w) is not w: o = _register(o, w, nid)
-  if _md_open: _attach_current(o)
-  return o
-
-
-class _Ref(weakref.ref):
-  """The registry's weak reference to a handle; when the handle dies, its callback drops the core reference. A
-  callback (unlike __del__) runs once the handle is unreachable, so no thread can pick the dying handle up again."""
-  __slots__ = ("nid",)  # made as _Ref(handle, _on_dead), then nid set: no Python-level constructor on the hot path
-
-
-# The registry, _handles: node id -> _Ref of its handle. A new handle claims a free entry with dict.setdefault,
-# which is atomic under the GIL. An entry is removed only by _remove_dead_weakref (C, atomic under the GIL: it
-# deletes the entry only if it holds a dead reference), so no lock is needed: a dying handle's callback can never
-# remove a live successor's entry, and a publisher that finds a dead entry removes it and claims again. (A lock
-# here cost ~300 ns per handle death, as much as making the node.)
-
-
-def _on_dead(ref: _Ref) -> None:
-  nid = ref.nid
-  if nid < 0: return  # a handle that lost the race to publish: it owns no core reference
-  try:
-    _remove_dead_weakref(_handles, nid)
-    _core_release(nid)  # dropped in a batch with other dead handles' (pygrad/core/release.py)
-  except Exception:  # interpreter shutdown: the core may already be gone
-    pass
-
-
-def _register(o: UOp, w: _Ref, nid: int) -> UOp:
-  """The slow path of publishing handle o (with its _Ref w) for nid, taking over the caller's core reference: the
-  entry was taken. If it names a live handle (another thread published one meanwhile), that one is returned and
-  the caller's reference dropped; if it names a dead one whose callback is still to run, it is removed (that
-  callback then finds no dead entry to remove) and the entry claimed again."""
-  while True:
-    r = _claim(nid, w)
-    if r is w: return o
-    other = r()
-    if other is not None:
-      w.nid = -1
-      _core_decref(nid)
-      return other
-    _remove_dead_weakref(_handles, nid)
-
-
-def alu1(op: Ops, x: UOp) -> UOp:
-  """A unary ALU node (the hot path of the math methods: checks by table, no generic inference)."""
-  d = x._dtype
-  if d not in _UNARY_OK.get(op, ()): return UOp(op, None, (x,))  # the generic path raises the precise error
-  m = x._m
-  nid = _make1(op, d.id, x._id, 0, 0, m)
-  if nid < 0: return UOp(op, None, (x,))
-  return _wrap(nid, op, d, None, None, x._shape, x._device, m)
-
-
-def alu2(op: Ops, a: UOp, b: UOp) -> UOp | None:
-  """A binary ALU node over node operands of equal dtype and equal shapes (or one of shape ()) on one device: the
-  hot path of the math methods, checked by table. None for anything else (the caller promotes and broadcasts)."""
-  d = a._dtype
-  if b._dtype is not d: return None
-  out = _BINARY_OUT.get(op, _NONE).get(d)
-  if out is None: return None
-  sa, sb = a._shape, b._shape
-  da, db = a._device, b._device
-  if da == db:
-    if sa == sb or not sb: meta, shape = a._m, sa
-    elif not sa: meta, shape = b._m, sb
-    else: return None
-  elif da is None or db is None:
-    if sa != sb and sa and sb: return None
-    shape, da = sa or sb, da if da is not None else db
-    meta = _meta_ids.get((shape, da))
-    if meta is None: meta = _meta_get(shape, da)
-  else: return None
-  nid = _make2(op, out.id, a._id, b._id, 0, 0, meta)
-  if nid < 0: return UOp(op, None, (a, b))
-  return _wrap(nid, op, out, None, None, shape, da, meta)
-
-
-def alu2k(op: Ops, a: UOp, value, reverse: int) -> UOp | None:
-  """op(a, value), or op(value, a) if reverse, for a Python scalar of a's dtype kind (a float for float dtypes, an
-  int in range for int dtypes, a bool for bool): the constant and the node in one core call, with no handle for
-  the constant. None for anything else, and inside a metadata block (the constant gets the metadata there)."""
-  t, d = type(value), a._dtype
-  k = d.kind
-  if k == "f":
-    if t is not float:
-      if t is not int: return None
-      value = float(value)
-  elif t is not int or k == "b" or not _INT_RANGE[d][0] <= value <= _INT_RANGE[d][1]:
-    if not (t is bool and k == "b"): return None
-  out = _BINARY_OUT.get(op, _NONE).get(d)
-  if out is None or _md_open: return None
-  m = a._m
-  while True:
-    aid = _args_get(value)
-    nid = _make2k(op, out.id, a._id, d.id, aid, _META0, reverse, m)
-    if nid != _ERR_GONE: break
-    ARGS.forget(aid)
-  if nid < 0: return None
-  return _wrap(nid, op, out, None, None, a._shape, a._device, m)
-
-
-# (op, source meta, source dtype, arg) -> (shape, meta, arg id, dtype id): the validity functions' results and the
-# interned arg, bounded. An all-int tuple arg (a shape or an order) is its own key: all-int tuples are equal only
-# when their ints are, so the key stays type-strict; any other arg is keyed by its argkey (which never equals an
-# all-int tuple). A void source is never cached (its movement is an error), so a hit needs no dtype check: the
-# movement methods' hit path (_cached: csrc/pymake.c on the C core) is the key, the lookup and the make.
-_moved: dict = {}
-_MOVED_LIMIT = 8192
-ARGS.on_wrap.append(_moved.clear)  # its arg ids are not counted: after a generation wraps one may name another arg
-
-
-def movement(op: Ops, x: UOp, arg) -> UOp:
-  """A movement or reduce node of x, its shape from the op's validity function (shapes.SHAPE): the math methods'
-  hot path, with the errors of the generic path. Valid results are remembered (see _moved), so a repeated
-  reshape/permute/expand/reduce costs one dict lookup and one core call."""
-  d = x._dtype
-  if d is _VOID: return UOp(op, None, (x,), arg)  # the generic path raises the precise error
-  ak = arg
-  if type(arg) is tuple:
-    for e in arg:
-      if type(e) is not int:
-        ak = None
-        break
-  else: ak = None
-  if ak is None:
-    try: ak = argkey(arg)
-    except TypeError: return UOp(op, None, (x,), arg)
-  ck = (op, x._m, d, ak)
-  hit = _moved.get(ck)
-  if hit is not None:
-    nid = _mk_moved(op, d, d.id, x, arg, hit[2], hit[0], hit[1])
-    if type(nid) is UOp:
-      if _md_open: _attach_current(nid)
-      return nid
-    if nid >= 0: return _wrap(nid, op, d, arg, None, hit[0], x._device, hit[1])
-    if nid != _ERR_GONE: return UOp(op, None, (x,), arg)
-    ARGS.forget(hit[2])  # drained since it was cached: intern it again below
-  shape = _SHAPE[op](op, (x,), arg)
-  dev = x._device
-  meta = _meta_ids.get((shape, dev))
-  if meta is None: meta = _meta_get(shape, dev)
-  k = argkey(arg) if ak is arg else ak
-  while True:
-    aid = _args_key(k, arg)
-    try: nid = _make1(op, d.id, x._id, aid, 0, meta)
-    except ArgGone: nid = _ERR_GONE
-    if nid != _ERR_GONE: break
-    ARGS.forget(aid)
-  if nid < 0: return UOp(op, None, (x,), arg)
-  if len(_moved) >= _MOVED_LIMIT: _moved.clear()
-  _moved[ck] = (shape, meta, aid, d.id)
-  return _wrap(nid, op, d, arg, None, shape, dev, meta)
-
-
-def _buffer(dtype: DType, arg: tuple, shape: tuple, device: str, name) -> UOp:
-  """A new BUFFER node for placeholder's checked fields: its arg's interning key built directly (it is new: the
-  uid is), where argkey would recurse into the arg, and no generic inference (~12 us a placeholder before, the
-  bulk of a W1 build, which makes one per layer)."""
-  meta = _meta_ids.get((shape, device))
-  if meta is None: meta = _meta_get(shape, device)
-  k = (tuple, (int, arg[0]), (_INTS, shape), (str, device), (type(name), name))  # == argkey(arg): shape is ints
-  while True:
-    aid = _args_fresh(k, arg, name is not None)  # (new: its uid is; plain exactly when the name is a str)
-    r = _mk_leaf(_BUFFER, dtype, dtype.id, arg, aid, shape, device, meta)  # the node and its handle in one call
-    if type(r) is UOp:
-      if _md_open: _attach_current(r)
-      return r
-    if r >= 0: return _wrap(r, _BUFFER, dtype, arg, None, shape, device, meta)
-    if r != _ERR_GONE: return UOp(_BUFFER, dtype, (), arg)  # the generic path raises the precise error
-    ARGS.forget(aid)
-
-
-def node(op: Ops, src: tuple, arg) -> UOp:
-  """UOp(op, None, src, arg) for sources the caller knows are UOps: inference (the validity check) and the node."""
-  d, shape, device = INFER[op](op, None, src, arg)
-  return _make(op, d, src, arg, None, shape, device)
-
-
-def const(value, dtype: DType) -> UOp:
-  """UOp.const for a Python scalar already of the dtype's kind (the math methods' hot path)."""
-  t, kind = type(value), dtype.kind
-  if not ((kind == "f" and t is float) or (kind == "b" and t is bool) or
-          (t is int and kind in "iu" and _INT_RANGE[dtype][0] <= value <= _INT_RANGE[dtype][1])):
-    return UOp.const(value, dtype)
-  return _make(Ops.CONST, dtype, (), value, None, (), None)
-
-
-def handle(nid: int) -> UOp:
-  """The handle of a live node id (made now if Python has none)."""
-  r = _handles.get(nid)
-  if r is not None:
-    o = r()
-    if o is not None: return o
-  op, dt, _, aid, tid, mid, _ = _core_info(nid)
-  _core_incref(nid)
-  shape, device = _meta_vals[mid]
-  o = _hnew(nid, _OPS[op], BY_ID[dt], _args_objs[aid], _args_objs[tid] if tid else None, shape, device, mid)
-  w = _Ref(o, _on_dead)
-  w.nid = nid
-  return o if _claim(nid, w) is w else _register(o, w, nid)
-
-
-def adopt(nid: int, op: Ops, dtype: DType, arg, tag, meta: int) -> UOp:
-  """handle(nid) for a node whose fields the caller knows (arg and tag the interned objects), taking over a
-  reference the caller holds on it (dropped if a handle exists already): a loader's roots need no core lookup."""
-  r = _handles.get(nid)
-  if r is not None:
-    o = r()
-    if o is not None:
-      _core_decref(nid)
-      return o
-  shape, device = _meta_vals[meta]
-  o = _hnew(nid, op, dtype, arg, tag, shape, device, meta)
-  w = _Ref(o, _on_dead)
-  w.nid = nid
-  return o if _claim(nid, w) is w else _register(o, w, nid)
 
 
 def _attach_current(u: UOp) -> None:
@@ -572,116 +320,7 @@ class UOp(CORE.handle_base or _Fields, MathMixin):  # type: ignore[misc]
     return _gradient(self, targets, gradient)
 
 
-def _py_hnew(nid: int, op: Ops, dtype: DType, arg, tag, shape: tuple, device, meta: int) -> UOp:
-  """A new handle with these fields and _src None (not yet published in the registry)."""
-  o = _new_handle(UOp)
-  o._id, o._op, o._dtype, o._arg, o._tag, o._shape, o._device, o._src, o._m = \
-    nid, op, dtype, arg, tag, shape, device, None, meta
-  return o
 
-
-def _publish(nid: int, op: Ops, dtype: DType, arg, shape: tuple, device, meta: int):
-  """The new handle of node nid, published, taking over the caller's new reference; nid itself if the registry
-  has an entry for it (the caller finishes with _wrap), or a negative code as it is."""
-  if nid < 0 or nid in _handles: return nid
-  o = _hnew(nid, op, dtype, arg, None, shape, device, meta)
-  w = _Ref(o, _on_dead)
-  w.nid = nid
-  return o if _claim(nid, w) is w else _register(o, w, nid)
-
-
-def _py_unary(op: Ops, dtype: DType, did: int, x: UOp):
-  return _publish(_make1(op, did, x._id, 0, 0, x._m), op, dtype, None, x._shape, x._device, x._m)
-
-
-def _py_binary(op: Ops, dtype: DType, did: int, a: UOp, b: UOp):
-  return _publish(_make2(op, did, a._id, b._id, 0, 0, a._m), op, dtype, None, a._shape, a._device, a._m)
-
-
-def _py_binaryk(op: Ops, dtype: DType, did: int, a: UOp, kdid: int, karg: int, kmeta: int, reverse: int):
-  return _publish(_make2k(op, did, a._id, kdid, karg, kmeta, reverse, a._m), op, dtype, None, a._shape, a._device,
-                  a._m)
-
-
-def _py_moved(op: Ops, dtype: DType, did: int, x: UOp, arg, aid: int, shape: tuple, meta: int):
-  try: nid = _make1(op, did, x._id, aid, 0, meta)
-  except ArgGone: return _ERR_GONE  # the pure core raises where the C core returns the code
-  return _publish(nid, op, dtype, arg, shape, x._device, meta)
-
-
-def _py_leaf(op: Ops, dtype: DType, did: int, arg, aid: int, shape: tuple, device, meta: int):
-  try: nid = _core_make(op, did, (), aid, 0, meta)
-  except ArgGone: return _ERR_GONE  # the pure core raises where the C core returns the code
-  return _publish(nid, op, dtype, arg, shape, device, meta)
-
-
-def _py_cached(op: Ops, x: UOp, arg):
-  """The movement methods' hit path: op(x, arg) for an arg of non-negative ints other than x's shape whose result
-  _moved holds, else None (the caller takes movement())."""
-  if type(arg) is not tuple: return None
-  for e in arg:
-    if type(e) is not int or e < 0: return None
-  if arg == x._shape: return None
-  d = x._dtype
-  hit = _moved.get((op, x._m, d, arg))
-  if hit is None: return None
-  r = _mk_moved(op, d, hit[3], x, arg, hit[2], hit[0], hit[1])
-  if type(r) is UOp or r < 0: return r if type(r) is UOp else None
-  return _wrap(r, op, d, arg, None, hit[0], x._device, hit[1])
-
-
-# The math methods' fast path in one call each (csrc/pymake.c on the C core): make the node and, if Python has no
-# handle for it, make the handle and publish it (see _publish for what comes back otherwise). The C core also makes
-# any handle in one call (csrc/pyhandle.c): ~200 ns field by field from Python.
-def _registered(nid: int) -> bool:
-  """Whether the registry holds a live handle of node nid."""
-  r = _handles.get(nid)
-  return r is not None and r() is not None
-
-
-_meth_md = _leaf_maker = _tmpl_install = _prog_cap = None  # (the C core's, below)
-if CORE.makers is None:
-  _hnew = _py_hnew
-  _mk_unary, _mk_binary, _mk_binaryk, _mk_moved, _mk_leaf = _py_unary, _py_binary, _py_binaryk, _py_moved, _py_leaf
-  _cached = _py_cached
-else:
-  # The C core keeps the registry in C (csrc/pyreg.c): each node id's slot holds a borrowed pointer to its live
-  # handle, and a handle's dealloc empties the slot and queues its core reference for release (in the batches of
-  # pygrad/core/release.py, so both cores free nodes in the same order). _handles stays empty; these replace the
-  # Python forms above, which weighed a weak reference object and a dict entry per handle.
-  _hnew = CORE.handle_ctor(UOp)  # (an unpublished handle: no registry entry, no core reference)
-  _mk_unary, _mk_binary, _mk_binaryk, _mk_moved, _mk_leaf, _cached_maker, _cwrap, _lookup, CORE.flush_handles, \
-    _cwrap_many, _meth_install, _meth_md, _leaf_maker, _tmpl_install, _prog_cap = CORE.makers(UOp)
-  _cached = _cached_maker(_moved)
-
-  def _wrap(nid: int, op: Ops, dtype: DType, arg, tag, shape, device, meta: int) -> UOp:  # noqa: F811
-    """The unique handle of a node the caller holds one new reference on (dropped if a handle exists already)."""
-    o = _cwrap(nid, op, dtype, arg, tag, shape, device, meta)
-    if _md_open: _attach_current(o)
-    return o
-
-  def handle(nid: int) -> UOp:  # noqa: F811
-    """The handle of a live node id (made now if Python has none)."""
-    o = _lookup(nid)
-    if o is not None: return o
-    op, dt, _, aid, tid, mid, _ = _core_info(nid)
-    _core_incref(nid)
-    shape, device = _meta_vals[mid]
-    return _cwrap(nid, _OPS[op], BY_ID[dt], _args_objs[aid], _args_objs[tid] if tid else None, shape, device, mid)
-
-  def adopt(nid: int, op: Ops, dtype: DType, arg, tag, meta: int) -> UOp:  # noqa: F811
-    """handle(nid) for a node whose fields the caller knows, taking over a reference the caller holds on it."""
-    shape, device = _meta_vals[meta]
-    return _cwrap(nid, op, dtype, arg, tag, shape, device, meta)
-
-  def adopt_rows(ids: bytes, metas: bytes, ops: bytes, dts: bytes, args: bytes, tags: bytes) -> list[UOp]:
-    """adopt for many nodes in one C call (csrc/pyreg.c): int32 columns as bytes, args and tags interned ids (a
-    loader's roots: through adopt, ~0.5 us each)."""
-    return _cwrap_many(ids, metas, ops, dts, args, tags, _OPS, BY_ID, _args_objs, _meta_vals)
-
-  def _registered(nid: int) -> bool:  # noqa: F811
-    """Whether the registry holds a live handle of node nid."""
-    return _lookup(nid) is not None
 _KEEP_DTYPE = frozenset({Ops.CAST, Ops.BITCAST, Ops.CONST, Ops.DEFINE_VAR, Ops.BUFFER, Ops.PARAM})
 
 
@@ -700,10 +339,15 @@ def core_name() -> str:
   return CORE.name
 
 
-_NONE: dict = {}
-_UNARY_OK, _BINARY_OUT = dtype_tables()
+# The registry and the node makers read this module's metadata state and the class, so they come once both exist.
+# Their names stay reachable here: other modules name pygrad.uop.handle, adopt and the makers, and the tests and
+# bench/bench_core.py some private ones (_wrap, _hnew, _registered, _mk_*, _cached, _moved, the dtype tables).
+from .handles import (handle, adopt, _wrap, _hnew, _registered, _mk_unary, _mk_binary, _mk_binaryk,  # noqa: E402,F401
+                      _mk_moved, _meth_install, _meth_md, _leaf_maker, _tmpl_install)
+if CORE.makers is not None: from .handles import adopt_rows  # noqa: E402,F401
+from .make import (_make, _buffer, _cached, _moved, _UNARY_OK, _BINARY_OUT, alu1, alu2, alu2k,  # noqa: E402,F401
+                   movement, node, const)
 from . import mathops as _mathops  # noqa: E402
-_META0 = META.get((), None)
 from .fastmethods import unary_method, binary_method, install_c  # noqa: E402
 _made = _mathops._bind(UOp, alu2, const, movement, node, unary_method, binary_method, _cached)
 

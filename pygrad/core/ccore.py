@@ -179,7 +179,7 @@ class CCore:
     self.arg_register = arg_register
     self.release, pyflush = deferred(decref_many)
 
-    def flush() -> None:  # the Python-side queue, then the C handle registry's (uop.py sets flush_handles)
+    def flush() -> None:  # the Python-side queue, then the C handle registry's (handles.py sets flush_handles)
       pyflush()
       f = self.flush_handles
       if f is not None: f()
@@ -196,9 +196,9 @@ class CCore:
   # the handle base type, its constructor maker, the make-and-publish calls (csrc/pyhandle.c, csrc/pymake.c) and
   # the tinygrad interop's loop, walk and columns (csrc/pyforeign.c, pywalk.c, pyrows.c) and the arg table's decoder
   # (csrc/pyargs.c):
-  # None where the builtins could not be made (uop.py, the interop and argtable.py then use their Python forms)
+  # None where the builtins could not be made (handles.py, the interop and argtable.py then use their Python forms)
   handle_base = handle_ctor = makers = foreign_rows = foreign_walk = args_decode = rows_columns = None
-  flush_handles = None  # the handle registry's flush (csrc/pyreg.c), once uop.py made the registry
+  flush_handles = None  # the handle registry's flush (csrc/pyreg.c), once handles.py made the registry
 
   def info(self, nid: int) -> tuple[int, int, int, int, int, int, int]:
     """(op, dtype, nsrc, arg, tag, meta, pdata) of a node."""

@@ -23,7 +23,7 @@ class PyCore:
   slot with the next generation, so the counts stay as many as the ids alive at once, and an id held across its
   drain reads as gone whether or not its slot holds a later id now."""
   name = "python"
-  # the C core's handle type and calls (uop.py and the tinygrad interop have Python forms)
+  # the C core's handle type and calls (handles.py and the tinygrad interop have Python forms)
   handle_base = handle_ctor = makers = foreign_rows = foreign_walk = rows_columns = None
   arg_slot_bits = 24  # csrc/tables.h's PG_ARG_SLOT_BITS
   free_order_min = 16384  # and its PG_FREE_ORDER_MIN
