@@ -5,7 +5,8 @@
    names tinygrad. The loop stops at the first row it does not make (a tag, an op it has no entry for, a source not
    made yet, operands that are all weak) and returns its position: Python makes that row, then calls again. Metadata
    (a dict from weak references to tuples) is set as the Python loop sets it. A source not made yet (a helper row made
-   only when asked for) is asked of the caller's `lazy`, as the Python loop asks. With the node class's field
+   only when asked for) is made here if its plan says how (a broadcast, a reshape left to be made on demand, a row
+   held reduced: lazy_row), else asked of the caller's `lazy`, as the Python loop asks. With the node class's field
    descriptors given (its __init__ only sets them), a node is made by setting them on a bare instance, without the
    __init__ frame. Rows given a plan by the caller (a reduce made as a permute and a reduce of the node, a permute of
    a node held reduced, any other permute, an expand) are made by it, as the Python loop makes them. Every argument
@@ -63,6 +64,12 @@ static int list_long(PyObject *l, Py_ssize_t i, long *v) {
 static int bad(const char *what) {
   PyErr_Format(PyExc_TypeError, "pygrad C core: foreign rows: %s", what);
   return -1;
+}
+
+/* bad(what) for the functions that return an object: NULL with the TypeError set */
+static PyObject *bad_obj(const char *what) {
+  bad(what);
+  return NULL;
 }
 
 /* column c read from o, a bytes object of whole items; -1 with an exception set if it is none */
@@ -240,9 +247,14 @@ static int set_md(const cfg_t *c, Py_ssize_t i, PyObject *t, int fresh) {
   return r < 0 ? -1 : 1;
 }
 
-/* the node of source row j (a new reference): made already, or made now by lazy; NULL with no exception set if
-   Python makes it (no lazy), NULL with one set */
-static PyObject *source(const cfg_t *c, long j) {
+enum { LAZY_DEPTH = 8 };  /* helper rows sit a few deep (a broadcast of a reshape of a held reduce): deeper ones
+                              are asked of Python's lazy, so the C recursion stays bounded by a constant */
+
+static PyObject *lazy_row(const cfg_t *c, long j, int depth);
+
+/* the node of source row j (a new reference): made already, or made now (a helper row: in C by its plan, see
+   lazy_row, else by the caller's lazy); NULL with no exception set if Python makes it (no lazy), NULL with one set */
+static PyObject *source_at(const cfg_t *c, long j, int depth) {
   PyObject *x;
   if (j < 0 || j >= c->n) {
     PyErr_SetString(PyExc_IndexError, "pygrad C core: foreign rows: a source row out of range");
@@ -254,8 +266,14 @@ static PyObject *source(const cfg_t *c, long j) {
     return x;
   }
   if (c->lazy == Py_None) return NULL;  /* made by Python, lazily */
-  return PyObject_CallFunction(c->lazy, "l", j);  /* a helper row, made now */
+  if (depth < LAZY_DEPTH && c->plans != Py_None) {
+    x = lazy_row(c, j, depth + 1);
+    if (x || PyErr_Occurred()) return x;
+  }
+  return PyObject_CallFunction(c->lazy, "l", j);  /* a helper row, made now by Python */
 }
+
+static PyObject *source(const cfg_t *c, long j) { return source_at(c, j, 0); }
 
 /* the hash-consed node (op, x's dtype, (x,), arg, None) of a movement or reduce, or with s not NULL (op, x's dtype,
    (x, s), None, None) of a movement whose shape is a source node s (a reshape or an expand): a new reference (*fresh
@@ -304,6 +322,95 @@ static long unfold(const cfg_t *c, long j, long reshape) {
     if (col_long(&c->src, a, &j) < 0) return -1;
   }
   return bad("a reshape chain longer than the table");
+}
+
+/* the held node got[0] (got: a held row's (node, its shape, the shape wanted, axes), checked) reshaped to shape
+   unless got[1] is that shape already (reshape: the foreign RESHAPE, sarg: shape's operand node), as the Python
+   loop's _reshaped makes it: a new reference, or NULL with an exception set */
+static PyObject *held_as(const cfg_t *c, PyObject *got, PyObject *shape, PyObject *reshape, PyObject *sarg) {
+  PyObject *x = PyTuple_GetItem(got, 0);
+  int eq = PyObject_RichCompareBool(PyTuple_GetItem(got, 1), shape, Py_EQ), fresh;
+  if (eq < 0) return NULL;
+  if (eq) {
+    Py_INCREF(x);
+    return x;
+  }
+  return moved(c, reshape, x, sarg, Py_None, &fresh);
+}
+
+/* row j, an untagged RESHAPE left to be made on demand (plan (5, shid, reshape, shape, treshape, sarg): shid a
+   column of int32 shape ids a row, reshape pygrad's RESHAPE op number, shape the row's shape, treshape the foreign
+   RESHAPE, sarg the shape's operand node), made as the Python loop's _reshaped makes it with reshapes folded: the
+   first row r below the chain of such rows (unfold), its held node (held_as) if it is held reduced, else its node
+   as it is if its shape id is row j's, else reshaped. A new reference, NULL with no exception set if Python makes
+   it, NULL with one set */
+static PyObject *folded(const cfg_t *c, long j, PyObject *plan, int depth) {
+  col_t shid;
+  long reshape, r, sr, sj;
+  PyObject *k, *got, *x, *t;
+  int fresh;
+  if (PyTuple_Size(plan) != 6) return bad_obj("a reshape plan must be a tuple of 6");
+  if (read_col(PyTuple_GetItem(plan, 1), 0, &shid) < 0) return NULL;
+  if (shid.n != c->n) return bad_obj("a reshape plan's shape ids must be one a row");
+  reshape = PyLong_AsLong(PyTuple_GetItem(plan, 2));
+  if (reshape == -1 && PyErr_Occurred()) return NULL;
+  if ((r = unfold(c, j, reshape)) < 0) return NULL;
+  if (!(k = PyLong_FromLong(r))) return NULL;
+  got = PyDict_GetItemWithError(c->reduced, k);
+  Py_DECREF(k);
+  if (!got && PyErr_Occurred()) return NULL;
+  if (got) {
+    if (!PyTuple_Check(got) || PyTuple_Size(got) != 4) return bad_obj("a held row must be a tuple of 4");
+    return held_as(c, got, PyTuple_GetItem(plan, 3), PyTuple_GetItem(plan, 4), PyTuple_GetItem(plan, 5));
+  }
+  if (col_long(&shid, r, &sr) < 0 || col_long(&shid, j, &sj) < 0) return NULL;
+  if (!(x = source_at(c, r, depth))) return NULL;
+  if (sr == sj) return x;
+  t = moved(c, PyTuple_GetItem(plan, 4), x, PyTuple_GetItem(plan, 5), Py_None, &fresh);
+  Py_DECREF(x);
+  return t;
+}
+
+/* helper row j (not made yet) made now by its plan, as the Python loop's _lazy makes it, and kept in out: a row
+   held reduced, reshaped to the shape its users see (its plan of kind 1 or 2 ends with the foreign RESHAPE and that
+   shape's operand node, for the held shape it names); (4,): a broadcast, its source's node; (5, ...): a reshape made
+   on demand (folded). A new reference, NULL with no exception set if Python makes it (another plan, none, or a held
+   shape its plan does not name), NULL with one set */
+static PyObject *lazy_row(const cfg_t *c, long j, int depth) {
+  PyObject *plan = PyList_GetItem(c->plans, j), *k, *got, *t;
+  Py_ssize_t len;
+  long kind, a, b, x;
+  int eq;
+  if (!plan) return NULL;
+  if (!(k = PyLong_FromLong(j))) return NULL;
+  got = PyDict_GetItemWithError(c->reduced, k);
+  Py_DECREF(k);
+  if (!got && PyErr_Occurred()) return NULL;
+  if (plan == Py_None) return NULL;
+  if (!PyTuple_Check(plan) || (len = PyTuple_Size(plan)) < 1) return bad_obj("a plan must be a non-empty tuple");
+  kind = PyLong_AsLong(PyTuple_GetItem(plan, 0));
+  if (kind == -1 && PyErr_Occurred()) return NULL;
+  if (got) {
+    if (!PyTuple_Check(got) || PyTuple_Size(got) != 4) return bad_obj("a held row must be a tuple of 4");
+    if (!(kind == 1 && len == 10) && !(kind == 2 && len == 8)) return NULL;  /* Python's _lazy */
+    eq = PyObject_RichCompareBool(PyTuple_GetItem(got, 2), PyTuple_GetItem(plan, kind == 1 ? 6 : 4), Py_EQ);
+    if (eq <= 0) return NULL;  /* an error, or another shape: Python's _lazy */
+    t = held_as(c, got, PyTuple_GetItem(got, 2), PyTuple_GetItem(plan, len - 2), PyTuple_GetItem(plan, len - 1));
+  } else if (kind == 4) {
+    if (len != 1) return bad_obj("a broadcast plan must be a tuple of 1");
+    if (col_long(&c->start, j, &a) < 0 || col_long(&c->start, j + 1, &b) < 0) return NULL;
+    if (a < 0 || b <= a || b > c->src.n) return bad_obj("a broadcast row has a source in the column");
+    if (col_long(&c->src, a, &x) < 0) return NULL;
+    t = source_at(c, x, depth);
+  } else if (kind == 5) t = folded(c, j, plan, depth);
+  else return NULL;
+  if (!t) return NULL;
+  Py_INCREF(t);
+  if (PyList_SetItem(c->out, j, t) < 0) {  /* steals one reference */
+    Py_DECREF(t);
+    return NULL;
+  }
+  return t;
 }
 
 /* row i, an untagged EXPAND, made by its plan (3, shid, reshape, kept_sid, kept, treshape, kept_arg, texpand,
@@ -371,12 +478,14 @@ static int expand_row(const cfg_t *c, Py_ssize_t i, PyObject *plan) {
 
 /* row i (one source) made by its plan, a tuple as the caller's _row_plans makes it:
    (0, op, arg): the node op(x) of the source's node x (arg not None); the source must not be held reduced.
-   (1, permute, perm, reduce, rarg, kept, keep, axes): x permuted by perm (if not None) and reduced by rarg (if not
-   None; perm is None when rarg is) is held for row i as (node, kept, keep, axes) in reduced, out[i] left empty (a
-   user's reshape of it is made only when asked for).
-   (2, permute, perm, kept, shape, gone): the source's held node permuted by perm (if not None) is held for row i
-   as (node, kept, shape, gone); the source must be held.
-   (3, ...): an expand (expand_row).
+   (1, permute, perm, reduce, rarg, kept, keep, axes, reshape, keep_arg): x permuted by perm (if not None) and
+   reduced by rarg (if not None; perm is None when rarg is) is held for row i as (node, kept, keep, axes) in reduced,
+   out[i] left empty (a user's reshape of it to keep, the foreign reshape to keep's operand node keep_arg, is made
+   only when asked for: lazy_row).
+   (2, permute, perm, kept, shape, gone, reshape, shape_arg): the source's held node permuted by perm (if not None)
+   is held for row i as (node, kept, shape, gone); the source must be held.
+   (3, ...): an expand (expand_row). (4,), (5, ...): a helper row (lazy_row), no metadata set (as the Python loop
+   makes a root that is a helper row).
    Metadata as one_row sets it, on the row's last node. 1: made, 0: left to Python, -1 with an exception set */
 static int plan_row(const cfg_t *c, Py_ssize_t i, PyObject *plan) {
   long kind, a, b, j;
@@ -387,8 +496,13 @@ static int plan_row(const cfg_t *c, Py_ssize_t i, PyObject *plan) {
   kind = PyLong_AsLong(PyTuple_GetItem(plan, 0));
   if (kind == -1 && PyErr_Occurred()) return -1;
   if (kind == 3) return expand_row(c, i, plan);
-  if (!(kind == 0 && len == 3 && PyTuple_GetItem(plan, 2) != Py_None) && !(kind == 1 && len == 8) &&
-      !(kind == 2 && len == 6))
+  if (kind == 4 || kind == 5) {  /* a helper row asked for on its own (a root): made as a user's source is */
+    if (!(t = lazy_row(c, (long)i, 0))) return PyErr_Occurred() ? -1 : 0;
+    Py_DECREF(t);
+    return 1;
+  }
+  if (!(kind == 0 && len == 3 && PyTuple_GetItem(plan, 2) != Py_None) && !(kind == 1 && len == 10) &&
+      !(kind == 2 && len == 8))
     return bad("a plan's kind and length do not match");
   if (col_long(&c->start, i, &a) < 0 || col_long(&c->start, i + 1, &b) < 0) return -1;
   if (a < 0 || b != a + 1 || b > c->src.n) return bad("a planned row has one source in the column");

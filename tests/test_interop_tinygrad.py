@@ -472,13 +472,16 @@ def test_c_loop_of_the_way_out_checks_its_arguments():
   assert f(c, [1], 0, 1) == 1 and c[0][1] is TUOp(TOps.PERMUTE, tdtypes.float32, (x,), (0,))
   c = planned((0, TOps.PERMUTE, (0,)), held={0: (x, (), (), ())})  # a permute of a held row: left to Python
   assert f(c, [1], 0, 1) == 0 and c[0][1] is None
-  c = planned((2, TOps.PERMUTE, None, (), (), ()))  # a permute of a row not held: left to Python
+  sarg = (TOps.RESHAPE, TUOp.const(1, tdtypes.int32))  # a held row's reshape to its users' shape (a stand-in operand)
+  c = planned((2, TOps.PERMUTE, None, (), (), ()) + sarg)  # a permute of a row not held: left to Python
   assert f(c, [1], 0, 1) == 0 and c[0][1] is None
-  c = planned((1, TOps.PERMUTE, (0,), TOps.REDUCE, (TOps.ADD, 1), (), (1,), (0,)))
+  c = planned((1, TOps.PERMUTE, (0,), TOps.REDUCE, (TOps.ADD, 1), (), (1,), (0,)) + sarg)
   assert f(c, [1], 0, 1) == 1 and c[0][1] is None
   px = TUOp(TOps.PERMUTE, tdtypes.float32, (x,), (0,))
   assert c[18][1] == (TUOp(TOps.REDUCE, tdtypes.float32, (px,), (TOps.ADD, 1)), (), (1,), (0,))
-  c = planned((2, TOps.PERMUTE, (0,), (), (1,), (0,)), held={0: (x, (), (), ())})
+  with pytest.raises(TypeError): f(planned((1, TOps.PERMUTE, (0,), TOps.REDUCE, (TOps.ADD, 1), (), (1,), (0,))), [1], 0,
+                                   1)  # without the reshape to its users' shape
+  c = planned((2, TOps.PERMUTE, (0,), (), (1,), (0,)) + sarg, held={0: (x, (), (), ())})
   assert f(c, [1], 0, 1) == 1 and c[0][1] is None and c[18][1] == (px, (), (1,), (0,))
 
 

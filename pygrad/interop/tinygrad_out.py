@@ -7,7 +7,7 @@ from pygrad import UOp, Ops
 import pygrad.uop as _pg_uop
 from pygrad.core import CORE
 from pygrad.intern import ARGS, META
-from pygrad.serialize import export, _rows_of
+from pygrad.serialize import export, _fresh_pos, _rows_of, _table
 from .tinygrad_tables import TMetadata, TOps, TUOp, _AFTER, _ASSIGN, _BCAST, _BITCAST, _BUFFER, _CALL, _CAST, _CONST, \
   _CONTIGUOUS, _COPY, _DEFINE_VAR, _EXPAND, _EXPANDOP, _FLIP, _FUNCTION, _GETTUPLE, _IDENT, _INFO, _MD_OUT, _NOOP, \
   _PAD, _PARAM, _PERMUTE, _REDUCE, _REDUCEOP, _RESHAPE, _SHRINK, _SINK, _TALU_I, _TDT_I, _TG, _TOPS, _TUPLE, _WEAK, \
@@ -42,7 +42,10 @@ class _Out:
       if not isinstance(r, UOp): raise TypeError(f"to_tinygrad: expected a pygrad UOp, got {type(r).__name__}")
     if not roots: return []
     known = self.known
-    ids, op, dt, arg, tag, pdata, nsrc, src = export(roots)
+    root_ids = [r._id for r in roots]
+    # rows known already (rows 0.. of the table) map back as they are; rows only they reach are not converted
+    base = len(known)
+    ids, op, dt, arg, tag, pdata, nsrc, src = _export_above(root_ids, known) if base else export(roots)
     n = len(ids)
     start = np.zeros(n + 1, np.int64)
     np.cumsum(nsrc, out=start[1:])
@@ -56,21 +59,15 @@ class _Out:
     cols = memoryview if fast is not None else np.ndarray.tolist
     self.ids, self.op, self.dt, self.arg, self.tag = cols(ids), cols(op), cols(dt), cols(arg), cols(tag)
     self.start, self.src = stl, srcl = cols(start), cols(src)
-    self.out = out = [None] * n
-    idl, opl, dtl, tagl, pdl, objs = self.ids, self.op, self.dt, self.tag, cols(pdata), _args_objs
+    self.out = out = [*known.values(), *[None] * (n - base)] if base else [None] * n
+    opl, dtl, tagl, pdl, objs = self.op, self.dt, self.tag, cols(pdata), _args_objs
     md = _pg_uop._md_count and pdata.any()
     mdata, mdrm, mds = _tg_metadata.data, _tg_metadata._remove, {}  # the WeakKeyDictionary's own dict (see below)
     ucache, new, ref = UOpMetaClass.ucache, type.__call__, weakref.ref
     ucget = ucache.get
     # helper rows are made only when asked for (see _lazy), so the loop skips them
-    make = ~self._helpers(op, tag)
-    if known:  # rows known already map back as they are; rows only they reach are not converted
-      isk = np.isin(ids, np.fromiter(known, np.int64, len(known)))
-      for i in np.flatnonzero(isk).tolist(): out[i] = known[idl[i]]
-      need = CORE.toposort([r._id for r in roots], True, list(known))
-      need = need.numpy() if hasattr(need, "numpy") else np.array(need, np.int64)  # the C core's Ids, or a list
-      make &= np.isin(ids, need) & ~isk
-    todo_a = np.flatnonzero(make)
+    helpers, bcast = self._helpers(op, tag)
+    todo_a = np.flatnonzero(~helpers[base:]) + base
     todo = todo_a.tolist()
     # the C core's loop makes the plain rows (typed ALU, CAST, BITCAST) as the branches below do (sources not made
     # yet by _lazy, as they do) and the rows _row_plans gives a plan (reduces and permutes), and stops at any other
@@ -83,7 +80,8 @@ class _Out:
       b32 = lambda a: a.astype(np.int32, copy=False).tobytes()  # noqa: E731
       cfg = (out, b32(op), b32(dt), b32(tag), start.astype(np.int64, copy=False).tobytes(), b32(src), b32(pdata),
              _TALU_T, _TDT_T, _WEAK_T, ucache, TUOp, (_CAST, _TCAST, _BITCAST, _TBITCAST), mdata if md else None,
-             mdrm, mds, lazy, _TFIELDS, reduced, self._row_plans(todo_a, ids, op, tag, arg, start, src))
+             mdrm, mds, lazy, _TFIELDS, reduced,
+             self._row_plans(todo_a, np.flatnonzero(helpers[base:]) + base, bcast, ids, op, tag, arg, start, src))
     while pos < end:
       if fast is not None:
         pos = fast(cfg, todo, pos, end)
@@ -134,11 +132,19 @@ class _Out:
         m = mds.get(p)
         if m is None: m = mds[p] = self._md(p)
         mdata[_wref(t, mdrm)] = m
-    return [self._get(int(i)) for i in _rows_of(ids, [r._id for r in roots])]
+    rows = _rows_of(ids, root_ids).tolist()
+    if fast is not None:  # roots left to be made on demand (a gradient's folded reshapes) are made by plan in C
+      left = [i for i in rows if out[i] is None and i not in reduced]
+      pos = 0
+      while pos < len(left):
+        pos = fast(cfg, left, pos, len(left)) + 1
+        if pos <= len(left): self._get(left[pos - 1])
+    return [self._get(i) for i in rows]
 
-  def _helpers(self, op: np.ndarray, tag: np.ndarray) -> np.ndarray:
+  def _helpers(self, op: np.ndarray, tag: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The rows made only when asked for on their own (see _lazy): the helper of a pair (the RESHAPE of an EXPAND,
-    the REDUCE_AXIS of a REDUCE), an explicit broadcast, and with fold an untagged RESHAPE (see _reshaped)."""
+    the REDUCE_AXIS of a REDUCE), an explicit broadcast, and with fold an untagged RESHAPE (see _reshaped); and the
+    explicit broadcasts among them."""
     skip = (op == _RESHAPE) & (tag == 0) if self.fold else np.zeros(len(op), bool)
     ut, inv = np.unique(tag, return_inverse=True)
     kind = np.zeros(len(ut), np.int8)  # 1: every row with the tag, 2: its RESHAPE rows, 3: its REDUCE_AXIS rows
@@ -146,7 +152,7 @@ class _Out:
       tg = _args_objs[t] if t else None
       if type(tg) is str: kind[k] = 1 if tg == _BCAST else 2 if tg == _EXPAND else 3 if tg == _REDUCE else 0
     kr = kind[inv]
-    return skip | (kr == 1) | (kr == 2) & (op == _RESHAPE) | (kr == 3) & (op == _REDUCEOP)
+    return skip | (kr == 1) | (kr == 2) & (op == _RESHAPE) | (kr == 3) & (op == _REDUCEOP), kr == 1
 
   @staticmethod
   def _md(pid: int) -> tuple:
@@ -269,70 +275,82 @@ class _Out:
     self.reduced[i] = (y, kept, shape, gone)
     return y
 
-  def _row_plans(self, todo: np.ndarray, ids, op, tag, arg, start: np.ndarray, src) -> list:
+  def _row_plans(self, todo: np.ndarray, lazy: np.ndarray, bcast: np.ndarray, ids, op, tag, arg, start: np.ndarray,
+                 src) -> list:
     """For the C loop (csrc/pyforeign.c), each row's plan (None: none) for the untagged rows it makes by plan rather
     than by op alone: a REDUCE_AXIS (1, PERMUTE, its perm or None, REDUCE, its arg or None, then what _reduce
-    remembers: the shape without the reduced axes, the keepdim shape, the axes reduced), a PERMUTE of a row held
-    reduced (2, PERMUTE, its perm of the held node or None, then what _permuted remembers) and any other PERMUTE or
-    FLIP (0, the tinygrad op, its arg). Plans come from _rplan and _pplan once per distinct (arg, source shape) and
-    (arg, source's plan), so the C loop makes the nodes _reduce, _permuted and _mop make; at each row it checks that
-    the source is held reduced (kinds 1, 2) or not (kind 0), and leaves the row to Python if not."""
-    plans: list = [None] * len(op)
+    remembers: the shape without the reduced axes, the keepdim shape, the axes reduced; then RESHAPE and the keepdim
+    shape's operand, for a user that needs that shape), a PERMUTE of a row held reduced (2, PERMUTE, its perm of the
+    held node or None, then what _permuted remembers, then RESHAPE and the shape operand of what it remembers as its
+    users' shape) and any other PERMUTE or FLIP (0, the tinygrad op, its arg); and for the helper rows among lazy
+    (rows to convert that are made when asked for), the plans by which the C loop makes them as _lazy does: an
+    explicit broadcast (4,) (bcast: a row mask), with fold an untagged RESHAPE (5: see _fold_plans). Plans come from
+    _rplan and _pplan once per distinct (arg, source shape) and (arg, source's plan), so the C loop makes the nodes
+    _reduce, _permuted and _mop make; at each row it checks that the source is held reduced (kinds 1, 2) or not (kind
+    0), and leaves the row to Python if not."""
+    plans = np.full(len(op), None, object)
     t = todo[tag[todo] == 0]
     first = lambda rows: src[start[rows]]  # noqa: E731  (their one source row)
     held: list = []  # the held shapes (kept, keep, axes gone) of the plans made
     ent = np.full(len(op), -1, np.int64)  # row -> its index in held
     red = t[op[t] == _REDUCEOP]
     if len(red):
-      metas = CORE.rows(ids[first(red)], arrays=True)[0][:, 5]
-      keys, inv = np.unique(np.stack([arg[red], metas], 1).astype(np.int64), axis=0, return_inverse=True)
+      keys, inv = _pairs(arg[red], CORE.rows(ids[first(red)], arrays=True)[0][:, 5])
       made = []
-      for a, m in keys.tolist():
+      for a, m in keys:
         rop, axes = _args_objs[a]
         n, perm, kept, keep, rd = self._rplan(_meta_vals[m][0], axes)
-        made.append((1, _TPERMUTE, perm if n else None, _TREDUCE, (_trop(rop), n) if n else None, kept, keep, rd))
+        made.append((1, _TPERMUTE, perm if n else None, _TREDUCE, (_trop(rop), n) if n else None, kept, keep, rd,
+                     _TRESHAPE, self._shape_arg(keep)))
         held.append((kept, keep, rd))
-      inv = inv.reshape(-1)
       ent[red] = inv
-      for r, k in zip(red.tolist(), inv.tolist()): plans[r] = made[k]
+      plans[red] = _objs(made)[inv]
     perm = t[op[t] == _PERMUTE]
     while len(held):  # a permute of a held row is held: one more link of such chains a pass
       lvl = perm[(ent[first(perm)] >= 0) & (ent[perm] < 0)]
       if not len(lvl): break
-      keys, inv = np.unique(np.stack([arg[lvl].astype(np.int64), ent[first(lvl)]], 1), axis=0, return_inverse=True)
+      keys, inv = _pairs(arg[lvl], ent[first(lvl)])
       made = []
-      for a, e in keys.tolist():
+      for a, e in keys:
         pp, kept, shape, gone = self._pplan(held[e][1], held[e][2], _args_objs[a])
-        made.append((2, _TPERMUTE, pp, kept, shape, gone))
+        made.append((2, _TPERMUTE, pp, kept, shape, gone, _TRESHAPE, self._shape_arg(shape)))
         held.append((kept, shape, gone))
-      inv = inv.reshape(-1)
       ent[lvl] = inv + (len(held) - len(made))
-      for r, k in zip(lvl.tolist(), inv.tolist()): plans[r] = made[k]
+      plans[lvl] = _objs(made)[inv]
     plain = t[((op[t] == _PERMUTE) & (ent[t] < 0)) | (op[t] == _FLIP)]
-    for r, o, a in zip(plain.tolist(), op[plain].tolist(), arg[plain].tolist()):
-      plans[r] = (0, _TPERMUTE if o == _PERMUTE else _TFLIP, _args_objs[a])
-    if self.fold: self._expand_plans(plans, t[op[t] == _EXPANDOP], ids, arg, first)
-    return plans
+    if len(plain):
+      keys, inv = _pairs(op[plain], arg[plain])
+      plans[plain] = _objs([(0, _TPERMUTE if o == _PERMUTE else _TFLIP, _args_objs[a]) for o, a in keys])[inv]
+    plans[lazy[bcast[lazy]]] = _BCAST_PLAN
+    if self.fold:
+      ex, rs = t[op[t] == _EXPANDOP], lazy[(op[lazy] == _RESHAPE) & (tag[lazy] == 0)]
+      if len(ex) or len(rs): self._fold_plans(plans, ex, rs, ids, arg, first)
+    return plans.tolist()
 
-  def _expand_plans(self, plans: list, ex: np.ndarray, ids, arg, first) -> None:
-    """_row_plans for the untagged EXPAND rows ex, with reshapes folded (a gradient's): (3, the rows' shape ids,
+  def _fold_plans(self, plans: np.ndarray, ex: np.ndarray, rs: np.ndarray, ids, arg, first) -> None:
+    """_row_plans with reshapes folded (a gradient's), for the untagged EXPAND rows ex: (3, the rows' shape ids,
     RESHAPE, the shape id of the shape without the grown axes, that shape, tinygrad's RESHAPE, its shape operand,
     EXPAND, the grown axes' shape operand, PERMUTE, the permute back or None), from _eplan once per distinct (arg,
-    source shape), so the C loop makes the nodes _expand makes (an expand that grows nothing is left to Python)."""
-    if not len(ex): return
+    source shape), so the C loop makes the nodes _expand makes (an expand that grows nothing is left to Python); and
+    for the untagged RESHAPE rows rs (made when asked for, as _lazy makes them): (5, the rows' shape ids, RESHAPE,
+    the row's shape, tinygrad's RESHAPE, that shape's operand)."""
     metas = CORE.rows(ids, arrays=True)[0][:, 5]
     um, inv = np.unique(metas, return_inverse=True)
     sid: dict = {}  # shape -> its id
     shid = np.array([sid.setdefault(_meta_vals[m][0], len(sid)) for m in um.tolist()], np.int32)[inv.reshape(-1)]
     shid = shid.astype(np.int32).tobytes()
-    keys, inv = np.unique(np.stack([arg[ex].astype(np.int64), metas[first(ex)].astype(np.int64)], 1), axis=0,
-                          return_inverse=True)
-    made = []
-    for a, m in keys.tolist():
-      kept, grown, perm = self._eplan(_meta_vals[m][0], _args_objs[a])
-      made.append((3, shid, _RESHAPE, sid.get(kept, -1), kept, _TRESHAPE, self._shape_arg(kept), _TEXPAND,
-                   self._shape_arg(grown), _TPERMUTE, perm) if grown else None)
-    for r, k in zip(ex.tolist(), inv.reshape(-1).tolist()): plans[r] = made[k]
+    if len(ex):
+      keys, inv = _pairs(arg[ex], metas[first(ex)])
+      made = []
+      for a, m in keys:
+        kept, grown, perm = self._eplan(_meta_vals[m][0], _args_objs[a])
+        made.append((3, shid, _RESHAPE, sid.get(kept, -1), kept, _TRESHAPE, self._shape_arg(kept), _TEXPAND,
+                     self._shape_arg(grown), _TPERMUTE, perm) if grown else None)
+      plans[ex] = _objs(made)[inv]
+    if len(rs):
+      keys, inv = np.unique(arg[rs], return_inverse=True)
+      made = [(5, shid, _RESHAPE, a, _TRESHAPE, self._shape_arg(a)) for a in map(_args_objs.__getitem__, keys.tolist())]
+      plans[rs] = _objs(made)[inv.reshape(-1)]
 
   def _reshaped(self, r: int, shape: tuple) -> TUOp:
     """Row r's tinygrad node reshaped to `shape` (a REDUCE_AXIS's reduce, not its keepdim reshape)."""
@@ -416,8 +434,43 @@ def _trop(o) -> TOps:
   return t if t is not None else getattr(TOps, o.name)
 
 
+def _export_above(root_ids: list, known: dict) -> tuple:
+  """export's columns for a conversion with nodes known already (pygrad id -> tinygrad node): rows 0, 1, ... the
+  known nodes, in known's order, then the nodes under root_ids that are reached without passing through a known one
+  (the export stops at known nodes: a gradient's table leaves out the forward graph below them). The known rows are
+  never made, so they have no sources and op -1; their ids are theirs (for their shapes)."""
+  kid = np.fromiter(known, np.int64, len(known))
+  k = len(kid)
+  pos = _fresh_pos()
+  pos[kid] = np.arange(k, dtype=np.int32)
+  ids, op, dt, arg, tag, pdata, nsrc, src, args = _table(root_ids, pos, k)
+  full = np.concatenate([np.zeros(1, np.int32), args])
+  z = np.zeros(k, np.int32)
+  return (np.concatenate([kid.astype(np.int32), ids]), np.concatenate([np.full(k, -1, np.int32), op]),
+          np.concatenate([z, dt]), np.concatenate([z, full[arg]]), np.concatenate([z, full[tag]]),
+          np.concatenate([z, full[pdata]]), np.concatenate([z, nsrc]), src)
+
+
+def _pairs(a: np.ndarray, b: np.ndarray) -> tuple[list, np.ndarray]:
+  """The distinct pairs (a[k], b[k]) of two columns of non-negative ints below 2**31 (as a list of int pairs), and
+  each k's index among them: np.unique on one int64 key (its axis=0 form sorts a structured view, several times
+  slower)."""
+  key = a.astype(np.int64) << 32 | b.astype(np.int64)
+  keys, inv = np.unique(key, return_inverse=True)
+  return list(zip((keys >> 32).tolist(), (keys & 0xFFFFFFFF).tolist())), inv.reshape(-1)
+
+
+def _objs(items: list) -> np.ndarray:
+  """items as a 1-d object array (np.array would make tuples of equal length into a 2-d one)."""
+  ret = np.empty(len(items), object)
+  for k, x in enumerate(items): ret[k] = x
+  return ret
+
+
 _TCAST, _TBITCAST, _TPERMUTE, _TFLIP, _TREDUCE = TOps.CAST, TOps.BITCAST, TOps.PERMUTE, TOps.FLIP, TOps.REDUCE
 _TRESHAPE, _TEXPAND = TOps.RESHAPE, TOps.EXPAND
+# an explicit broadcast's plan: its source's node (an object array: numpy would unpack a tuple assigned to rows)
+_BCAST_PLAN = _objs([(4,)])
 # the C loop's tables (csrc/pyforeign.c): pygrad op -> tinygrad ALU op, dtype id -> tinygrad dtype (None: none)
 _TALU_T = tuple(_TALU_I.get(o) for o in range(max(_TALU_I) + 1))
 _TDT_T = tuple(_TDT_I.get(d) for d in range(max(_TDT_I) + 1))
