@@ -45,7 +45,8 @@ class _Out:
     root_ids = [r._id for r in roots]
     # rows known already (rows 0.. of the table) map back as they are; rows only they reach are not converted
     base = len(known)
-    ids, op, dt, arg, tag, pdata, nsrc, src = _export_above(root_ids, known) if base else export(roots)
+    if base: ids, op, dt, arg, tag, pdata, nsrc, src, rowof = _export_above(root_ids, known)
+    else: ids, op, dt, arg, tag, pdata, nsrc, src = export(roots)
     n = len(ids)
     start = np.zeros(n + 1, np.int64)
     np.cumsum(nsrc, out=start[1:])
@@ -61,13 +62,13 @@ class _Out:
     self.start, self.src = stl, srcl = cols(start), cols(src)
     self.out = out = [*known.values(), *[None] * (n - base)] if base else [None] * n
     opl, dtl, tagl, pdl, objs = self.op, self.dt, self.tag, cols(pdata), _args_objs
-    md = _pg_uop._md_count and pdata.any()
+    md = _pg_uop._md_count and pdata[base:].any()  # (the known rows are not made)
     mdata, mdrm, mds = _tg_metadata.data, _tg_metadata._remove, {}  # the WeakKeyDictionary's own dict (see below)
     ucache, new, ref = UOpMetaClass.ucache, type.__call__, weakref.ref
     ucget = ucache.get
     # helper rows are made only when asked for (see _lazy), so the loop skips them
-    helpers, bcast = self._helpers(op, tag)
-    todo_a = np.flatnonzero(~helpers[base:]) + base
+    helpers, bcast = self._helpers(op[base:], tag[base:])
+    todo_a = np.flatnonzero(~helpers) + base
     todo = todo_a.tolist()
     # the C core's loop makes the plain rows (typed ALU, CAST, BITCAST) as the branches below do (sources not made
     # yet by _lazy, as they do) and the rows _row_plans gives a plan (reduces and permutes), and stops at any other
@@ -75,13 +76,14 @@ class _Out:
     pos, end = 0, len(todo)
     if fast is not None:
       if md:
-        for p in np.unique(pdata).tolist():
+        for p in np.unique(pdata[base:]).tolist():
           if p: mds[p] = self._md(p)
       b32 = lambda a: a.astype(np.int32, copy=False).tobytes()  # noqa: E731
       cfg = (out, b32(op), b32(dt), b32(tag), start.astype(np.int64, copy=False).tobytes(), b32(src), b32(pdata),
              _TALU_T, _TDT_T, _WEAK_T, ucache, TUOp, (_CAST, _TCAST, _BITCAST, _TBITCAST), mdata if md else None,
              mdrm, mds, lazy, _TFIELDS, reduced,
-             self._row_plans(todo_a, np.flatnonzero(helpers[base:]) + base, bcast, ids, op, tag, arg, start, src))
+             self._row_plans(todo_a, np.flatnonzero(helpers) + base, np.flatnonzero(bcast) + base, ids, op, tag, arg,
+                             start, src))
     while pos < end:
       if fast is not None:
         pos = fast(cfg, todo, pos, end)
@@ -132,7 +134,7 @@ class _Out:
         m = mds.get(p)
         if m is None: m = mds[p] = self._md(p)
         mdata[_wref(t, mdrm)] = m
-    rows = _rows_of(ids, root_ids).tolist()
+    rows = rowof[root_ids].tolist() if base else _rows_of(ids, root_ids).tolist()
     if fast is not None:  # roots left to be made on demand (a gradient's folded reshapes) are made by plan in C
       left = [i for i in rows if out[i] is None and i not in reduced]
       pos = 0
@@ -284,7 +286,7 @@ class _Out:
     held node or None, then what _permuted remembers, then RESHAPE and the shape operand of what it remembers as its
     users' shape) and any other PERMUTE or FLIP (0, the tinygrad op, its arg); and for the helper rows among lazy
     (rows to convert that are made when asked for), the plans by which the C loop makes them as _lazy does: an
-    explicit broadcast (4,) (bcast: a row mask), with fold an untagged RESHAPE (5: see _fold_plans). Plans come from
+    explicit broadcast (4,) (bcast: their rows), with fold an untagged RESHAPE (5: see _fold_plans). Plans come from
     _rplan and _pplan once per distinct (arg, source shape) and (arg, source's plan), so the C loop makes the nodes
     _reduce, _permuted and _mop make; at each row it checks that the source is held reduced (kinds 1, 2) or not (kind
     0), and leaves the row to Python if not."""
@@ -321,7 +323,7 @@ class _Out:
     if len(plain):
       keys, inv = _pairs(op[plain], arg[plain])
       plans[plain] = _objs([(0, _TPERMUTE if o == _PERMUTE else _TFLIP, _args_objs[a]) for o, a in keys])[inv]
-    plans[lazy[bcast[lazy]]] = _BCAST_PLAN
+    plans[bcast] = _BCAST_PLAN
     if self.fold:
       ex, rs = t[op[t] == _EXPANDOP], lazy[(op[lazy] == _RESHAPE) & (tag[lazy] == 0)]
       if len(ex) or len(rs): self._fold_plans(plans, ex, rs, ids, arg, first)
@@ -437,8 +439,9 @@ def _trop(o) -> TOps:
 def _export_above(root_ids: list, known: dict) -> tuple:
   """export's columns for a conversion with nodes known already (pygrad id -> tinygrad node): rows 0, 1, ... the
   known nodes, in known's order, then the nodes under root_ids that are reached without passing through a known one
-  (the export stops at known nodes: a gradient's table leaves out the forward graph below them). The known rows are
-  never made, so they have no sources and op -1; their ids are theirs (for their shapes)."""
+  (the export stops at known nodes: a gradient's table leaves out the forward graph below them), and the table's
+  row of each node id (-1: none). The known rows are never made, so they have no sources and op -1; their ids are
+  theirs (for their shapes)."""
   kid = np.fromiter(known, np.int64, len(known))
   k = len(kid)
   pos = _fresh_pos()
@@ -448,7 +451,7 @@ def _export_above(root_ids: list, known: dict) -> tuple:
   z = np.zeros(k, np.int32)
   return (np.concatenate([kid.astype(np.int32), ids]), np.concatenate([np.full(k, -1, np.int32), op]),
           np.concatenate([z, dt]), np.concatenate([z, full[arg]]), np.concatenate([z, full[tag]]),
-          np.concatenate([z, full[pdata]]), np.concatenate([z, nsrc]), src)
+          np.concatenate([z, full[pdata]]), np.concatenate([z, nsrc]), src, pos)
 
 
 def _pairs(a: np.ndarray, b: np.ndarray) -> tuple[list, np.ndarray]:
