@@ -69,15 +69,6 @@ def nn_model():
 MODELS = [mlp, conv2d, attention, layernorm, softmax_ce, nn_model]
 
 
-@pytest.fixture
-def own_engine():
-  """tinygrad's own compute_gradient in place (and restored whatever a test does)."""
-  saved = tg_gradient.compute_gradient
-  pt.uninstall()
-  yield
-  tg_gradient.compute_gradient = saved
-
-
 # ---- conversions ----
 
 @pytest.mark.parametrize("model", MODELS, ids=lambda f: f.__name__)

@@ -170,14 +170,6 @@ def check(seed: int) -> None:
     _close(g, w, f"second-order gradient of input {i}", seed)
 
 
-@pytest.fixture
-def own_engine():
-  saved = tg_gradient.compute_gradient
-  pt.uninstall()
-  yield
-  tg_gradient.compute_gradient = saved
-
-
 @pytest.mark.parametrize("seed", range(SEEDS))
 def test_random_program(seed, own_engine):
   check(seed)
