@@ -15,6 +15,7 @@ from .tinygrad_tables import AddrSpace, ParamArg, TOps, TUOp, _AFTER, _ALU_I, _A
 _MD_IN1: dict = {}  # (name, backward) of tinygrad's Metadata -> pygrad's metadata 1-tuple
 _wref = weakref.ref
 _SHN = "_RECURSIVE_PROPERTY__shape"  # where tinygrad caches a node's _shape (read directly: its property is a frame)
+_DVN = "_RECURSIVE_PROPERTY_device"  # and its device (read there by the C walk)
 # ops whose sources are all values (the rest: _value_srcs)
 _PLAIN = frozenset(_ALU_I) | frozenset(_SAME_I) | {TOps.REDUCE, TOps.CAST, TOps.BITCAST, TOps.PERMUTE, TOps.FLIP}
 _WEAK_SET = frozenset(_WEAK)
@@ -186,7 +187,7 @@ class _In:
                       _PLAIN, _SHAPED_MOVE, _ALU_I, _DTI, _CMP, _WEAK_SET, TOps.PARAM, TOps.RESHAPE, TOps.PERMUTE,
                       (_RESHAPE, _PERMUTE, _BOOL, _EXPANDOP, _BCAST, _REDUCEOP, _BUFFER, _REDUCE), _SHN, self._node,
                       self._meta, _value_srcs, _tg_metadata.data if self.mdon else None, _MD_IN1, _DT, TOps.WHERE,
-                      TOps.REDUCE, TOps.BUFFER, _ROP, ParamArg, _LEAF, _SAME_I)
+                      TOps.REDUCE, TOps.BUFFER, _ROP, ParamArg, _LEAF, _SAME_I, _DVN)
       _FWALK[0](self._wcfg, root)
       return
     live, memo, targets, known, node, meta, puts = self.live, self.memo, self.targets, self.known, self._node, \
