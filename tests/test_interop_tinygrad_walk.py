@@ -126,3 +126,79 @@ def test_repeated_metadata_entries_become_one_each():
   all_metadata[v] = tuple(reversed(rep)) * 3  # hash-consing keeps the metadata a node was first made with)
   assert [(m.name, m.backward) for m in pt.from_tinygrad(v).metadata] == \
     [("softmax", False), ("reciprocal", True), ("softmax", True)]
+
+
+def _fresh_mlp():
+  """A small MLP whose weights are compute_gradient's targets (the C walk makes their opaque BUFFER rows)."""
+  x = Tensor.empty(4, 8, device=DEV)
+  w1, w2 = Tensor.empty(8, 16, device=DEV), Tensor.empty(16, 3, device=DEV)
+  out = ((x @ w1).relu() @ w2).sum()
+  return out.uop, out.uop.const_like(1.0), [w1.uop, w2.uop]
+
+
+def _cin_rows(cin):
+  return [(r[0], r[1], r[2], r[3][1:] if r[0] == ti._BUFFER else r[3], r[4]) for r in cin.rows]
+
+
+def test_c_walk_reads_the_device_tinygrad_cached_or_asks_for_it():
+  """The C walk reads a node's device where tinygrad caches it (its __dict__; the property is a Python frame) and
+  asks the property where nothing is cached: an opaque source's BUFFER row carries the device either way, as the
+  Python walk's does."""
+  root, rg, targets = _fresh_mlp()
+  c, py = _both(lambda: pt.convert_in(root, rg, targets))
+  assert _cin_rows(c[0]) == _cin_rows(py[0]) and c[1] is py[1]
+  bufs = [r for r in c[0].rows if r[0] == ti._BUFFER]
+  assert bufs and all(r[3][2] == DEV for r in bufs)
+  for t in targets: t.__dict__.pop(ti._DVN, None)  # nothing cached: the property works it out (and caches it)
+  c2, py2 = _both(lambda: pt.convert_in(root, rg, targets))
+  assert _cin_rows(c2[0]) == _cin_rows(c[0]) == _cin_rows(py2[0])
+  assert all(t.__dict__.get(ti._DVN) == DEV for t in targets)
+  def walk():  # the table only (a graph on two devices is no graph pygrad builds)
+    cin = ti._In(targets=set(targets))
+    cin.add(root)
+    return cin
+
+  try:
+    for t in targets: t.__dict__[ti._DVN] = "PYTHON:1"  # what tinygrad cached is the node's device to both walks
+    c3, py3 = _both(walk)
+    assert sorted(r[3][2] for r in c3.rows if r[0] == ti._BUFFER) == [DEV, "PYTHON:1", "PYTHON:1"]  # (x, the weights)
+    assert _cin_rows(c3) == _cin_rows(py3)
+  finally:
+    for t in targets: t.__dict__[ti._DVN] = DEV
+
+
+def test_c_walk_finds_metadata_by_node_among_dead_and_live_entries():
+  """The C walk looks a node up in tinygrad's metadata dict (keyed by weak references) by a probe equal to a weak
+  reference to the node: it finds each node's own entry, never another's, while the dict also holds entries of
+  nodes that are gone and of many other live nodes; the result is the Python walk's."""
+  keep = []
+  for i in range(200):  # other live nodes with metadata (more entries than the graph has nodes)
+    u = (Tensor.empty(2, device=DEV) * float(i)).uop
+    all_metadata[u] = (TMetadata(f"other{i}", False),)
+    keep.append(u)
+  gone = (Tensor.empty(2, device=DEV) + 1.0).uop
+  all_metadata[gone] = (TMetadata("gone", False),)
+  del gone
+  root, _, _ = _chain(50)
+  c, py = _both(lambda: pt.from_tinygrad(root))
+  assert c is py and _listing(c) == _listing(py)
+  names = {m.name for u in c.toposort() for m in (u.metadata or ())}
+  assert names and not any(n.startswith(("other", "gone")) for n in names)
+  assert len(keep) == 200
+
+
+def test_c_walk_metadata_of_equal_names_in_distinct_objects():
+  """Metadata whose names are equal strings in distinct objects, and equal objects with other backward flags, get
+  the (name, backward) pair's pygrad metadata, as in the Python walk (the C walk caches by the objects' addresses)."""
+  x = Tensor.empty(3, device=DEV)
+  y, us = x, []
+  for i in range(40):
+    y = y * 2.0 if i % 2 else y + x
+    us.append(y.uop)
+  for i, u in enumerate(us):
+    name = "".join(["lin", "ear"]) if i % 3 else "linear"  # a new string object, or the one literal
+    all_metadata[u] = (TMetadata(name, bool(i % 4 == 0)),)
+  c, py = _both(lambda: pt.from_tinygrad(y.uop))
+  assert c is py and _listing(c) == _listing(py)
+  assert {(m.name, m.backward) for u in c.toposort() for m in (u.metadata or ())} >= {("linear", True),
+                                                                                      ("linear", False)}
