@@ -122,6 +122,10 @@ def test_repeated_metadata_entries_become_one_each():
   c, py = _both(lambda: pt.from_tinygrad(u))
   assert c is py and _listing(c) == _listing(py)
   assert [(m.name, m.backward) for m in c.metadata] == [("softmax", True), ("reciprocal", True), ("softmax", False)]
+  w = ((x * 7.0).exp2() + x).uop  # a tuple extending the last one read (tinygrad appends so): the new tail counts
+  all_metadata[w] = rep * 400 + (TMetadata("reciprocal", True),) + (TMetadata("exp2", False),) * 3
+  assert [(m.name, m.backward) for m in pt.from_tinygrad(w).metadata] == \
+    [("softmax", True), ("reciprocal", True), ("softmax", False), ("exp2", False)]
   v = ((x * 5.0).exp2() + x).uop  # other content, another order: its own pygrad tuple (on another node: pygrad's
   all_metadata[v] = tuple(reversed(rep)) * 3  # hash-consing keeps the metadata a node was first made with)
   assert [(m.name, m.backward) for m in pt.from_tinygrad(v).metadata] == \

@@ -13,6 +13,7 @@ from .tinygrad_tables import AddrSpace, ParamArg, TOps, TUOp, _AFTER, _ALU_I, _A
   _operand_want, _pcallinfo, _pdtype, _tg_metadata, _value_srcs, tdtypes
 
 _MD_IN1: dict = {}  # (name, backward) of tinygrad's Metadata -> pygrad's metadata 1-tuple
+_MD_LONG: list = [None]  # the last metadata tuple of several entries _md_in read, and its distinct (name, backward)
 _wref = weakref.ref
 _SHN = "_RECURSIVE_PROPERTY__shape"  # where tinygrad caches a node's _shape (read directly: its property is a frame)
 _DVN = "_RECURSIVE_PROPERTY_device"  # and its device (read there by the C walk)
@@ -39,7 +40,14 @@ def _md_in(md: tuple) -> tuple:
       if len(_MD_IN1) >= 4096: _MD_IN1.clear()
       got = _MD_IN1[k] = (Metadata(m.name, "", m.backward),)
     return got
-  k = tuple(dict.fromkeys([(m.name, m.backward) for m in md]))  # str and bool: hashed in C
+  last, pairs = _MD_LONG[0], None
+  if last is not None:  # tinygrad's appends make a new tuple each time, starting with the last one's entries: only
+    n = len(last[0])  # the new tail is read (the prefix compares item by item by identity, in C)
+    if len(md) >= n and md[:n] == last[0]: pairs = dict(last[1])
+  if pairs is None: pairs, n = {}, 0
+  pairs.update(dict.fromkeys([(m.name, m.backward) for m in md[n:]]))  # str and bool: hashed in C
+  _MD_LONG[0] = (md, pairs)
+  k = tuple(pairs)
   got = _MD_IN.get(k)
   if got is None:
     if len(_MD_IN) >= 4096: _MD_IN.clear()
