@@ -127,6 +127,24 @@ def test_copy_and_multi_gradients():
   np.testing.assert_allclose(evaluate([gm], {x: v})[0], np.full((4, 2), 3.0))
 
 
+def test_deviceless_node_used_on_two_devices():
+  """A node on no device (a constant, a variable) whose users are on two devices gets a gradient from each, one per
+  device: they are summed on one (the ADD of the two raised 'operands on different devices', even for a constant
+  off the target path: found by tests/test_interop_tinygrad_fuzz_ops.py, seed 19)."""
+  x = UOp.placeholder((3, 2), F64)
+  one, v = UOp.const(1.0, F64), UOp.variable("v", -4.0, 4.0, F64)
+  assert one.device is None and v.device is None
+  xv = np.arange(6.0).reshape(3, 2)
+  (g,) = ((x.copy_to_device("CPU:1") + one).copy_to_device("CPU") * one).sum().gradient(x)
+  np.testing.assert_allclose(evaluate([g], {x: xv})[0], np.ones((3, 2)))
+  y = (x.copy_to_device("CPU:1") * v).copy_to_device("CPU").sum() + (x * v).sum()
+  gx, gv = y.gradient(x, v)
+  assert gx.device == "CPU" and gv.device in ("CPU", "CPU:1")
+  got = evaluate([gx, gv], {x: xv, v: 1.5})
+  np.testing.assert_allclose(got[0], np.full((3, 2), 3.0))
+  np.testing.assert_allclose(got[1], 2 * xv.sum())
+
+
 def test_metadata_copied_to_backward_nodes():
   x = UOp.placeholder((3,), F64)
   with pygrad.metadata("fwd"):

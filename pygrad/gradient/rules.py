@@ -218,6 +218,10 @@ def accumulate(prev: UOp | None, v: UOp, k: UOp) -> UOp:
   if v.op is Ops.NOOP: return prev
   if v.op is Ops.TUPLE and prev.op is Ops.TUPLE:
     return UOp.maketuple(*(n if p.op is Ops.NOOP else p if n.op is Ops.NOOP else p + n for p, n in zip(prev.src, v.src)))
+  if k.device is None and prev.device != v.device and prev.device is not None and v.device is not None:
+    # a node on no device (a constant, a variable) used on two devices gets a gradient on each: summed on the
+    # first's device (the ADD of the two raised "operands on different devices", even for an off-path constant)
+    v = v.copy_to_device(prev.device)
   return prev + v
 
 
