@@ -131,42 +131,56 @@ def _close(got: np.ndarray, want: np.ndarray, what: str, seed: int) -> None:
   np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4, err_msg=f"seed {seed}: {what}")
 
 
-def _evaluate(uops: list, engine: str = "numpy") -> list:
-  """tinygrad graphs (their BUFFERs realized) evaluated by one of pygrad's engines, after from_tinygrad."""
+def _evaluate(uops: list, engine: str = "numpy", env: dict | None = None) -> list:
+  """tinygrad graphs (their BUFFERs realized) evaluated by one of pygrad's engines, after from_tinygrad; env: the
+  values of the unbound variables (DEFINE_VAR) by name."""
   pg = pt.from_tinygrad(uops)
-  feeds = {u: Tensor(u.arg[0]).numpy().reshape(u.shape) for u in pg[0].sink(*pg).toposort() if u.op is Ops.BUFFER}
+  feeds = {u: Tensor(u.arg[0]).numpy().reshape(u.shape) if u.op is Ops.BUFFER else env[u.arg[0]]
+           for u in pg[0].sink(*pg).toposort() if u.op is Ops.BUFFER or u.op is Ops.DEFINE_VAR}
   return [np.asarray(v) for v in pygrad.evaluate(pg, feeds, engine=engine)]
 
 
-def check(seed: int) -> None:
-  loss, inputs, outs = _program(seed)
+def _realize(uops: list, engine=None, env=None) -> list:
+  """tinygrad graphs realized by tinygrad (for graphs with a tinygrad kernel, which pygrad's engines cannot run)."""
+  return [Tensor(u).numpy() for u in uops]
+
+
+def check(seed: int, program=None, opaque: bool = False) -> None:
+  """The checks of one seed's program (program(seed, stepwise) -> (loss, inputs, outs, env); default _program).
+  opaque: the program calls a tinygrad kernel (custom_kernel), which pygrad's engines cannot run: its values are
+  not checked (tinygrad's would be compared with themselves) and its gradients are realized by tinygrad."""
+  program = program or (lambda s, stepwise=False: (*_program(s, stepwise), {}))
+  loss, inputs, outs, env = program(seed)
   roots = [loss.uop] + [o.uop for o in outs]
   # the round trip: tinygrad's own nodes again
   back = pt.to_tinygrad(pt.from_tinygrad(roots))
   assert all(b is r for b, r in zip(back, roots)), f"seed {seed}: round trip"
   # values: pygrad's engines on the converted graph against tinygrad's values, realized step by step (tinygrad
   # 0.14's fused kernels can be wrong: the sum of a PAD of a WHERE counted twice, seed 5118)
-  ref, _, ref_outs = _program(seed, stepwise=True)
-  assert [o.shape for o in ref_outs] == [o.shape for o in outs], f"seed {seed}: the replay drew another program"
-  want = [t.numpy() for t in [ref] + ref_outs]
-  for engine in ["numpy"] + (["c"] if pygrad.core_name() == "c" else []):
-    for i, (v, w) in enumerate(zip(_evaluate(roots, engine), want)):
-      _close(v.astype(np.float32), w, f"value {i} on pygrad's {engine} engine", seed)
+  if not opaque:
+    ref, _, ref_outs, _ = program(seed, stepwise=True)
+    assert [o.shape for o in ref_outs] == [o.shape for o in outs], f"seed {seed}: the replay drew another program"
+    want = [t.numpy() for t in [ref] + ref_outs]
+    for engine in ["numpy"] + (["c"] if pygrad.core_name() == "c" else []):
+      for i, (v, w) in enumerate(zip(_evaluate(roots, engine, env), want)):
+        _close(v.astype(np.float32), w, f"value {i} on pygrad's {engine} engine", seed)
   # gradients: tinygrad's own derivation and pygrad's (installed), both evaluated by pygrad's numpy engine, checked
-  # on the forward values above (realizing them would test tinygrad's kernels, not the derivations)
-  own = loss.gradient(*inputs)
+  # on the forward values above (realizing them would test tinygrad's kernels, not the derivations). All four are
+  # derived before any is realized: a realize replaces the graphs of every live Tensor by its buffers.
+  own = [g.uop for g in loss.gradient(*inputs)]
   with pt.installed():
     assert tg_gradient.compute_gradient is pt.compute_gradient
-    ours = loss.gradient(*inputs)
-  for i, (g, w) in enumerate(zip(_evaluate([g.uop for g in ours]), _evaluate([g.uop for g in own]))):
-    _close(g, w, f"gradient of input {i}", seed)
+    ours = [g.uop for g in loss.gradient(*inputs)]
   # second order: a gradient's own gradient (the way back in converts a graph the way out made)
   def second():
     g = loss.gradient(inputs[0])[0]
     return [x.uop for x in (g * g).sum().gradient(*inputs)]
-  own = second()
-  with pt.installed(): ours = second()
-  for i, (g, w) in enumerate(zip(_evaluate(ours), _evaluate(own))):
+  own2 = second()
+  with pt.installed(): ours2 = second()
+  ev = _realize if opaque else _evaluate
+  for i, (g, w) in enumerate(zip(ev(ours, env=env), ev(own, env=env))):
+    _close(g, w, f"gradient of input {i}", seed)
+  for i, (g, w) in enumerate(zip(ev(ours2, env=env), ev(own2, env=env))):
     _close(g, w, f"second-order gradient of input {i}", seed)
 
 
@@ -175,14 +189,19 @@ def test_random_program(seed, own_engine):
   check(seed)
 
 
-if __name__ == "__main__":
+def main(check_one) -> None:
+  """The CLI of a fuzz module: N seeds from FIRST, every failing one reported."""
   n, first = int(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 0
   bad = []
   for s in range(first, first + n):
     try:
-      check(s)
+      check_one(s)
     except Exception as e:  # noqa: BLE001  (a fuzz run reports every failing seed, then fails)
       bad.append(s)
       print(f"seed {s}: {type(e).__name__}: {str(e)[:400]}", flush=True)
   print(f"{n - len(bad)} of {n} seeds passed" + (f"; failing: {bad}" if bad else ""))
   sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+  main(check)

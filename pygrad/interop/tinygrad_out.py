@@ -422,7 +422,12 @@ class _Out:
     if o == _AFTER: return x.after(get(srcs[1]))
     if o == _FUNCTION or o == _CALL:
       info = tag[1] if type(tag) is tuple and tag[0] == _INFO else _tcallinfo(Ops(o).name, a)
-      if o == _CALL: raise ValueError(f"to_tinygrad: CALL {a.name!r} has a pygrad kernel; tinygrad cannot run it")
+      if o == _CALL:
+        # a tinygrad kernel (converted in as a tagged SINK) goes back as itself; a pygrad kernel tinygrad cannot run
+        kt = _args_objs[self.tag[srcs[0]]]
+        if not (type(kt) is tuple and kt[0] == _TG):
+          raise ValueError(f"to_tinygrad: CALL {a.name!r} has a pygrad kernel; tinygrad cannot run it")
+        return TUOp(TOps.CALL, src=tuple(get(j) for j in srcs), arg=info)
       return TUOp(TOps.FUNCTION, src=tuple(get(j) for j in srcs), arg=info)
     raise ValueError(f"to_tinygrad: pygrad op {Ops(o).name} has no tinygrad counterpart")
 

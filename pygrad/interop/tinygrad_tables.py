@@ -92,7 +92,9 @@ class _GradFxn:
   def __eq__(self, o): return type(o) is _GradFxn and o.info == self.info
   def __hash__(self): return hash(("tinygrad grad_fxn", self.info))
 
-  def __call__(self, *grads, call):
+  def __call__(self, *grads, call=None):
+    # pygrad's rules call a grad_fxn as tinygrad does: (*grads, call=k), or (grad, k) for a single output
+    if call is None: *grads, call = grads
     from .tinygrad_in import _In  # the conversions import these tables
     from .tinygrad_out import _Out
     ctx = _ctx()  # the conversion in of the derivation running (its maps are made on first use)
