@@ -12,6 +12,7 @@ from tinygrad.uop.ops import UOp as TUOp, Ops as TOps, UOpMetaClass  # noqa: E40
 import pygrad.interop.tinygrad as pt  # noqa: E402
 import pygrad.interop.tinygrad_tables as tt  # noqa: E402
 from pygrad.core import CORE  # noqa: E402
+from pygrad.handles import handle  # noqa: E402
 from pygrad.interop.tinygrad_out import _Out  # noqa: E402
 
 DEV = "PYTHON"
@@ -143,8 +144,9 @@ def test_way_out_table_stops_at_known_nodes(monkeypatch):
   known rows, each mapped to its tinygrad node, then the nodes under the gradients reached without passing through a
   known one (a toposort stopped at them); the forward graph below them is left out. Both cores."""
   seen = []
-  conv = _Out.convert
-  monkeypatch.setattr(_Out, "convert", lambda self, roots: seen.append((self, list(roots))) or conv(self, roots))
+  conv = _Out.convert_ids
+  monkeypatch.setattr(_Out, "convert_ids", lambda self, ids, skip=-1: seen.append((self, [handle(i) for i in ids]))
+                      or conv(self, ids, skip))  # (handles: the gradients die with compute_gradient's result)
   root, rg, targets = _bench_graph("W2", 2)
   got = pt.compute_gradient(root, rg, targets)
   (o, roots), = seen

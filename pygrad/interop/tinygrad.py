@@ -26,7 +26,7 @@ so ops pygrad lacks (THREEFRY, STORE into views, ...) may sit anywhere off the t
 """
 from __future__ import annotations
 import contextlib
-from pygrad import UOp, Ops
+from pygrad import UOp
 from pygrad.intern import ARGS
 import pygrad.gradient as _pg_gradient
 from .tinygrad_in import _In
@@ -89,9 +89,8 @@ def derive(cin, proot: UOp, pgrad: UOp, ptargets: dict) -> dict:
 
 def convert_out(cin, root: TUOp, root_grad: TUOp, ptargets: dict, grads: dict) -> dict:
   """compute_gradient's last phase: the targets' gradients back into tinygrad, forward nodes reused."""
-  got = [(t, g) for t, p in ptargets.items() if (g := grads.get(p)) is not None and g.op is not Ops.NOOP]
   ret = {root: root_grad}
-  with _no_gc(): ret.update(zip((t for t, _ in got), _Out(cin.rev()).convert([g for _, g in got])))
+  with _no_gc(): ret.update(_Out(cin.rev()).gradients(ptargets, grads))
   return ret
 
 

@@ -7,7 +7,9 @@ from pygrad import UOp, Ops
 import pygrad.uop as _pg_uop
 from pygrad.core import CORE
 from pygrad.intern import ARGS, META
-from pygrad.serialize import export, _fresh_pos, _rows_of, _table
+from pygrad.serialize import _fresh_pos, _rows_of, _table
+try: from pygrad.gradient.templated import GradMap
+except ImportError: GradMap = None  # the pure-Python core has no templates: compute_gradient gives a dict
 from .tinygrad_tables import TMetadata, TOps, TUOp, _AFTER, _ASSIGN, _BCAST, _BITCAST, _BUFFER, _CALL, _CAST, _CONST, \
   _CONTIGUOUS, _COPY, _DEFINE_VAR, _EXPAND, _EXPANDOP, _FLIP, _FUNCTION, _GETTUPLE, _IDENT, _INFO, _MD_OUT, _NOOP, \
   _PAD, _PARAM, _PERMUTE, _REDUCE, _REDUCEOP, _RESHAPE, _SHRINK, _SINK, _TALU_I, _TDT_I, _TG, _TOPS, _TUPLE, _WEAK, \
@@ -26,27 +28,44 @@ class _Out:
     # a gradient's reshape chains are folded (made on demand, of the first node below that is no reshape made here;
     # none if the shapes agree): not in a fresh conversion, which gives back tinygrad's own nodes, chains included
     self.fold = known is not None
-    self.shapes: dict = {}  # static shape -> tinygrad's shape operand
     self.consts: dict = {}  # (dtype id, arg id) -> tinygrad CONST
     # REDUCE_AXIS row (or a PERMUTE of one) -> (its tinygrad node without the reduced axes, that node's shape, the
     # row's shape, the row's axes the node lacks: all of size 1)
     self.reduced: dict = {}
     self.mk = _tmake_for()  # tinygrad's UOp(op, dtype, src, arg), hash-consed
     self.rshape: dict = {}  # row -> its shape (read from the core once)
-    self.plans: dict = {}  # (shape, axes or shape) -> how a REDUCE_AXIS or EXPAND of that shape is made
 
   def convert(self, roots: list) -> list:
     """The tinygrad nodes of `roots`, rows in topological order; nodes known already, and nodes only they reach,
     are not converted."""
     for r in roots:
       if not isinstance(r, UOp): raise TypeError(f"to_tinygrad: expected a pygrad UOp, got {type(r).__name__}")
-    if not roots: return []
+    return self.convert_ids([r._id for r in roots])
+
+  def gradients(self, ptargets: dict, grads) -> dict:
+    """tinygrad target -> its gradient, for the targets (tinygrad node -> pygrad node) whose gradient in grads (a
+    pygrad compute_gradient result) is not NOOP. A GradMap (the C driver's) is read by node id: no handle is made
+    for a gradient (a handle costs ~2 us, and W1 has 2,000 targets)."""
+    run = grads._run if type(grads) is GradMap else None
+    if run is None:
+      got = [(t, g._id) for t, p in ptargets.items() if (g := grads.get(p)) is not None]
+    else:
+      got = [(t, g) for t, p in ptargets.items() if (g := run.get(p._id)) >= 0]
+    nodes = self.convert_ids([g for _, g in got], _NOOP)
+    return {t: x for (t, _), x in zip(got, nodes) if x is not None}
+
+  def convert_ids(self, root_ids: list, skip: int = -1) -> list:
+    """convert() of the nodes with these ids (live pygrad nodes the caller holds); a root whose op is `skip` is
+    not made (None in its place)."""
+    if not root_ids: return []
     known = self.known
-    root_ids = [r._id for r in roots]
     # rows known already (rows 0.. of the table) map back as they are; rows only they reach are not converted
     base = len(known)
     if base: ids, op, dt, arg, tag, pdata, nsrc, src, rowof = _export_above(root_ids, known)
-    else: ids, op, dt, arg, tag, pdata, nsrc, src = export(roots)
+    else:  # serialize.export's columns, from ids
+      ids, op, dt, arg, tag, pdata, nsrc, src, args = _table(root_ids, _fresh_pos(), 0)
+      full = np.concatenate([np.zeros(1, np.int32), args])
+      arg, tag, pdata = full[arg], full[tag], full[pdata]
     n = len(ids)
     start = np.zeros(n + 1, np.int64)
     np.cumsum(nsrc, out=start[1:])
@@ -134,26 +153,30 @@ class _Out:
         m = mds.get(p)
         if m is None: m = mds[p] = self._md(p)
         mdata[_wref(t, mdrm)] = m
-    rows = rowof[root_ids].tolist() if base else _rows_of(ids, root_ids).tolist()
+    rows = rowof[root_ids] if base else _rows_of(ids, root_ids)
+    rows = (rows if skip < 0 else np.where(op[rows] == skip, -1, rows)).tolist()
     if fast is not None:  # roots left to be made on demand (a gradient's folded reshapes) are made by plan in C
-      left = [i for i in rows if out[i] is None and i not in reduced]
+      left = [i for i in rows if i >= 0 and out[i] is None and i not in reduced]
       pos = 0
       while pos < len(left):
         pos = fast(cfg, left, pos, len(left)) + 1
         if pos <= len(left): self._get(left[pos - 1])
-    return [self._get(i) for i in rows]
+    return [self._get(i) if i >= 0 else None for i in rows]
 
   def _helpers(self, op: np.ndarray, tag: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The rows made only when asked for on their own (see _lazy): the helper of a pair (the RESHAPE of an EXPAND,
     the REDUCE_AXIS of a REDUCE), an explicit broadcast, and with fold an untagged RESHAPE (see _reshaped); and the
     explicit broadcasts among them."""
     skip = (op == _RESHAPE) & (tag == 0) if self.fold else np.zeros(len(op), bool)
-    ut, inv = np.unique(tag, return_inverse=True)
-    kind = np.zeros(len(ut), np.int8)  # 1: every row with the tag, 2: its RESHAPE rows, 3: its REDUCE_AXIS rows
-    for k, t in enumerate(ut.tolist()):
-      tg = _args_objs[t] if t else None
-      if type(tg) is str: kind[k] = 1 if tg == _BCAST else 2 if tg == _EXPAND else 3 if tg == _REDUCE else 0
-    kr = kind[inv]
+    kr = np.zeros(len(op), np.int8)  # 1: every row with the tag, 2: its RESHAPE rows, 3: its REDUCE_AXIS rows
+    tagged = np.flatnonzero(tag)  # (few rows: a gradient's table has none)
+    if len(tagged):
+      ut, inv = np.unique(tag[tagged], return_inverse=True)
+      kind = np.zeros(len(ut), np.int8)
+      for k, t in enumerate(ut.tolist()):
+        tg = _args_objs[t]
+        if type(tg) is str: kind[k] = 1 if tg == _BCAST else 2 if tg == _EXPAND else 3 if tg == _REDUCE else 0
+      kr[tagged] = kind[inv.reshape(-1)]
     return skip | (kr == 1) | (kr == 2) & (op == _RESHAPE) | (kr == 3) & (op == _REDUCEOP), kr == 1
 
   @staticmethod
@@ -191,9 +214,12 @@ class _Out:
     self.out[i] = ret
     return ret
 
-  def _shape_arg(self, shape: tuple) -> TUOp:
-    got = self.shapes.get(shape)
-    if got is None: got = self.shapes[shape] = shape_to_shape_arg(shape)
+  @staticmethod
+  def _shape_arg(shape: tuple) -> TUOp:
+    got = _SHAPES.get(shape)
+    if got is None:
+      if len(_SHAPES) >= 4096: _SHAPES.clear()
+      got = _SHAPES[shape] = shape_to_shape_arg(shape)
     return got
 
   def _mop(self, x: TUOp, op, arg) -> TUOp:
@@ -217,28 +243,28 @@ class _Out:
     """How an EXPAND of a row of shape src to shape is made (see _expand): (the shape without the grown axes, the
     grown axes' sizes, the permute that puts them back or None)."""
     k = (_EXPAND, src, shape)
-    plan = self.plans.get(k)
+    plan = _PLANS.get(k)
     if plan is None:
       grow = [i for i, (a, b) in enumerate(zip(src, shape)) if a != b]
       rest = [i for i in range(len(shape)) if i not in grow]
       order = grow + rest
       perm = tuple(order.index(j) for j in range(len(shape)))
-      plan = self.plans[k] = (tuple(src[i] for i in rest), tuple(shape[i] for i in grow),
-                              None if perm == tuple(range(len(shape))) else perm)
+      plan = _plan(k, (tuple(src[i] for i in rest), tuple(shape[i] for i in grow),
+                       None if perm == tuple(range(len(shape))) else perm))
     return plan
 
   def _rplan(self, src: tuple, axes: tuple) -> tuple:
     """How a REDUCE_AXIS over `axes` of a row of shape src is made (see _reduce): (number of axes reduced, the
     permute that puts them first or None, the shape without them, the keepdim shape, the axes reduced)."""
     k = (src, axes)
-    plan = self.plans.get(k)
+    plan = _PLANS.get(k)
     if plan is None:
       red = [a for a in sorted(axes) if src[a] != 1]
       rest = [k for k in range(len(src)) if k not in red]
       perm = tuple(red + rest)
-      plan = self.plans[k] = (len(red), None if perm == tuple(range(len(src))) else perm,
-                              tuple(src[k] for k in rest), tuple(1 if k in axes else s for k, s in enumerate(src)),
-                              tuple(red))
+      plan = _plan(k, (len(red), None if perm == tuple(range(len(src))) else perm,
+                       tuple(src[k] for k in rest), tuple(1 if k in axes else s for k, s in enumerate(src)),
+                       tuple(red)))
     return plan
 
   def _reduce(self, i: int) -> TUOp:
@@ -258,14 +284,14 @@ class _Out:
     permute of the held node or None, the permuted shape without those axes, the permuted keepdim shape, where
     those axes went)."""
     k = (keep, red, p)
-    plan = self.plans.get(k)
+    plan = _PLANS.get(k)
     if plan is None:
       rem = [a for a in range(len(keep)) if a not in red]
       pp = tuple(rem.index(a) for a in p if a not in red)
       shape = tuple(keep[a] for a in p)
       gone = tuple(j for j, a in enumerate(p) if a in red)
-      plan = self.plans[k] = (None if pp == tuple(range(len(pp))) else pp,
-                              tuple(s for j, s in enumerate(shape) if j not in gone), shape, gone)
+      plan = _plan(k, (None if pp == tuple(range(len(pp))) else pp,
+                       tuple(s for j, s in enumerate(shape) if j not in gone), shape, gone))
     return plan
 
   def _permuted(self, i: int, got: tuple) -> TUOp:
@@ -336,11 +362,16 @@ class _Out:
     source shape), so the C loop makes the nodes _expand makes (an expand that grows nothing is left to Python); and
     for the untagged RESHAPE rows rs (made when asked for, as _lazy makes them): (5, the rows' shape ids, RESHAPE,
     the row's shape, tinygrad's RESHAPE, that shape's operand)."""
-    metas = CORE.rows(ids, arrays=True)[0][:, 5]
-    um, inv = np.unique(metas, return_inverse=True)
+    # the C loop reads the shape ids of these rows only (an expand's source below its chain of reshapes made on
+    # demand, a reshape made on demand and the row below its chain): reading every row's shape cost W1 ~8 ms
+    need = np.unique(np.concatenate([rs, first(rs), first(ex)]))
+    metas = np.full(len(ids), -1, np.int32)
+    metas[need] = CORE.rows(ids[need], arrays=True)[0][:, 5]
+    um, inv = np.unique(metas[need], return_inverse=True)
     sid: dict = {}  # shape -> its id
-    shid = np.array([sid.setdefault(_meta_vals[m][0], len(sid)) for m in um.tolist()], np.int32)[inv.reshape(-1)]
-    shid = shid.astype(np.int32).tobytes()
+    shid = -2 - np.arange(len(ids), dtype=np.int32)  # a row whose shape is not read: an id no other row has
+    shid[need] = np.array([sid.setdefault(_meta_vals[m][0], len(sid)) for m in um.tolist()], np.int32)[inv.reshape(-1)]
+    shid = shid.tobytes()
     if len(ex):
       keys, inv = _pairs(arg[ex], metas[first(ex)])
       made = []
@@ -457,6 +488,19 @@ def _export_above(root_ids: list, known: dict) -> tuple:
   return (np.concatenate([kid.astype(np.int32), ids]), np.concatenate([np.full(k, -1, np.int32), op]),
           np.concatenate([z, dt]), np.concatenate([z, full[arg]]), np.concatenate([z, full[tag]]),
           np.concatenate([z, full[pdata]]), np.concatenate([z, nsrc]), src, pos)
+
+
+# plans and shape operands depend on the shapes and args alone (a shape operand is a hash-consed node: holding it
+# keeps it the one tinygrad makes), so they are kept across conversions: a small graph's conversion made them anew
+# for a third of its time; bounded, as _MD_OUT is
+_PLANS: dict = {}  # (shape, axes or shape) -> how a REDUCE_AXIS, EXPAND or PERMUTE of that shape is made
+_SHAPES: dict = {}  # static shape -> tinygrad's shape operand
+
+
+def _plan(k: tuple, plan: tuple) -> tuple:
+  if len(_PLANS) >= 4096: _PLANS.clear()
+  _PLANS[k] = plan
+  return plan
 
 
 def _pairs(a: np.ndarray, b: np.ndarray) -> tuple[list, np.ndarray]:
