@@ -155,3 +155,28 @@ def test_way_out_table_stops_at_known_nodes(monkeypatch):
   assert ids[:k] == list(o.known) and sorted(ids[k:]) == sorted(need) and not set(ids[k:]) & set(o.known)
   assert all(o.out[i] is t for i, t in enumerate(o.known.values()))
   assert all(got[t] is not None for t in targets)
+
+
+def test_c_loop_reads_rows_to_make_from_bytes_and_dtypes_by_descriptor():
+  """The rows to make may be given as int32 bytes (the way out passes them so: no list of int objects), checked as
+  a list is; a source's dtype is read through the node class's dtype descriptor when its fields are given (a
+  non-node source is then the descriptor's TypeError, never a crash)."""
+  f = _fast()
+  rows = lambda: [X, None, None]  # noqa: E731  rows 1 and 2: ADD(row 0, row 0)
+  def cfg(out, fields=tt._tfields(), lazy=None):
+    c = _cfg(out, [0, 1, 1], [0, 0, 0], [(), (0, 0), (0, 0)], None, lazy=lazy)
+    return c[:17] + (fields,) + c[18:]
+  for fields in (tt._tfields(), None):
+    out = rows()
+    assert f(cfg(out, fields), i32([2, 1]), 0, 2) == 2
+    assert out[1] is out[2] is TUOp(TOps.ADD, tdtypes.float32, (X, X))
+    out = rows()
+    assert f(cfg(out, fields), i32([2, 1]), 1, 2) == 2 and out[2] is None and out[1] is not None
+  with pytest.raises(TypeError): f(cfg(rows()), b"\0\0\0", 0, 0)  # no whole int32
+  with pytest.raises(IndexError): f(cfg(rows()), i32([1]), 0, 2)  # past the rows given
+  with pytest.raises(IndexError): f(cfg(rows()), i32([3]), 0, 1)  # a row out of the table
+  with pytest.raises(IndexError): f(cfg(rows()), i32([-1]), 0, 1)
+  with pytest.raises(TypeError): f(cfg(rows()), bytearray(i32([1])), 0, 1)
+  # a source that is no node: the dtype descriptor's TypeError (by name, without fields: an AttributeError)
+  with pytest.raises(TypeError): f(cfg([None, None, None], lazy=lambda j: 7), i32([1]), 0, 1)
+  with pytest.raises(AttributeError): f(cfg([None, None, None], None, lazy=lambda j: 7), i32([1]), 0, 1)

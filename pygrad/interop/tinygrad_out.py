@@ -88,7 +88,9 @@ class _Out:
     # helper rows are made only when asked for (see _lazy), so the loop skips them
     helpers, bcast = self._helpers(op[base:], tag[base:])
     todo_a = np.flatnonzero(~helpers) + base
-    todo = todo_a.tolist()
+    # the C loop reads the rows to make as int32 bytes (a list of ~10^5 int objects cost W1 ~2 ms to make and free)
+    todo = memoryview(todo_a.astype(np.int32)) if fast is not None else todo_a.tolist()
+    tb = todo.tobytes() if fast is not None else None
     # the C core's loop makes the plain rows (typed ALU, CAST, BITCAST) as the branches below do (sources not made
     # yet by _lazy, as they do) and the rows _row_plans gives a plan (reduces and permutes), and stops at any other
     # row, which the Python loop makes; with tinygrad's checked constructor in use, Python makes every row
@@ -105,7 +107,7 @@ class _Out:
                              start, src))
     while pos < end:
       if fast is not None:
-        pos = fast(cfg, todo, pos, end)
+        pos = fast(cfg, tb, pos, end)
         if pos >= end: break
       i = todo[pos]
       pos += 1
