@@ -50,7 +50,8 @@ static int read_fields(PyObject *fs, cfg_t *c) {
   Py_ssize_t i;
   c->alloc = NULL, c->get_dtype = NULL;
   if (fs == Py_None) return 0;
-  if (!PyTuple_Check(fs) || PyTuple_Size(fs) != 5) return pg_foreign_bad("fields must be None or a tuple of 5 descriptors");
+  if (!PyTuple_Check(fs) || PyTuple_Size(fs) != 5)
+    return pg_foreign_bad("fields must be None or a tuple of 5 descriptors");
   for (i = 0; i < 5; i++) {
     c->fields[i] = PyTuple_GetItem(fs, i);
     c->set[i] = (descrsetfunc)PyType_GetSlot(Py_TYPE(c->fields[i]), Py_tp_descr_set);
@@ -72,9 +73,12 @@ static int read_cfg(PyObject *t, cfg_t *c) {
   c->mdata = PyTuple_GetItem(t, C_MDATA), c->mdrm = PyTuple_GetItem(t, C_MDRM), c->mds = PyTuple_GetItem(t, C_MDS);
   cast = PyTuple_GetItem(t, C_CAST);
   if (!PyList_Check(c->out)) return pg_foreign_bad("out must be a list");
-  if (pg_foreign_read_col(PyTuple_GetItem(t, C_OP), 0, &c->op) < 0 || pg_foreign_read_col(PyTuple_GetItem(t, C_DT), 0, &c->dt) < 0 ||
-      pg_foreign_read_col(PyTuple_GetItem(t, C_TAG), 0, &c->tag) < 0 || pg_foreign_read_col(PyTuple_GetItem(t, C_START), 1, &c->start) < 0 ||
-      pg_foreign_read_col(PyTuple_GetItem(t, C_SRC), 0, &c->src) < 0 || pg_foreign_read_col(PyTuple_GetItem(t, C_PDATA), 0, &c->pdata) < 0)
+  if (pg_foreign_read_col(PyTuple_GetItem(t, C_OP), 0, &c->op) < 0 ||
+      pg_foreign_read_col(PyTuple_GetItem(t, C_DT), 0, &c->dt) < 0 ||
+      pg_foreign_read_col(PyTuple_GetItem(t, C_TAG), 0, &c->tag) < 0 ||
+      pg_foreign_read_col(PyTuple_GetItem(t, C_START), 1, &c->start) < 0 ||
+      pg_foreign_read_col(PyTuple_GetItem(t, C_SRC), 0, &c->src) < 0 ||
+      pg_foreign_read_col(PyTuple_GetItem(t, C_PDATA), 0, &c->pdata) < 0)
     return -1;
   c->n = PyList_Size(c->out);
   if (c->op.n != c->n || c->dt.n != c->n || c->tag.n != c->n || c->pdata.n != c->n || c->start.n != c->n + 1)
@@ -83,7 +87,8 @@ static int read_cfg(PyObject *t, cfg_t *c) {
     return pg_foreign_bad("tables must be tuples");
   if (!PyDict_Check(c->cache)) return pg_foreign_bad("the cache must be a dict");
   if (!PyType_Check(c->cls)) return pg_foreign_bad("cls must be a class");
-  if (c->mdata != Py_None && (!PyDict_Check(c->mdata) || !PyDict_Check(c->mds))) return pg_foreign_bad("mdata and mds: dicts");
+  if (c->mdata != Py_None && (!PyDict_Check(c->mdata) || !PyDict_Check(c->mds)))
+    return pg_foreign_bad("mdata and mds: dicts");
   if (!PyTuple_Check(cast) || PyTuple_Size(cast) != 4) return pg_foreign_bad("cast must be a tuple of 4");
   c->cast_op = PyLong_AsLong(PyTuple_GetItem(cast, 0));
   if (c->cast_op == -1 && PyErr_Occurred()) return -1;
@@ -132,7 +137,8 @@ static int one_row(const cfg_t *c, Py_ssize_t i) {
   PyObject *top, *tdt, *src = NULL, *key = NULL, *t, *x;
   Py_ssize_t k, ns;
   int typed = 0, fresh, r;
-  if (pg_foreign_col(&c->tag, i, &tag) < 0 || pg_foreign_col(&c->op, i, &o) < 0 || pg_foreign_col(&c->dt, i, &d) < 0) return -1;
+  if (pg_foreign_col(&c->tag, i, &tag) < 0 || pg_foreign_col(&c->op, i, &o) < 0 || pg_foreign_col(&c->dt, i, &d) < 0)
+    return -1;
   if (tag) return 0;
   if (c->plans != Py_None) {
     if (!(x = PyList_GetItem(c->plans, i))) return -1;

@@ -101,7 +101,8 @@ PyObject *pg_foreign_lazy(const cfg_t *c, long j, int depth) {
   Py_DECREF(k);
   if (!got && PyErr_Occurred()) return NULL;
   if (plan == Py_None) return NULL;
-  if (!PyTuple_Check(plan) || (len = PyTuple_Size(plan)) < 1) return pg_foreign_bad_obj("a plan must be a non-empty tuple");
+  if (!PyTuple_Check(plan) || (len = PyTuple_Size(plan)) < 1)
+    return pg_foreign_bad_obj("a plan must be a non-empty tuple");
   kind = PyLong_AsLong(PyTuple_GetItem(plan, 0));
   if (kind == -1 && PyErr_Occurred()) return NULL;
   if (got) {
@@ -206,7 +207,8 @@ int pg_foreign_plan_row(const cfg_t *c, Py_ssize_t i, PyObject *plan) {
   Py_ssize_t len;
   PyObject *k, *got, *x, *t, *ent;
   int fresh = 0, r;
-  if (!PyTuple_Check(plan) || (len = PyTuple_Size(plan)) < 3) return pg_foreign_bad("a plan must be a tuple of 3 or more");
+  if (!PyTuple_Check(plan) || (len = PyTuple_Size(plan)) < 3)
+    return pg_foreign_bad("a plan must be a tuple of 3 or more");
   kind = PyLong_AsLong(PyTuple_GetItem(plan, 0));
   if (kind == -1 && PyErr_Occurred()) return -1;
   if (kind == 3) return expand_row(c, i, plan);

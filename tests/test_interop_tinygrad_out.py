@@ -14,6 +14,7 @@ import pygrad.interop.tinygrad_tables as tt  # noqa: E402
 from pygrad.core import CORE  # noqa: E402
 from pygrad.handles import handle  # noqa: E402
 from pygrad.interop.tinygrad_out import _Out  # noqa: E402
+import pygrad.interop.tinygrad_out as tout  # noqa: E402
 
 DEV = "PYTHON"
 i32 = lambda xs: np.array(xs, np.int32).tobytes()  # noqa: E731  (the C loop's columns: bytes of int32)
@@ -128,6 +129,7 @@ def test_c_loop_makes_the_bench_gradients_helper_rows(monkeypatch, wl):
   never asked, and the gradients are the Python loop's (test_c_loop_of_the_way_out_makes_what_python_makes checks
   them node for node)."""
   fast = _fast()
+  monkeypatch.setattr(tout, "_C_ROWS", 0)  # (small tables are the Python loop's)
   root, rg, targets = _bench_graph(wl, 3 if wl == "W1" else 2)
   lazy, calls = _Out._lazy, []
   monkeypatch.setattr(_Out, "_lazy", lambda self, i: calls.append(i) or lazy(self, i))
@@ -180,3 +182,19 @@ def test_c_loop_reads_rows_to_make_from_bytes_and_dtypes_by_descriptor():
   # a source that is no node: the dtype descriptor's TypeError (by name, without fields: an AttributeError)
   with pytest.raises(TypeError): f(cfg([None, None, None], lazy=lambda j: 7), i32([1]), 0, 1)
   with pytest.raises(AttributeError): f(cfg([None, None, None], None, lazy=lambda j: 7), i32([1]), 0, 1)
+
+
+def test_small_tables_are_made_by_the_python_loop(monkeypatch):
+  """A gradient table below _C_ROWS rows to make is made by the Python loop (the C loop's setup costs more there);
+  forced through the C loop it gives the same nodes."""
+  f = _fast()
+  calls = []
+  monkeypatch.setattr(CORE, "foreign_rows", lambda *a: calls.append(1) or f(*a))
+  x, w = Tensor.empty(4, 8, device=DEV), Tensor.empty(8, 3, device=DEV)
+  loss = (x @ w).relu().sum()
+  root, rg = loss.uop, loss.uop.const_like(1.0)
+  small = pt.compute_gradient(root, rg, [w.uop])
+  assert not calls
+  monkeypatch.setattr(tout, "_C_ROWS", 0)
+  forced = pt.compute_gradient(root, rg, [w.uop])
+  assert calls and forced[w.uop] is small[w.uop]

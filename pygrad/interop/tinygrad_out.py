@@ -73,7 +73,9 @@ class _Out:
       self.reduced
     # tinygrad's hash-consed creation inline for the ALU ops (see _tmake_for), unless its checked constructor is in use
     direct = mk is not _tmake_checked
-    fast = CORE.foreign_rows if direct else None
+    # a small table is made by the Python loop: the C loop's setup (plans, the columns as bytes) costs more than the
+    # Python loop's ~1.5 us a row below a few hundred rows (see _C_ROWS)
+    fast = CORE.foreign_rows if direct and n - base >= _C_ROWS else None
     # the Python loop reads the columns as lists if it makes every row, else as views of the arrays (it makes few
     # rows; the C loop reads the arrays' bytes)
     cols = memoryview if fast is not None else np.ndarray.tolist
@@ -320,10 +322,11 @@ class _Out:
     0), and leaves the row to Python if not."""
     plans = np.full(len(op), None, object)
     t = todo[tag[todo] == 0]
+    ot = op[t]  # (each selection below reads this once: W1 makes ~10^5 rows)
     first = lambda rows: src[start[rows]]  # noqa: E731  (their one source row)
     held: list = []  # the held shapes (kept, keep, axes gone) of the plans made
     ent = np.full(len(op), -1, np.int64)  # row -> its index in held
-    red = t[op[t] == _REDUCEOP]
+    red = t[ot == _REDUCEOP]
     if len(red):
       keys, inv = _pairs(arg[red], CORE.rows(ids[first(red)], arrays=True)[0][:, 5])
       made = []
@@ -335,7 +338,7 @@ class _Out:
         held.append((kept, keep, rd))
       ent[red] = inv
       plans[red] = _objs(made)[inv]
-    perm = t[op[t] == _PERMUTE]
+    perm = t[ot == _PERMUTE]
     while len(held):  # a permute of a held row is held: one more link of such chains a pass
       lvl = perm[(ent[first(perm)] >= 0) & (ent[perm] < 0)]
       if not len(lvl): break
@@ -347,13 +350,13 @@ class _Out:
         held.append((kept, shape, gone))
       ent[lvl] = inv + (len(held) - len(made))
       plans[lvl] = _objs(made)[inv]
-    plain = t[((op[t] == _PERMUTE) & (ent[t] < 0)) | (op[t] == _FLIP)]
+    plain = t[((ot == _PERMUTE) & (ent[t] < 0)) | (ot == _FLIP)]
     if len(plain):
       keys, inv = _pairs(op[plain], arg[plain])
       plans[plain] = _objs([(0, _TPERMUTE if o == _PERMUTE else _TFLIP, _args_objs[a]) for o, a in keys])[inv]
     plans[bcast] = _BCAST_PLAN
     if self.fold:
-      ex, rs = t[op[t] == _EXPANDOP], lazy[(op[lazy] == _RESHAPE) & (tag[lazy] == 0)]
+      ex, rs = t[ot == _EXPANDOP], lazy[(op[lazy] == _RESHAPE) & (tag[lazy] == 0)]
       if len(ex) or len(rs): self._fold_plans(plans, ex, rs, ids, arg, first)
     return plans.tolist()
 
@@ -366,7 +369,9 @@ class _Out:
     the row's shape, tinygrad's RESHAPE, that shape's operand)."""
     # the C loop reads the shape ids of these rows only (an expand's source below its chain of reshapes made on
     # demand, a reshape made on demand and the row below its chain): reading every row's shape cost W1 ~8 ms
-    need = np.unique(np.concatenate([rs, first(rs), first(ex)]))
+    need = np.zeros(len(ids), bool)
+    for rows in (rs, first(rs), first(ex)): need[rows] = True
+    need = np.flatnonzero(need)
     metas = np.full(len(ids), -1, np.int32)
     metas[need] = CORE.rows(ids[need], arrays=True)[0][:, 5]
     um, inv = np.unique(metas[need], return_inverse=True)
@@ -492,6 +497,9 @@ def _export_above(root_ids: list, known: dict) -> tuple:
           np.concatenate([z, full[pdata]]), np.concatenate([z, nsrc]), src, pos)
 
 
+# the fewest rows to make for which the C loop is used (CPU time, busy machine: a W1 gradient of 268 rows 0.53 ms
+# with the C loop and 0.45 with the Python one, 523 rows 0.62 and 0.74; the MLP of tests/ (49 nodes) 0.48 and 0.25)
+_C_ROWS = 300
 # plans and shape operands depend on the shapes and args alone (a shape operand is a hash-consed node: holding it
 # keeps it the one tinygrad makes), so they are kept across conversions: a small graph's conversion made them anew
 # for a third of its time; bounded, as _MD_OUT is
