@@ -127,6 +127,25 @@ def test_copy_and_multi_gradients():
   np.testing.assert_allclose(evaluate([gm], {x: v})[0], np.full((4, 2), 3.0))
 
 
+@pytest.mark.parametrize("precompile", [False, True])
+def test_nested_function_backward_keeps_inner_params(precompile):
+  """A FUNCTION with an unused first argument calling another FUNCTION: the outer backward's PARAMs are renumbered
+  (slot 1 -> 0, ...) and the inner call's backward body, inside it, has PARAMs of its own that are the same
+  hash-consed nodes; renumbering entered that body too and the gradient was silently wrong (found by
+  tests/test_interop_tinygrad_fuzz_ops.py, seed 57)."""
+  u, q = UOp.placeholder((6,), F64), UOp.placeholder((6,), F64)
+  pi = q.param_like(0)
+  ic = UOp.maketuple(pi * 1.0, pi * pi).call(q.param_like(1), name="inner")
+  x3 = ic.gettuple(0) + ic.gettuple(1).sum() * 0.5
+  oc = UOp.maketuple(x3, x3 * x3).call(u, q, name="outer", precompile=precompile)
+  t = oc.gettuple(0) + oc.gettuple(1)
+  (g,) = (t * t).sum().gradient(q)
+  p = np.arange(1, 7) / 7
+  x3v = p + 0.5 * (p * p).sum()
+  dx3 = 2 * (x3v + x3v * x3v) * (1 + 2 * x3v)
+  np.testing.assert_allclose(evaluate([g], {u: np.ones(6), q: p})[0], dx3 + p * dx3.sum())
+
+
 def test_deviceless_node_used_on_two_devices():
   """A node on no device (a constant, a variable) whose users are on two devices gets a gradient from each, one per
   device: they are summed on one (the ADD of the two raised 'operands on different devices', even for a constant
