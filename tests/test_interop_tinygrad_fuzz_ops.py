@@ -63,53 +63,64 @@ def _grad_fxn(scale: float):
   return grad_fxn
 
 
-def _function_step(rng: random.Random, pool: list, stepwise: bool) -> Tensor:
-  """A call of a @function whose body is 1-3 base steps over 1-2 pool tensors; 1 or 2 outputs, maybe a grad_fxn.
-  The body draws from its own seed, so the stepwise replay (the body called directly, its steps realized one by
-  one: a realize is not allowed inside a function) draws the same program."""
+def _function_step(rng: random.Random, pool: list, env: dict, stepwise: bool, depth: int) -> Tensor:
+  """A call of a @function whose body is 1-3 steps of this module (functions nest twice at most) over 1-2 pool
+  tensors; 1 or 2 outputs, maybe a grad_fxn, maybe precompiled. The body draws from its own seed, so the stepwise
+  replay (the body called directly, its steps realized one by one: a realize is not allowed inside a function)
+  draws the same program."""
   args = rng.sample(pool, min(len(pool), rng.randint(1, 2)))
   sub, nout, gf = rng.randrange(1 << 30), rng.randint(1, 2), rng.random() < 0.3
-  scale = rng.choice((0.5, 2.0))
+  scale, pre, preb = rng.choice((0.5, 2.0)), rng.random() < 0.2, rng.random() < 0.2
 
   def body(*xs):
     r, npr = random.Random(sub), np.random.default_rng(sub)
     inner = list(xs)
     for _ in range(r.randint(1, 3)):
-      t = base._step(r, inner, npr)
+      t = _step(r, inner, npr, env, stepwise, False, depth + 1)
       inner.append(t.contiguous().realize() if stepwise else t)
     outs = inner[len(xs):][-nout:]
+    # (an output that is a COPY itself would make tinygrad 0.14's function an opaque CALL, and its gettuple then
+    # asserts: function(lambda x: x.to(DEV1)); the copy steps end in a MUL)
     return outs[0] if len(outs) == 1 else tuple(outs)
-  fn = body if stepwise else function(body, allow_implicit=True, grad_fxn=_grad_fxn(scale) if gf else None)
+  fn = body if stepwise else function(body, allow_implicit=True, grad_fxn=_grad_fxn(scale) if gf else None,
+                                      precompile=pre, precompile_backward=preb)
   got = fn(*args)
   if not isinstance(got, tuple): return got
   a, b = got
-  return a + b.sum() * 0.5  # both outputs used: gradients accumulate per output through GETTUPLE
+  return a + b.mean() * 0.5  # both outputs used: gradients accumulate per output through GETTUPLE
 
 
-def _step(rng: random.Random, pool: list, nprng: np.random.Generator, env: dict, stepwise: bool, kernels: bool):
-  """One step: a base step or one of the ops above."""
+def _step(rng: random.Random, pool: list, nprng: np.random.Generator, env: dict, stepwise: bool, kernels: bool,
+          depth: int = 0):
+  """One step: a base step or one of the ops above (depth: inside how many function bodies)."""
   k = rng.randrange(20 if kernels else 19)
-  if k < 8: return base._step(rng, pool, nprng)
+  # no assign in a function body (its fresh buffer is realized: not allowed there), functions nest twice at most
+  if k < 8 or (depth and k == 15) or (depth >= 2 and 16 <= k <= 18): return base._step(rng, pool, nprng)
   a = pool[rng.randrange(len(pool))]
+  # (each step grows values at most linearly: a product of two pool values compounds over nested steps, and a
+  # gradient through sin of a value ~1e4 is float32 rounding amplified past the tolerance, seed 73 at first)
   if k == 8: return _unary(rng)(a).contiguous()
   if k == 9: return _unary(rng)(a).contiguous_backward()
-  if k == 10: return a + _unary(rng)(a).detach() * a
+  if k == 10: return a + _unary(rng)(a).detach().sin() * a
   if k == 11:  # a BITCAST round trip, with integer work between: abs by the sign bit, or the bits unchanged
-    if rng.random() < 0.5: return (a.bitcast(tdtypes.int32) & 0x7FFFFFFF).bitcast(tdtypes.float32) * a
+    if rng.random() < 0.5: return (a.bitcast(tdtypes.int32) & 0x7FFFFFFF).bitcast(tdtypes.float32).sin() * a
     return a.bitcast(tdtypes.uint32).bitcast(tdtypes.float32) + a
-  if k == 12:  # COPY to another device of the same kind and back
-    return _unary(rng)(a.to(DEV1)).to(DEV) * (a if rng.random() < 0.5 else 1.0)
+  if k == 12:  # COPY to another device of the same kind and back, maybe with a partner copied too
+    b = rng.choice([b for b in pool if base._broadcasts(a.shape, b.shape)])
+    x = a.to(DEV1) * b.to(DEV1) if rng.random() < 0.4 else a.to(DEV1)
+    return _unary(rng)(x).to(DEV) * (a.sin() if rng.random() < 0.5 else 1.0)
   if k == 13:  # a bound variable: tinygrad's AFTER(DEFINE_VAR, STORE(value)) read as a value
-    return a * Variable(f"v{len(pool)}", 1, 10).bind(rng.randint(1, 10)) + a
+    return a * Variable(f"v{len(pool)}", 1, 10).bind(rng.randint(1, 10)) * 0.125 + a.sin()
   if k == 14 and not kernels:  # an unbound variable: a DEFINE_VAR pygrad evaluates from its feed (the replay uses
     # the value; not with kernels: their gradients are realized by tinygrad, which cannot run an unbound variable)
     name, val = f"w{len(pool)}", rng.choice((0.5, 1.25, 3.0))
     env[name] = np.float32(val)
     return a * (val if stepwise else TUOp.variable(name, -4.0, 4.0, dtype=tdtypes.float32)) + a.sin()
   if k in (14, 15):  # an assign into a fresh realized buffer, read after
-    c = Tensor.zeros(*a.shape, device=DEV).contiguous().realize() if a.shape else Tensor(0.0, device=DEV).realize()
-    return c.assign(_unary(rng)(a)) * a
-  if k <= 18: return _function_step(rng, pool, stepwise)
+    # (Tensor(0.0, device=DEV) would be a device-less constant, cloned to the default device by assign)
+    c = Tensor.zeros(a.shape, device=DEV).contiguous().realize()
+    return c.assign(_unary(rng)(a)) * a.sin()
+  if k <= 18: return _function_step(rng, pool, env, stepwise, depth)
   # a tinygrad kernel (CALL) on a contiguous input, differentiated by its grad_fxn
   out = Tensor.empty(*a.shape, device=DEV) if a.shape else Tensor.empty(1, device=DEV)
   x = a.contiguous() if a.shape else a.reshape(1).contiguous()
