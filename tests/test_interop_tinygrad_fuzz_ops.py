@@ -63,7 +63,7 @@ def _grad_fxn(scale: float):
   return grad_fxn
 
 
-def _function_step(rng: random.Random, pool: list, env: dict, stepwise: bool, depth: int) -> Tensor:
+def _function_step(rng: random.Random, pool: list, env: dict, stepwise: bool, kernels: bool, depth: int) -> Tensor:
   """A call of a @function whose body is 1-3 steps of this module (functions nest twice at most) over 1-2 pool
   tensors; 1 or 2 outputs, maybe a grad_fxn, maybe precompiled. The body draws from its own seed, so the stepwise
   replay (the body called directly, its steps realized one by one: a realize is not allowed inside a function)
@@ -76,7 +76,7 @@ def _function_step(rng: random.Random, pool: list, env: dict, stepwise: bool, de
     r, npr = random.Random(sub), np.random.default_rng(sub)
     inner = list(xs)
     for _ in range(r.randint(1, 3)):
-      t = _step(r, inner, npr, env, stepwise, False, depth + 1)
+      t = _step(r, inner, npr, env, stepwise, kernels, depth + 1)
       inner.append(t.contiguous().realize() if stepwise else t)
     outs = inner[len(xs):][-nout:]
     # (an output that is a COPY itself would make tinygrad 0.14's function an opaque CALL, and its gettuple then
@@ -93,7 +93,8 @@ def _function_step(rng: random.Random, pool: list, env: dict, stepwise: bool, de
 def _step(rng: random.Random, pool: list, nprng: np.random.Generator, env: dict, stepwise: bool, kernels: bool,
           depth: int = 0):
   """One step: a base step or one of the ops above (depth: inside how many function bodies)."""
-  k = rng.randrange(20 if kernels else 19)
+  k = rng.randrange(20 if kernels and not depth else 19)  # (kernels: the program's gradients are realized by
+  # tinygrad, in function bodies too; a custom kernel is drawn outside them)
   # no assign in a function body (its fresh buffer is realized: not allowed there), functions nest twice at most
   if k < 8 or (depth and k == 15) or (depth >= 2 and 16 <= k <= 18): return base._step(rng, pool, nprng)
   a = pool[rng.randrange(len(pool))]
@@ -120,7 +121,7 @@ def _step(rng: random.Random, pool: list, nprng: np.random.Generator, env: dict,
     # (Tensor(0.0, device=DEV) would be a device-less constant, cloned to the default device by assign)
     c = Tensor.zeros(a.shape, device=DEV).contiguous().realize()
     return c.assign(_unary(rng)(a)) * a.sin()
-  if k <= 18: return _function_step(rng, pool, env, stepwise, depth)
+  if k <= 18: return _function_step(rng, pool, env, stepwise, kernels, depth)
   # a tinygrad kernel (CALL) on a contiguous input, differentiated by its grad_fxn
   out = Tensor.empty(*a.shape, device=DEV) if a.shape else Tensor.empty(1, device=DEV)
   x = a.contiguous() if a.shape else a.reshape(1).contiguous()
@@ -182,6 +183,44 @@ def test_function_grad_fxn_one_output(own_engine):
   with pt.installed(): ours = loss.gradient(a)[0].uop
   x = a.numpy()
   for g in base._evaluate([ours, own]): np.testing.assert_allclose(g, np.sin(3 * x) + 5 * x, rtol=1e-5)
+
+
+def test_grad_fxn_inside_function_backward(own_engine):
+  """A @function with a grad_fxn called in another @function's body whose first argument is unused: the outer
+  backward's gradient PARAM (slot 3) goes out to the grad_fxn as a tinygrad PARAM that hash-conses with a forward
+  body's of equal slot, and came back in as that one (another scope): a silently wrong gradient, or a FUNCTION with
+  a PARAM slot past its arguments (found by the fuzzer, seed 1038)."""
+  a = Tensor(np.arange(1, 4, dtype=np.float32) / 4, device=DEV).realize()
+  u = Tensor(np.ones(3, np.float32), device=DEV).realize()
+  inner = function(lambda x: x.sin() * x, grad_fxn=lambda g, call: (g * 2.0,))
+
+  def outer(w, x):
+    y = inner(x)
+    return (y < 0.5).where(y, x), y.contiguous_backward()
+  o0, o1 = function(outer)(u, a)
+  loss = (o0 + o1 * 0.5).square().sum()
+  own = loss.gradient(a)[0].uop
+  with pt.installed(): ours = loss.gradient(a)[0].uop
+  g, w = base._evaluate([ours, own])
+  np.testing.assert_allclose(g, w, rtol=1e-5)
+
+
+def test_function_assign_backward_realizes(own_engine):
+  """An assign inside a @function (into a buffer the body makes: an implicit argument, a PARAM of the body): the
+  backward FUNCTION pygrad makes takes that buffer as an argument too, so tinygrad realizes the gradient to its own
+  (the view, a PARAM hidden in a tag, kept its slot: the backward stored into the gradient's argument, or failed)."""
+  a = Tensor(np.arange(1, 4, dtype=np.float32) / 4, device=DEV).realize()
+
+  def body(x):
+    c = Tensor.zeros(x.shape, device=DEV).contiguous().realize()
+    return c.assign(x.sin()) * x
+  loss = function(body, allow_implicit=True)(a).square().sum()
+  assert pt.to_tinygrad(pt.from_tinygrad([loss.uop]))[0] is loss.uop
+  own = loss.gradient(a)[0].uop
+  with pt.installed(): ours = loss.gradient(a)[0].uop
+  x = a.numpy()
+  want = 2 * np.sin(x) * x * (np.cos(x) * x + np.sin(x))
+  for g in base._realize([ours, own]) + base._evaluate([ours]): np.testing.assert_allclose(g, want, rtol=1e-5)
 
 
 def test_unsupported_raise():

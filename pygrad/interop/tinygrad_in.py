@@ -10,7 +10,7 @@ from .tinygrad_tables import AddrSpace, ParamArg, TOps, TUOp, _AFTER, _ALU_I, _A
   _BUFFER, _CALL, _CAST, _CMP, _CONST, _CONTIGUOUS, _COPY, _DEFINE_VAR, _DT, _DTI, _EXPAND, _EXPANDOP, _FLIP, \
   _FUNCTION, _GETTUPLE, _INFO, _MD_IN, _MOVE, _NOOP, _NOWANT, _OP, _PAD, _PARAM, _PERMUTE, _REDUCE, _REDUCEOP, \
   _RESHAPE, _ROP, _SAME_I, _SHAPED_MOVE, _SHRINK, _SINK, _TG, _TUPLE, _VOID, _WEAK, _ints, _is_assign, \
-  _operand_want, _pcallinfo, _pdtype, _tg_metadata, _value_srcs, tdtypes
+  _operand_want, _param_view, _pcallinfo, _pdtype, _tg_metadata, _value_srcs, tdtypes, _ASSIGN_P
 
 _MD_IN1: dict = {}  # (name, backward) of tinygrad's Metadata -> pygrad's metadata 1-tuple
 _MD_LONG: list = [None]  # the last metadata tuple of several entries _md_in read, and its distinct (name, backward)
@@ -416,6 +416,8 @@ class _In:
         view = u.src[0]
         val = u.src[1].src[1]
         x = get(val, _DT.get(view.dtype)) if val.dtype in _WEAK else get(val)
+        if _param_view(view):  # (its view a source: see _param_view)
+          return row(_GETTUPLE, self.rows[x][1], (row(_TUPLE, _VOID, (x, get(view))),), 0, _ASSIGN_P)
         return row(_CONTIGUOUS, self.rows[x][1], (x,), None, (_ASSIGN, view))
       if len(u.src) == 2 and u.src[1].op is TOps.CALL:
         b = get(u.src[0])

@@ -10,6 +10,7 @@ from pygrad.intern import ARGS, META
 from pygrad.serialize import _fresh_pos, _rows_of, _table
 try: from pygrad.gradient.templated import GradMap
 except ImportError: GradMap = None  # the pure-Python core has no templates: compute_gradient gives a dict
+from .tinygrad_tables import _ASSIGN_P
 from .tinygrad_tables import TMetadata, TOps, TUOp, _AFTER, _ASSIGN, _BCAST, _BITCAST, _BUFFER, _CALL, _CAST, _CONST, \
   _CONTIGUOUS, _COPY, _DEFINE_VAR, _EXPAND, _EXPANDOP, _FLIP, _FUNCTION, _GETTUPLE, _IDENT, _INFO, _MD_OUT, _NOOP, \
   _PAD, _PARAM, _PERMUTE, _REDUCE, _REDUCEOP, _RESHAPE, _SHRINK, _SINK, _TALU_I, _TDT_I, _TG, _TOPS, _TUPLE, _WEAK, \
@@ -456,7 +457,11 @@ class _Out:
     if o == _NOOP: return TUOp(TOps.NOOP)
     if o == _TUPLE: return TUOp.maketuple(*(get(j) for j in srcs))
     if o == _SINK: return TUOp.sink(*(get(j) for j in srcs))
-    if o == _GETTUPLE: return TUOp(TOps.GETTUPLE, src=(x,), arg=a)
+    if o == _GETTUPLE:
+      if tag == _ASSIGN_P:  # an assign into a function body's PARAM: GETTUPLE(TUPLE(value, view), 0)
+        v, view = (get(j) for j in self._srcs(srcs[0]))
+        return view.after(view.store(v))
+      return TUOp(TOps.GETTUPLE, src=(x,), arg=a)
     if o == _AFTER: return x.after(get(srcs[1]))
     if o == _FUNCTION or o == _CALL:
       info = tag[1] if type(tag) is tuple and tag[0] == _INFO else _tcallinfo(Ops(o).name, a)

@@ -4,6 +4,7 @@ node are values, and tinygrad's calls as pygrad calls (a tinygrad grad_fxn calle
 from __future__ import annotations
 import contextlib, gc, threading, types, weakref
 from pygrad import Ops, dtypes, CallInfo
+from pygrad.uop import handle as _handle
 
 try:
   from tinygrad.uop.ops import UOp as TUOp, Ops as TOps, CallInfo as TCallInfo, all_metadata as _tg_metadata
@@ -40,6 +41,8 @@ _REDUCE = "tinygrad.reduce"  # REDUCE_AXIS+RESHAPE pair of one tinygrad REDUCE
 _BCAST = "tinygrad.bcast"    # explicit broadcast for tinygrad's implicit one
 _ASSIGN = "tinygrad.assign"  # ("tinygrad.assign", view): CONTIGUOUS standing for AFTER(view, STORE(view, value))
 _INFO = "tinygrad.info"      # ("tinygrad.info", CallInfo): tinygrad's CallInfo of a FUNCTION/CALL
+_ASSIGN_P = "tinygrad.assign_param"  # GETTUPLE(TUPLE(value, view), 0) standing for AFTER(view, STORE(view, value))
+# where the view is a function body's PARAM (or a view of one): see _param_view
 
 
 def _pdtype(u: TUOp, want=None):
@@ -61,7 +64,8 @@ def _value_srcs(u: TUOp) -> tuple:
   if op in _SHAPED_MOVE: return u.src[:1]
   if op is TOps.BUFFER or op is TOps.PARAM or op is TOps.CONST: return ()
   if op is TOps.CALL: return u.src[1:]
-  if op is TOps.AFTER and _is_assign(u): return (u.src[1].src[1],)
+  if op is TOps.AFTER and _is_assign(u):
+    return (u.src[1].src[1], u.src[0]) if _param_view(u.src[0]) else (u.src[1].src[1],)
   return u.src
 
 
@@ -69,6 +73,14 @@ def _is_assign(u: TUOp) -> bool:
   if len(u.src) != 2 or u.src[1].op is not TOps.STORE: return False
   st = u.src[1]
   return len(st.src) == 2 and st.src[0] is u.src[0] and st.src[1]._shape == u.src[0]._shape
+
+
+def _param_view(view: TUOp) -> bool:
+  """Whether an assign's view is a PARAM of a function body (or a view of one). Such a view is a source of the
+  pygrad node (_ASSIGN_P), not a tag: a FUNCTION's backward renumbers its body's PARAMs, and one hidden in a tag
+  kept its old slot, another argument of the backward (tinygrad then stored the value into a gradient's buffer, or
+  failed: tests/test_interop_tinygrad_fuzz_ops.py, seed 1119)."""
+  return view.op is TOps.PARAM or any(x.op is TOps.PARAM for x in view.toposort())
 
 
 def _operand_want(u: TUOp, want):
@@ -105,10 +117,33 @@ class _GradFxn:
     tg = [g.clone(device=(args[i].device if tcall.op is TOps.CALL else tcall.device)) if g.device is None else g
           for i, g in enumerate(tg)]
     ret = self.info.grad_fxn(*tg, call=tcall) if len(tg) > 1 else self.info.grad_fxn(tg[0], tcall)
-    cin = _In(known=ctx.fwd() if ctx is not None else None)
+    cin = _In(known=_Known(out, ctx.fwd() if ctx is not None else None))
     rows = [None if g is None else cin.add(g) for g in ret]
     made = iter(cin.build([r for r in rows if r is not None]))
     return tuple(None if r is None else next(made) for r in rows)
+
+
+class _Known:
+  """The nodes a grad_fxn's result is converted back over: first those the way out made for its call (tinygrad node
+  -> the pygrad node it was made from), then the derivation's conversion in (`fwd`). The way out's come first: a
+  backward body's PARAMs are pygrad's own (slot n + i for the i-th gradient), and the tinygrad PARAM one converts to
+  can be, by hash-consing, a PARAM of a forward body converted in (equal slot, dtype, shape, device: another scope);
+  found in `fwd` first, it came back as that forward PARAM, a second PARAM of one slot in the backward body (the
+  FUNCTION then failed: 'body uses PARAM slot 3 but 3 args are given'; tests/test_interop_tinygrad_fuzz_ops.py,
+  seed 1038). Weak nodes (keyed with their dtype) are looked up in `fwd` only."""
+  __slots__ = ("made", "fwd")
+
+  def __init__(self, out, fwd):
+    ids = out.ids
+    self.made = {t: ids[i] for i, t in enumerate(out.out) if t is not None and t.dtype not in _WEAK}
+    self.fwd = fwd
+
+  def __contains__(self, key) -> bool: return key in self.made or (self.fwd is not None and key in self.fwd)
+
+  def get(self, key):
+    i = self.made.get(key) if type(key) is TUOp else None
+    if i is not None: return _handle(i)
+    return self.fwd.get(key) if self.fwd is not None else None
 
 
 def _pcallinfo(info) -> CallInfo:
