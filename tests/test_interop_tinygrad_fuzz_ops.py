@@ -223,6 +223,19 @@ def test_function_assign_backward_realizes(own_engine):
   for g in base._realize([ours, own]) + base._evaluate([ours]): np.testing.assert_allclose(g, want, rtol=1e-5)
 
 
+@pytest.mark.parametrize("pre", [False, True])
+def test_function_backward_deviceless_gradient_realizes(own_engine, pre):
+  """A @function whose output gets a gradient on no device (the broadcast 1 of a sum): pygrad made it an argument
+  of the backward FUNCTION, which tinygrad's precompiled FUNCTION cannot realize (verification of its EXPAND
+  failed: seed 1143); it is part of the backward body, as tinygrad makes it."""
+  a = Tensor(np.arange(1, 4, dtype=np.float32) / 4, device=DEV).realize()
+  loss = function(lambda x: x.sin() * x, precompile_backward=pre)(a).sum()
+  own = loss.gradient(a)[0].uop
+  with pt.installed(): ours = loss.gradient(a)[0].uop
+  x = a.numpy()
+  for g in base._realize([ours, own]): np.testing.assert_allclose(g, np.cos(x) * x + np.sin(x), rtol=1e-5)
+
+
 def test_unsupported_raise():
   """tinygrad encodings pygrad has no form for raise ValueError naming them, never a silently different graph."""
   a = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3), device=DEV).realize()

@@ -164,7 +164,10 @@ def call_gradient(ctx: UOp, k: UOp, needed: set[int]):
   gin: list[UOp] = []
   root = []
   for g in grads_in:
-    if g.op is Ops.NOOP: root.append(g)
+    # a gradient on no device (a broadcast constant) is part of the backward body, not an argument of it, as in
+    # tinygrad 0.14's call_gradient: tinygrad's precompiled FUNCTION cannot realize a device-less argument (its
+    # contiguous() fails verification), so a backward converted out with one failed there (ops fuzzer, seed 1143)
+    if g.op is Ops.NOOP or g.device is None: root.append(g)
     else:
       root.append(g.param_like(n + len(gin)))
       gin.append(g)
