@@ -49,8 +49,12 @@ def _bcast_partner(rng: random.Random, shape: tuple) -> tuple:
   return s[rng.randint(0, len(s)):] if rng.random() < 0.3 else s
 
 
-def _step(rng: random.Random, pool: list, nprng: np.random.Generator) -> Tensor:
-  """One random Tensor-API step over the pool's tensors (float32 values of moderate size)."""
+def _fresh(arr: np.ndarray) -> Tensor: return Tensor(arr, device=DEV)
+
+
+def _step(rng: random.Random, pool: list, nprng: np.random.Generator, fresh=_fresh) -> Tensor:
+  """One random Tensor-API step over the pool's tensors (float32 values of moderate size); fresh(array) makes a new
+  input."""
   ia = rng.randrange(len(pool))
   a = pool[ia]
   k = rng.randrange(14)
@@ -59,7 +63,7 @@ def _step(rng: random.Random, pool: list, nprng: np.random.Generator) -> Tensor:
     # step may give back its operand itself, a reshape to its own shape, and the stepwise replay must draw alike)
     r = rng.random()
     if partner and r < 0.5: b = rng.choice(partner)
-    elif r < 0.8: b = Tensor(nprng.standard_normal(_bcast_partner(rng, a.shape)).astype(np.float32), device=DEV)
+    elif r < 0.8: b = fresh(nprng.standard_normal(_bcast_partner(rng, a.shape)).astype(np.float32))
     else: b = rng.choice((0.5, -1.25, 2.0, 3))
     op = rng.choice(("add", "sub", "mul", "div", "maximum", "minimum"))
     if op == "div": return a / ((b.abs() + 1.0) if isinstance(b, Tensor) else (abs(b) + 1.0))

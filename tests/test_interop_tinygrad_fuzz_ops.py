@@ -49,6 +49,14 @@ def _affine_grad(g: TUOp, call: TUOp) -> tuple:
   return (None, g * 2.0)  # (the output buffer's slot gets none)
 
 
+def _fresh_in_body(arr: np.ndarray) -> Tensor:
+  """A new input made in a function body: from a list, a PYTHON buffer (or a constant), not a numpy one. A numpy
+  array makes an NPY buffer and a COPY to PYTHON; in a body it is an implicit NPY argument, and tinygrad's own
+  second-order derivation through that COPY gives a gradient PARAM on NPY among PYTHON operands, a graph of mixed
+  devices pygrad rejects and tinygrad cannot realize either (seed 5039)."""
+  return Tensor(arr.tolist(), device=DEV)
+
+
 def _grad_fxn(scale: float):
   """A custom gradient for a FUNCTION (not the true one: both derivations must call it and agree): each argument
   gets `scale` times the sum of the output gradients, broadcast to its shape."""
@@ -96,7 +104,8 @@ def _step(rng: random.Random, pool: list, nprng: np.random.Generator, env: dict,
   k = rng.randrange(20 if kernels and not depth else 19)  # (kernels: the program's gradients are realized by
   # tinygrad, in function bodies too; a custom kernel is drawn outside them)
   # no assign in a function body (its fresh buffer is realized: not allowed there), functions nest twice at most
-  if k < 8 or (depth and k == 15) or (depth >= 2 and 16 <= k <= 18): return base._step(rng, pool, nprng)
+  if k < 8 or (depth and k == 15) or (depth >= 2 and 16 <= k <= 18):
+    return base._step(rng, pool, nprng, _fresh_in_body if depth else base._fresh)
   a = pool[rng.randrange(len(pool))]
   # (each step grows values at most linearly: a product of two pool values compounds over nested steps, and a
   # gradient through sin of a value ~1e4 is float32 rounding amplified past the tolerance, seed 73 at first)
