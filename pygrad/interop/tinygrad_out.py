@@ -471,8 +471,22 @@ class _Out:
         if not (type(kt) is tuple and kt[0] == _TG):
           raise ValueError(f"to_tinygrad: CALL {a.name!r} has a pygrad kernel; tinygrad cannot run it")
         return TUOp(TOps.CALL, src=tuple(get(j) for j in srcs), arg=info)
-      return TUOp(TOps.FUNCTION, src=tuple(get(j) for j in srcs), arg=info)
+      src = tuple(get(j) for j in srcs)
+      if any(s.dtype in _WEAK for s in src[1:]): src = (_weak_params(src[0], src[1:]), *src[1:])
+      return TUOp(TOps.FUNCTION, src=src, arg=info)
     raise ValueError(f"to_tinygrad: pygrad op {Ops(o).name} has no tinygrad counterpart")
+
+
+def _weak_params(body: TUOp, args: tuple) -> TUOp:
+  """body with the PARAMs of its weak arguments (a bound variable) in their weak dtype, as tinygrad's param_like
+  makes them: pygrad has no weak dtypes, so a PARAM of a backward pygrad made (renumbered) came out int32 and
+  tinygrad refused the FUNCTION ('arg 1 dtype mismatch: expected dtypes.int, got dtypes.weakint': seed 6047)."""
+  subs = {}
+  for p in body.toposort(enter_calls=False):
+    if p.op is TOps.PARAM and 0 <= p.arg.slot < len(args):
+      a = args[p.arg.slot]
+      if a.dtype in _WEAK and p.dtype is not a.dtype: subs[p] = a.param_like(p.arg.slot)
+  return body.substitute(subs) if subs else body
 
 
 _TROP = {o: getattr(TOps, o.name) for o in (Ops.ADD, Ops.MAX, Ops.MUL)}
