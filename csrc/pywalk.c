@@ -9,9 +9,10 @@
    pywalk_rows.c makes the rows, pywalk_meta.c puts the metadata. */
 #include "pywalk.h"
 #include <stdlib.h>
+#include <string.h>
 
 /* cfg: (live, memo, targets, rows, puts, mdd, tsh, shapes, plain, smove, alu, dti, cmp, weak, param, reshape,
-   permute, ints, shn, node, meta, vsrc, mdata, md1, dt, where, reduce, buffer, rop, paramarg, leaf, same, dvn)
+   permute, ints, shn, node, meta, vsrc, mdata, md1, dt, where, reduce, buffer, rop, paramarg, leaf, same, dvn, cls)
    live: dict node -> whether it is on a path to a target (every node visited); memo: dict node -> its row; targets:
    a set, or None (every node is converted); rows, puts: lists the rows and (row, node) pairs are appended to (puts
    None: no pairs are kept); mdd: dict row -> metadata; tsh: dict node -> its shape; shapes: dict shape or axes -> the one object of it; plain,
@@ -25,7 +26,8 @@
    dtype)); where: the op whose first source is its condition; reduce, buffer: those ops; rop: dict reduce op -> the
    row's (missing: the same); paramarg: the class of a buffer's arg that names it; leaf: a set of the ops with no
    value sources (vsrc is not called for them); same: dict op -> the row's op, for the ops of one source, no arg and
-   its source's dtype (DETACH, CONTIGUOUS); dvn: the name of the node's cached device in its __dict__. */
+   its source's dtype (DETACH, CONTIGUOUS); dvn: the name of the node's cached device in its __dict__; cls: the node
+   class (its instances' op, src, dtype and arg read through its slots' descriptors, see pg_walk_attr). */
 pg_walk_str pg_walk_s;
 
 /* TypeError naming what is wrong with an argument; -1 */
@@ -47,11 +49,36 @@ static int intern_names(void) {
   return 0;
 }
 
+/* the descriptors of the node class's slots op, src, dtype and arg, and their getters, where its instances look
+   attributes up generically and each is a member descriptor (a slot: a data descriptor, ahead of any instance
+   __dict__); any other attribute is read by name. 0, or -1 with an exception set */
+static int read_descs(pg_walk *w) {
+  PyObject *cls = w->f[W_CLS], *d;
+  PyObject *names[PG_A_N];
+  int a;
+  names[PG_A_OP] = pg_walk_s.op, names[PG_A_SRC] = pg_walk_s.src, names[PG_A_DTYPE] = pg_walk_s.dtype;
+  names[PG_A_ARG] = pg_walk_s.arg;
+  if (PyType_GetSlot((PyTypeObject *)cls, Py_tp_getattro) != (void *)PyObject_GenericGetAttr) return 0;
+  for (a = 0; a < PG_A_N; a++) {
+    if (!(d = PyObject_GetAttr(cls, names[a]))) {
+      PyErr_Clear();  /* no such class attribute: read by name */
+      continue;
+    }
+    if (!PyObject_TypeCheck(d, &PyMemberDescr_Type)) {
+      Py_DECREF(d);
+      continue;
+    }
+    w->desc[a] = d;
+    w->get[a] = (descrgetfunc)PyType_GetSlot(Py_TYPE(d), Py_tp_descr_get);
+  }
+  return 0;
+}
+
 /* w's configuration read from tuple t, every item checked; 0, or -1 with TypeError set */
 static int read_cfg(PyObject *t, pg_walk *w) {
   int i;
   PyObject *ints;
-  if (!PyTuple_Check(t) || PyTuple_Size(t) != W_N) return pg_walk_bad("the configuration is no tuple of 33");
+  if (!PyTuple_Check(t) || PyTuple_Size(t) != W_N) return pg_walk_bad("the configuration is no tuple of 34");
   for (i = 0; i < W_N; i++) w->f[i] = PyTuple_GetItem(t, i);
   if (!PyDict_Check(w->f[W_LIVE]) || !PyDict_Check(w->f[W_MEMO]) || !PyDict_Check(w->f[W_MDD]) ||
       !PyDict_Check(w->f[W_TSH]) || !PyDict_Check(w->f[W_SHAPES]) || !PyDict_Check(w->f[W_ALU]) ||
@@ -75,16 +102,17 @@ static int read_cfg(PyObject *t, pg_walk *w) {
   w->r_bool = PyTuple_GetItem(ints, 2);
   w->r_expand = PyTuple_GetItem(ints, 3), w->r_btag = PyTuple_GetItem(ints, 4);
   w->r_reduce = PyTuple_GetItem(ints, 5), w->r_buffer = PyTuple_GetItem(ints, 6), w->r_rtag = PyTuple_GetItem(ints, 7);
-  return 0;
+  if (!PyType_Check(w->f[W_CLS])) return pg_walk_bad("cls must be a class");
+  return read_descs(w);
 }
 
 /* the value sources of u (a new reference to a tuple), or NULL with an exception set */
 static PyObject *value_srcs(const pg_walk *w, PyObject *u, PyObject *op) {
   PyObject *src, *vs;
   int r;
-  if ((r = PySet_Contains(w->f[W_PLAIN], op)) != 0) vs = r < 0 ? NULL : PyObject_GetAttr(u, pg_walk_s.src);
+  if ((r = PySet_Contains(w->f[W_PLAIN], op)) != 0) vs = r < 0 ? NULL : pg_walk_attr(w, u, PG_A_SRC);
   else if ((r = PySet_Contains(w->f[W_SMOVE], op)) != 0) {
-    if (r < 0 || !(src = PyObject_GetAttr(u, pg_walk_s.src))) return NULL;
+    if (r < 0 || !(src = pg_walk_attr(w, u, PG_A_SRC))) return NULL;
     vs = PyTuple_Check(src) ? PyTuple_GetSlice(src, 0, 1) : NULL;
     Py_DECREF(src);
     if (!vs && !PyErr_Occurred()) pg_walk_bad("a node's src is no tuple");
@@ -122,7 +150,7 @@ static int finish(const pg_walk *w, PyObject *u, PyObject *op, PyObject *vs) {
   if (PyDict_SetItem(w->f[W_LIVE], u, t ? Py_True : Py_False) < 0) return -1;
   if (!below) return 0;
   if ((t = PyDict_Contains(w->f[W_MEMO], u)) != 0) return t < 0 ? -1 : 0;
-  if (!(dt = PyObject_GetAttr(u, pg_walk_s.dtype))) return -1;
+  if (!(dt = pg_walk_attr(w, u, PG_A_DTYPE))) return -1;
   if ((t = PySet_Contains(w->f[W_WEAK], dt)) != 0) {
     r = t < 0 ? -1 : 0;
     goto out;
@@ -161,6 +189,12 @@ static void drop(frame *st, size_t n) {
   free(st);
 }
 
+/* the descriptors read_descs holds, dropped */
+static void descs_free(pg_walk *w) {
+  int a;
+  for (a = 0; a < PG_A_N; a++) Py_CLEAR(w->desc[a]);
+}
+
 /* walk(cfg, root): the walk from root; None, or an exception */
 static PyObject *foreign_walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   pg_walk w;
@@ -168,11 +202,14 @@ static PyObject *foreign_walk(PyObject *self, PyObject *const *args, Py_ssize_t 
   size_t n = 0, cap = 64;
   (void)self;
   if (nargs != 2) return PyErr_Format(PyExc_TypeError, "pygrad C core: foreign walk takes 2 arguments");
-  w.md = NULL;
-  if (intern_names() < 0 || read_cfg(args[0], &w) < 0) return NULL;
-  if (!(st = malloc(cap * sizeof *st))) return PyErr_NoMemory();
+  memset(&w, 0, sizeof w);
+  if (intern_names() < 0 || read_cfg(args[0], &w) < 0 || !(st = malloc(cap * sizeof *st))) {
+    descs_free(&w);
+    return PyErr_Occurred() ? NULL : PyErr_NoMemory();
+  }
   if (pg_walk_meta_new(&w) < 0) {
     free(st);
+    descs_free(&w);
     return NULL;
   }
   Py_INCREF(args[1]);
@@ -195,7 +232,7 @@ static PyObject *foreign_walk(PyObject *self, PyObject *const *args, Py_ssize_t 
       if (r < 0) goto fail;
       continue;
     }
-    if (!(f.op = PyObject_GetAttr(f.u, pg_walk_s.op)) || !(vs = value_srcs(&w, f.u, f.op))) {
+    if (!(f.op = pg_walk_attr(&w, f.u, PG_A_OP)) || !(vs = value_srcs(&w, f.u, f.op))) {
       Py_DECREF(f.u);
       Py_XDECREF(f.op);
       goto fail;
@@ -224,10 +261,12 @@ static PyObject *foreign_walk(PyObject *self, PyObject *const *args, Py_ssize_t 
   }
   drop(st, 0);
   pg_walk_meta_free(&w);
+  descs_free(&w);
   Py_RETURN_NONE;
 fail:
   drop(st, n);
   pg_walk_meta_free(&w);
+  descs_free(&w);
   return NULL;
 }
 

@@ -76,7 +76,7 @@ static PyObject *opaque_row(const pg_walk *w, PyObject *u, PyObject *op, PyObjec
   }
   Py_INCREF(name);
   if (op == w->f[W_BUFFER]) {
-    PyObject *a = PyObject_GetAttr(u, pg_walk_s.arg);
+    PyObject *a = pg_walk_attr(w, u, PG_A_ARG);
     if (!a || (r = PyObject_IsInstance(a, w->f[W_PARAMARG])) < 0) {
       Py_XDECREF(a);
       goto out;
@@ -134,10 +134,10 @@ static PyObject *src_row(const pg_walk *w, PyObject *s) {
   int r;
   if (x || PyErr_Occurred()) return x;
   if (!PyDict_GetItemWithError(w->f[W_LIVE], s)) return NULL;  /* not visited: Python walks it */
-  if (!(sd = PyObject_GetAttr(s, pg_walk_s.dtype))) return NULL;
+  if (!(sd = pg_walk_attr(w, s, PG_A_DTYPE))) return NULL;
   if ((r = PySet_Contains(w->f[W_WEAK], sd)) != 0) goto out;  /* a weak one is converted in its user's dtype */
   if (!(dev = device_of(w, s)) || dev == Py_None) goto out;  /* no device: converted node by node (_structural) */
-  if (!(op = PyObject_GetAttr(s, pg_walk_s.op)) || !(row = opaque_row(w, s, op, sd, 0, dev)) || row == Py_None)
+  if (!(op = pg_walk_attr(w, s, PG_A_OP)) || !(row = opaque_row(w, s, op, sd, 0, dev)) || row == Py_None)
     goto out;
   if (!(ri = append(w, row))) {
     row = NULL;
@@ -230,7 +230,7 @@ static PyObject *operand_want(const pg_walk *w, PyObject *op, PyObject *dt, PyOb
   Py_ssize_t i, n = PyTuple_Size(vs);
   if (cmp || op == w->f[W_WHERE]) {
     for (i = op == w->f[W_WHERE] ? 1 : 0; i < n; i++) {
-      PyObject *sd = PyObject_GetAttr(PyTuple_GetItem(vs, i), pg_walk_s.dtype);
+      PyObject *sd = pg_walk_attr(w, PyTuple_GetItem(vs, i), PG_A_DTYPE);
       int r;
       if (!sd) return NULL;
       r = PySet_Contains(w->f[W_WEAK], sd);
@@ -252,7 +252,7 @@ static PyObject *operand_want(const pg_walk *w, PyObject *op, PyObject *dt, PyOb
 static PyObject *reduce_rows(const pg_walk *w, PyObject *u, PyObject *vs) {
   PyObject *a, *rop, *n, *sh, *x, *xrow, *rng = NULL, *key = NULL, *arg, *src = NULL, *ri = NULL, *row = NULL;
   long k, i;
-  if (!(a = PyObject_GetAttr(u, pg_walk_s.arg))) return NULL;
+  if (!(a = pg_walk_attr(w, u, PG_A_ARG))) return NULL;
   k = PyTuple_CheckExact(a) && PyTuple_Size(a) == 2 && PyLong_CheckExact(n = PyTuple_GetItem(a, 1))
       ? PyLong_AsLong(n) : -1;
   if (k == -1 && PyErr_Occurred()) PyErr_Clear();
@@ -306,7 +306,7 @@ static PyObject *alu_row(const pg_walk *w, PyObject *u, PyObject *op, PyObject *
   if (!(shape = cached_shape(w, u))) goto none_or_fail;
   for (i = 0; i < n; i++) {  /* every operand's row and shape first: nothing is appended unless all are known */
     PyObject *s = PyTuple_GetItem(vs, i), *sd, *x, *ss;
-    if (!(sd = PyObject_GetAttr(s, pg_walk_s.dtype))) goto out;
+    if (!(sd = pg_walk_attr(w, s, PG_A_DTYPE))) goto out;
     r = PySet_Contains(w->f[W_WEAK], sd);
     Py_DECREF(sd);
     if (r < 0) goto out;
@@ -373,7 +373,7 @@ PyObject *pg_walk_row(const pg_walk *w, PyObject *u, PyObject *op, PyObject *dt,
     sdt = PyTuple_GetItem(xrow, 1);
     if (op == w->f[W_RESHAPE]) arg = canon_shape(w, u);
     else {
-      PyObject *ua = PyObject_GetAttr(u, pg_walk_s.arg);
+      PyObject *ua = pg_walk_attr(w, u, PG_A_ARG);
       if (!ua) return NULL;
       arg = PyTuple_CheckExact(ua) ? PyDict_GetItemWithError(w->f[W_SHAPES], ua) : NULL;
       if (!arg && !PyErr_Occurred() && PyTuple_CheckExact(ua))  /* the first of its kind: it is the one (_canon) */
@@ -385,7 +385,7 @@ PyObject *pg_walk_row(const pg_walk *w, PyObject *u, PyObject *op, PyObject *dt,
     row = PyTuple_Pack(5, op == w->f[W_RESHAPE] ? w->r_reshape : w->r_permute, sdt, srcs, arg, Py_None);
   } else if ((a = PyDict_GetItemWithError(w->f[W_SAME], op)) != NULL) {
     PyObject *x, *xrow, *ua;
-    if (PyTuple_Size(vs) != 1 || !(ua = PyObject_GetAttr(u, pg_walk_s.arg))) goto none_or_fail;
+    if (PyTuple_Size(vs) != 1 || !(ua = pg_walk_attr(w, u, PG_A_ARG))) goto none_or_fail;
     Py_DECREF(ua);
     if (ua != Py_None) goto none;  /* an arg: Python raises its ValueError */
     if (!(x = src_row(w, PyTuple_GetItem(vs, 0)))) goto none_or_fail;

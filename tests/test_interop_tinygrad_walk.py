@@ -206,3 +206,31 @@ def test_c_walk_metadata_of_equal_names_in_distinct_objects():
   assert c is py and _listing(c) == _listing(py)
   assert {(m.name, m.backward) for u in c.toposort() for m in (u.metadata or ())} >= {("linear", True),
                                                                                       ("linear", False)}
+
+
+class _NotTheNodeClass:
+  """A class whose instances the walk never meets (no slots: op, src, dtype and arg are no descriptors of it)."""
+
+
+class _PropertyOp:
+  op = property(lambda self: None)  # a class attribute that is a descriptor, but no slot's
+
+
+@pytest.mark.parametrize("cls", [_NotTheNodeClass, _PropertyOp])
+def test_c_walk_reads_attributes_by_name_unless_nodes_are_the_slotted_class(cls):
+  """The C walk reads op, src, dtype and arg through the node class's slot descriptors (no lookup by name); told of
+  another class, it reads every attribute by name, and the table is the same as the descriptors' and the Python
+  walk's."""
+  root, rg, targets = _fresh_mlp()
+  c, py = _both(lambda: pt.convert_in(root, rg, targets))
+  saved = ti._NODE[0]
+  try:
+    ti._NODE[0] = cls
+    named = pt.convert_in(root, rg, targets)
+  finally:
+    ti._NODE[0] = saved
+  assert _cin_rows(named[0]) == _cin_rows(c[0]) == _cin_rows(py[0]) and named[1] is c[1] is py[1]
+  with pytest.raises(TypeError):  # no class at all: the walk's argument check
+    ti._NODE[0] = 1
+    try: pt.from_tinygrad(root)
+    finally: ti._NODE[0] = saved

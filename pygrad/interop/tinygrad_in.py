@@ -22,6 +22,9 @@ _PLAIN = frozenset(_ALU_I) | frozenset(_SAME_I) | {TOps.REDUCE, TOps.CAST, TOps.
 _WEAK_SET = frozenset(_WEAK)
 _LEAF = frozenset({TOps.BUFFER, TOps.PARAM, TOps.CONST})  # no value sources (as _value_srcs says)
 _FWALK = [CORE.foreign_walk]  # the C core's walk (csrc/pywalk.c); None: the pure-Python core (tests swap it)
+# the node class whose slots (op, src, dtype, arg) the C walk reads through their descriptors (tests swap it: any
+# other class's instances, or a class without such slots, are read by attribute name)
+_NODE = [TUOp]
 _COLS = [CORE.rows_columns]  # the C core's columns of the table (csrc/pyrows.c); None: the pure-Python core
 
 
@@ -195,7 +198,7 @@ class _In:
                       _PLAIN, _SHAPED_MOVE, _ALU_I, _DTI, _CMP, _WEAK_SET, TOps.PARAM, TOps.RESHAPE, TOps.PERMUTE,
                       (_RESHAPE, _PERMUTE, _BOOL, _EXPANDOP, _BCAST, _REDUCEOP, _BUFFER, _REDUCE), _SHN, self._node,
                       self._meta, _value_srcs, _tg_metadata.data if self.mdon else None, _MD_IN1, _DT, TOps.WHERE,
-                      TOps.REDUCE, TOps.BUFFER, _ROP, ParamArg, _LEAF, _SAME_I, _DVN)
+                      TOps.REDUCE, TOps.BUFFER, _ROP, ParamArg, _LEAF, _SAME_I, _DVN, _NODE[0])
       _FWALK[0](self._wcfg, root)
       return
     live, memo, targets, known, node, meta, puts = self.live, self.memo, self.targets, self.known, self._node, \
