@@ -92,5 +92,7 @@ extern PyMethodDef pg_py_foreign_walk_def;
 extern PyMethodDef pg_py_rows_columns_def;
 /* pyargs.c: args_decode(cfg, table, nargs), the arg table of pygrad's format decoded and interned */
 extern PyMethodDef pg_py_args_decode_def;
+/* pyargkey.c: argkeys(xs, cfg), the interner's keys of a list of args */
+extern PyMethodDef pg_py_argkeys_def;
 
 #endif

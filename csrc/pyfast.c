@@ -152,15 +152,16 @@ static PyObject *bind(pg_store *st) {
     pg_store_release(st);
     return NULL;
   }
-  t = PyTuple_New(NFAST + 7);
-  for (i = 0; t && i < NFAST + 7; i++) {
+  t = PyTuple_New(NFAST + 8);
+  for (i = 0; t && i < NFAST + 8; i++) {
     PyObject *f = i < NFAST ? PyCFunction_NewEx(&fast_defs[i], cap, NULL) : i == NFAST ? pg_py_handle_type() :
                   i == NFAST + 1 ? pg_py_handle_ctor_maker() :
                   i == NFAST + 2 ? PyCFunction_NewEx(&pg_py_makers_def, cap, NULL) :
                   PyCFunction_NewEx(i == NFAST + 3   ? &pg_py_foreign_rows_def
                                     : i == NFAST + 4 ? &pg_py_foreign_walk_def
                                     : i == NFAST + 5 ? &pg_py_args_decode_def
-                                                     : &pg_py_rows_columns_def, NULL, NULL);
+                                    : i == NFAST + 6 ? &pg_py_rows_columns_def
+                                                     : &pg_py_argkeys_def, NULL, NULL);
     if (!f) Py_CLEAR(t);
     else PyTuple_SetItem(t, i, f);  /* steals f */
   }
@@ -170,7 +171,8 @@ static PyObject *bind(pg_store *st) {
 
 /* Set attribute `name` of the (imported) module `module` to the tuple of the store's builtins, in fast_defs' order
    (make0, make1, make2, make2k, incref, decref, info), then the handle type, ctor and makers (pyhandle.c, pymake.c),
-   foreign_rows and foreign_walk (pyforeign.c, pywalk.c), args_decode (pyargs.c) and rows_columns (pyrows.c). Called through cffi, so without
+   foreign_rows and foreign_walk (pyforeign.c, pywalk.c), args_decode (pyargs.c), rows_columns (pyrows.c) and
+   argkeys (pyargkey.c). Called through cffi, so without
    the GIL: it takes it. 0 on success, PG_ERR_ARG for a NULL argument, PG_ERR_NOMEM if Python failed (its exception
    is cleared). */
 int pg_py_bind(pg_store *st, const char *module, const char *name) {

@@ -132,7 +132,7 @@ class CCore:
     fast = _fast_calls(p)
     if fast is not None:
       f0, f1, f2, f2k, c_incref1, c_decref1, self._info, self.handle_base, self.handle_ctor, self.makers, \
-        self.foreign_rows, self.foreign_walk, self.args_decode, self.rows_columns = fast
+        self.foreign_rows, self.foreign_walk, self.args_decode, self.rows_columns, self.argkeys = fast
     else:
       f0, f1, f2, f2k = (functools.partial(f, st) for f in (make0, make1, make2, lib.pg_store_make2k))
       c_incref1, c_decref1 = functools.partial(c_incref, st), functools.partial(c_decref, st)
@@ -195,9 +195,10 @@ class CCore:
   _info = None  # the fast builtin, when there is one (set per instance)
   # the handle base type, its constructor maker, the make-and-publish calls (csrc/pyhandle.c, csrc/pymake.c) and
   # the tinygrad interop's loop, walk and columns (csrc/pyforeign.c, pywalk.c, pyrows.c) and the arg table's decoder
-  # (csrc/pyargs.c):
-  # None where the builtins could not be made (handles.py, the interop and argtable.py then use their Python forms)
-  handle_base = handle_ctor = makers = foreign_rows = foreign_walk = args_decode = rows_columns = None
+  # (csrc/pyargs.c), and the interner's keys of many args (csrc/pyargkey.c):
+  # None where the builtins could not be made (handles.py, the interop, argtable.py and intern.py then use their
+  # Python forms)
+  handle_base = handle_ctor = makers = foreign_rows = foreign_walk = args_decode = rows_columns = argkeys = None
   flush_handles = None  # the handle registry's flush (csrc/pyreg.c), once handles.py made the registry
 
   def info(self, nid: int) -> tuple[int, int, int, int, int, int, int]:

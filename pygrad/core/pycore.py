@@ -24,7 +24,7 @@ class PyCore:
   drain reads as gone whether or not its slot holds a later id now."""
   name = "python"
   # the C core's handle type and calls (handles.py and the tinygrad interop have Python forms)
-  handle_base = handle_ctor = makers = foreign_rows = foreign_walk = rows_columns = None
+  handle_base = handle_ctor = makers = foreign_rows = foreign_walk = rows_columns = argkeys = None
   arg_slot_bits = 24  # csrc/tables.h's PG_ARG_SLOT_BITS
   free_order_min = 16384  # and its PG_FREE_ORDER_MIN
 
