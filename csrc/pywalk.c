@@ -14,14 +14,15 @@
 /* cfg: (live, memo, targets, rows, puts, mdd, tsh, shapes, plain, smove, alu, dti, cmp, weak, param, reshape,
    permute, ints, shn, node, meta, vsrc, mdata, md1, dt, where, reduce, buffer, rop, paramarg, leaf, same, dvn, cls)
    live: dict node -> whether it is on a path to a target (every node visited); memo: dict node -> its row; targets:
-   a set, or None (every node is converted); rows, puts: lists the rows and (row, node) pairs are appended to (puts
-   None: no pairs are kept); mdd: dict row -> metadata; tsh: dict node -> its shape; shapes: dict shape or axes -> the one object of it; plain,
-   smove: sets of ops whose value sources are all sources, the first source; alu: dict op -> the row's op; dti: dict
-   dtype -> the row's dtype; cmp: set of ops whose result is bool; weak: set of weak dtypes; param, reshape, permute:
-   those ops; ints: (RESHAPE, PERMUTE, bool dtype, EXPAND, broadcast tag, REDUCE_AXIS, BUFFER, reduce tag) of the
-   rows; shn: the name of the node's cached shape in its __dict__; node(u, vs) -> row or None: the Python walk's making of u; meta(row, md): its
-   metadata step; vsrc(u): the value sources of a node of another op; mdata: dict weakref(node) -> metadata tuple,
-   or None; md1: dict (name, backward) -> the metadata of a 1-tuple; dt: dict dtype -> pygrad dtype (a weak operand
+   a set, or None (every node is converted); rows, puts: lists the rows, and each converted node's row and node
+   (alternating), are appended to (puts None: none are kept); mdd: dict row -> metadata; tsh: dict node -> its shape;
+   shapes: dict shape or axes -> the one object of it; plain, smove: sets of ops whose value sources are all sources,
+   the first source; alu: dict op -> the row's op; dti: dict dtype -> the row's dtype; cmp: set of ops whose result
+   is bool; weak: set of weak dtypes; param, reshape, permute: those ops; ints: (RESHAPE, PERMUTE, bool dtype, EXPAND,
+   broadcast tag, REDUCE_AXIS, BUFFER, reduce tag) of the rows; shn: the name of the node's cached shape in its
+   __dict__; node(u, vs) -> row or None: the Python walk's making of u; meta(row, md): its metadata step; vsrc(u):
+   the value sources of a node of another op; mdata: dict weakref(node) -> metadata tuple, or None; md1: dict
+   (name, backward) -> the metadata of a 1-tuple; dt: dict dtype -> pygrad dtype (a weak operand
    converted in the dtype of its op, or of its typed operands for a comparison or WHERE, is memo's (operand, that
    dtype)); where: the op whose first source is its condition; reduce, buffer: those ops; rop: dict reduce op -> the
    row's (missing: the same); paramarg: the class of a buffer's arg that names it; leaf: a set of the ops with no

@@ -44,7 +44,7 @@ static inline PyObject *pg_walk_attr(const pg_walk *w, PyObject *u, int a) {
 /* pywalk.c: TypeError "foreign walk: <what>"; -1 */
 int pg_walk_bad(const char *what);
 /* pywalk_rows.c: the row of u (an int, new reference) made inline, Py_None (new reference) if it is not a usual
-   node, NULL with an exception set; the (row, node) pair for the way back */
+   node, NULL with an exception set; row and node appended to puts for the way back */
 PyObject *pg_walk_row(const pg_walk *w, PyObject *u, PyObject *op, PyObject *dt, PyObject *vs);
 int pg_walk_put_pair(const pg_walk *w, PyObject *ri, PyObject *u);
 /* pywalk_meta.c: the state made and freed; u's metadata onto row ri (fresh: ri was made just now, so it has none

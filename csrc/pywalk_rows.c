@@ -114,20 +114,22 @@ out:
   return row;
 }
 
-/* the pair (row ri, node u) appended to puts, for the way back's rev(); nothing if puts is None (a conversion
-   nothing is converted back through). 0, or -1 with an exception set */
+/* row ri and node u appended to puts (a flat list, row and node alternating: no pair tuple is made per node), for
+   the way back's rev(); nothing if puts is None (a conversion nothing is converted back through). 0, or -1 with an
+   exception set (puts as it was) */
 int pg_walk_put_pair(const pg_walk *w, PyObject *ri, PyObject *u) {
-  PyObject *pair;
-  int r;
-  if (w->f[W_PUTS] == Py_None) return 0;
-  if (!(pair = PyTuple_Pack(2, ri, u))) return -1;
-  r = PyList_Append(w->f[W_PUTS], pair);
-  Py_DECREF(pair);
-  return r;
+  PyObject *puts = w->f[W_PUTS];
+  Py_ssize_t n;
+  if (puts == Py_None) return 0;
+  n = PyList_Size(puts);
+  if (PyList_Append(puts, ri) < 0) return -1;
+  if (PyList_Append(puts, u) == 0) return 0;
+  PyList_SetSlice(puts, n, n + 1, NULL);  /* the row alone dropped again (it only shrinks the list: cannot fail) */
+  return -1;
 }
 
 /* the row of source s (borrowed from memo). A typed source with a device that the walk did not convert (it lies
-   on no target path) gets an opaque BUFFER row, its memo entry, its (row, node) pair and metadata, as the Python
+   on no target path) gets an opaque BUFFER row, its memo entry, its row and node in puts and metadata, as the Python
    walk's _get makes them. NULL with no exception set if Python makes it, NULL with one set */
 static PyObject *src_row(const pg_walk *w, PyObject *s) {
   PyObject *x = PyDict_GetItemWithError(w->f[W_MEMO], s), *sd, *op = NULL, *dev = NULL, *row = NULL, *ri;

@@ -138,17 +138,26 @@ class Interner:
 
   def _get_batch(self, ms: list, ks: list, got: list) -> None:
     """got[i] (None where ks[i] was not found) made the id of ms[i] (whose key is ks[i]): what get_many lacks,
-    entered in one batch (_enter_many, no drain) instead of one _enter each."""
+    entered in one batch (_enter_many, no drain) instead of one _enter each. Each new key is hashed twice here (a
+    nested tuple, hashed anew each time: ~300 instructions a BUFFER arg's), once to look it up again under the lock
+    and once to find a value twice in the batch; its id is taken from _enter_many's list, not looked up again."""
     ids = self.ids
     with self.lock:
-      new: dict = {}  # key -> value: a value twice in the batch gets one id
+      new: dict = {}  # key -> its place among the values entered (a value twice in the batch gets one id)
+      vals: list = []
+      at_i: list = []  # got's places of the new ones, and their places in vals
+      at_j: list = []
       for i, k, a in zip(count(), ks, got):
         if a is None:  # looked up again under the lock: another thread may have entered it meanwhile
           if (a := ids.get(k)) is not None: got[i] = a
-          elif k not in new: new[k] = ms[i]
+          else:
+            j = new.setdefault(k, len(vals))
+            if j == len(vals): vals.append(ms[i])
+            at_i.append(i)
+            at_j.append(j)
       if new:
-        self._enter_many(list(new), list(new.values()))
-        got[:] = [ids[k] if a is None else a for k, a in zip(ks, got)]
+        aids = self._enter_many(list(new), vals)
+        for i, j in zip(at_i, at_j): got[i] = aids[j]
 
   def _new(self, k, x) -> int:
     with self.lock:
@@ -167,11 +176,12 @@ class Interner:
     if is_plain: self.plain[x] = aid
     return aid
 
-  def _enter_many(self, ks: list, xs: list) -> None:
+  def _enter_many(self, ks: list, xs: list) -> list[int]:
     """_enter for each new x under its key k (lock held; none of ks is in ids), with no drain (the next get_many of
-    a batch makes it, if it is due)."""
+    a batch makes it, if it is due); their ids, in order."""
     self.since_drain += len(ks)
-    aids = [self._slot() for _ in ks]
+    slot = self._slot
+    aids = [slot() for _ in ks]
     reg = self.core.arg_register
     for aid in aids: reg(aid)
     self.ids.update(zip(ks, aids))
@@ -181,6 +191,7 @@ class Interner:
     pl = self.plain
     for x, aid in zip(xs, aids):
       if plain(x): pl[x] = aid
+    return aids
 
   def _slot(self) -> int:
     """A free id (lock held): the oldest drained slot with its next generation, else a slot never used."""

@@ -124,7 +124,7 @@ class _In:
   makes in one bulk call (pygrad.build's builder). With `targets`, only nodes on a path to a target (or under a
   PARAM, or without a device) are converted node by node; any other node is an opaque BUFFER standing for it.
   `known` (a _Fwd) holds the nodes of an earlier conversion, used as they are. rev: keep what rev() needs (a
-  conversion whose nodes are never converted back, from_tinygrad's, skips a pair per node)."""
+  conversion whose nodes are never converted back, from_tinygrad's, skips a row and a node per node)."""
 
   def __init__(self, targets=None, known=None, rev: bool = True):
     self.targets, self.known = targets, known
@@ -133,7 +133,7 @@ class _In:
     self.rows: list = []   # the table
     self.md: dict = {}     # row -> metadata
     self.given: dict = {}  # row -> pygrad node of `known`
-    self.puts = [] if rev else None  # (row, tinygrad node) for the way back
+    self.puts = [] if rev else None  # row, tinygrad node, row, ... (flat: no pair made per node) for the way back
     self.ids: list = []    # after build: every row's node id
     self.keep: list = []   # after build: handles that keep every row alive
     self._rev = None
@@ -184,7 +184,8 @@ class _In:
     if self._rev is None:
       if self.puts is None: raise RuntimeError("_In.rev(): this conversion was made with rev=False")
       ids = self.ids
-      self._rev = {ids[r]: u for r, u in reversed(self.puts)}
+      p = self.puts
+      self._rev = {ids[r]: u for r, u in zip(p[-2::-2], p[::-2])}  # last first: the first node of an id stays
     return self._rev
 
   def _walk(self, root: TUOp) -> None:
@@ -230,7 +231,7 @@ class _In:
       live[u] = below or u in targets
       if not below or u in memo or u.dtype in weak: continue
       r = node(u, vs)
-      if puts is not None: puts.append((r, u))
+      if puts is not None: puts += r, u
       if mdget is not None and (md := mdget(_wref(u))): meta(r, md)
 
   def _node(self, u: TUOp, vs: tuple) -> int:
@@ -277,7 +278,7 @@ class _In:
 
   def _put(self, u: TUOp, r: int, want=None) -> None:
     self.memo[(u, want) if u.dtype in _WEAK else u] = r
-    if self.puts is not None: self.puts.append((r, u))
+    if self.puts is not None: self.puts += r, u
     if self.mdon and (md := _tg_metadata.get(u)):
       m, cur = _md_in(md), self.md.get(r)
       self.md[r] = m if cur is None else cur + tuple(x for x in m if x not in cur)
