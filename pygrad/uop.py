@@ -223,8 +223,10 @@ class UOp(CORE.handle_base or _Fields, MathMixin):  # type: ignore[misc]
       for x in reversed(s): stack.append((x, False))
     return Walk(list(done), self)
 
-  def substitute(self, mapping: dict[UOp, UOp]) -> UOp:
-    """This graph with every node in `mapping` replaced (and every user of a replaced node rebuilt)."""
+  def substitute(self, mapping: dict[UOp, UOp], enter_calls: bool = True) -> UOp:
+    """This graph with every node in `mapping` replaced (and every user of a replaced node rebuilt). With
+    enter_calls False the bodies (src[0]) of FUNCTION and CALL are left as they are, as toposort's: a body's PARAMs
+    are its own scope's, and may be the same hash-consed nodes as an enclosing body's."""
     if not isinstance(mapping, Mapping):
       raise TypeError(f"substitute: mapping must be a dict of UOp -> UOp, got {type(mapping).__name__}")
     for k, v in mapping.items():
@@ -233,11 +235,12 @@ class UOp(CORE.handle_base or _Fields, MathMixin):  # type: ignore[misc]
     if not mapping: return self
     stop = [k._id for k in mapping]
     rep: dict[int, UOp] = {k._id: v for k, v in mapping.items()}
-    for nid in CORE.toposort([self._id], True, stop):
+    for nid in CORE.toposort([self._id], enter_calls, stop):
       srcs = CORE.src(nid)
       if not any(s in rep for s in srcs): continue
       u = handle(nid)
-      rep[nid] = rebuild(u, tuple(rep.get(s._id, s) for s in u.src))
+      keep = 0 if enter_calls or u.op not in (Ops.FUNCTION, Ops.CALL) else 1  # (the body, kept as it is)
+      rep[nid] = rebuild(u, u.src[:keep] + tuple(rep.get(s._id, s) for s in u.src[keep:]))
     return rep.get(self._id, self)
 
   def simplify(self) -> UOp:

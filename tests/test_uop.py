@@ -482,6 +482,18 @@ def test_substitute():
   assert (x.cast(I32) + b).substitute({b: b * 2}) is x.cast(I32) + b * 2
 
 
+
+def test_substitute_enter_calls():
+  # a body's PARAMs are its own scope's: with enter_calls False only the calling graph's nodes are replaced
+  x = ph(3)
+  p0, p1 = x.param_like(0), x.param_like(1)
+  call = (p0 * 2.0).call(x, x)
+  g = UOp.sink(call.gettuple(0) + p0)
+  assert g.substitute({p0: p1}).src[0] is (p1 * 2.0).call(x, x).gettuple(0) + p1  # (the default enters bodies)
+  assert g.substitute({p0: p1}, enter_calls=False).src[0] is call.gettuple(0) + p1
+  assert call.substitute({call.src[0]: (p0 * 3.0)}, enter_calls=False) is call  # the body itself is kept too
+
+
 # ---- lifetime ----
 def test_live_nodes_back_to_baseline():
   base = live_after_gc()

@@ -8,7 +8,7 @@ import math
 from ..ops import Ops
 from ..dtype import dtypes
 from ..upat import UPat, PatternMatcher
-from ..uop import UOp, handle, rebuild
+from ..uop import UOp
 from ..core import CORE
 
 _LN2 = math.log(2)
@@ -187,33 +187,19 @@ def call_gradient(ctx: UOp, k: UOp, needed: set[int]):
       if o.op not in (Ops.PARAM, Ops.CONST, Ops.NOOP) and o in inside and o not in reuse:
         reuse[o] = o.param_like(len(bwd_args))
         bwd_args.append(k.gettuple(j))
-    bwd_body = _substitute_scope(bwd_body, reuse)
+    bwd_body = bwd_body.substitute(reuse, enter_calls=False)
   # compact the parameters: keep those the backward uses, renumbered in order
   bparams = {p.arg[0]: p for p in bwd_body.toposort(enter_calls=False) if p.op is Ops.PARAM}
   used = sorted(bparams)
   renum = {bparams[old]: UOp(Ops.PARAM, bparams[old].dtype, (), (new, *bparams[old].arg[1:]))
            for new, old in enumerate(used) if new != old}
-  bwd_body = _substitute_scope(bwd_body, renum)
+  # (in its own scope: a nested call's body has PARAMs of its own, hash-consed with these where slot, dtype and
+  # shape agree; renumbering them too gave a silently wrong gradient: test_nested_function_backward_keeps_inner_params)
+  bwd_body = bwd_body.substitute(renum, enter_calls=False)
   bwd = bwd_body.call(*(bwd_args[i] for i in used), name=(k.arg.name or "") + "_backward",
                       precompile=k.arg.precompile_backward)
   for idx, (i, _) in enumerate(outs): ret[1 + i] = bwd.gettuple(idx)
   return tuple(ret)
-
-
-def _substitute_scope(u: UOp, mapping: dict) -> UOp:
-  """u.substitute(mapping) in u's own scope: the bodies of the FUNCTIONs and CALLs in it are left as they are. A
-  backward body's PARAMs are renumbered, and a call inside it (a nested FUNCTION's backward) has a body whose PARAMs
-  are its own: the same hash-consed nodes as the outer ones of equal slot, dtype and shape, so substitute (which
-  enters bodies) renumbered them too, and the gradient was silently wrong (an outer FUNCTION with an unused first
-  argument calling another FUNCTION: tests/test_interop_tinygrad_fuzz_ops.py, seed 57)."""
-  if not mapping: return u
-  rep: dict[int, UOp] = {k._id: v for k, v in mapping.items()}
-  for nid in CORE.toposort([u._id], False, list(rep)):
-    if not any(s in rep for s in CORE.src(nid)): continue
-    n = handle(nid)
-    keep = 1 if n.op in (Ops.FUNCTION, Ops.CALL) else 0  # (a body is never walked, so never replaced)
-    rep[nid] = rebuild(n, n.src[:keep] + tuple(rep.get(s._id, s) for s in n.src[keep:]))
-  return rep.get(u._id, u)
 
 
 def check_captured(k: UOp, targets: set) -> None:
