@@ -10,11 +10,10 @@ from pygrad.intern import ARGS, META
 from pygrad.serialize import _fresh_pos, _rows_of, _table
 try: from pygrad.gradient.templated import GradMap
 except ImportError: GradMap = None  # the pure-Python core has no templates: compute_gradient gives a dict
-from .tinygrad_tables import _ASSIGN_P
-from .tinygrad_tables import TMetadata, TOps, TUOp, _AFTER, _ASSIGN, _BCAST, _BITCAST, _BUFFER, _CALL, _CAST, _CONST, \
-  _CONTIGUOUS, _COPY, _DEFINE_VAR, _EXPAND, _EXPANDOP, _FLIP, _FUNCTION, _GETTUPLE, _IDENT, _INFO, _MD_OUT, _NOOP, \
-  _PAD, _PARAM, _PERMUTE, _REDUCE, _REDUCEOP, _RESHAPE, _SHRINK, _SINK, _TALU_I, _TDT_I, _TG, _TOPS, _TUPLE, _WEAK, \
-  _tcallinfo, _tfields, _tg_metadata, _tmake_checked, _tmake_for, shape_to_shape_arg, UOpMetaClass
+from .tinygrad_tables import TMetadata, TOps, TUOp, _AFTER, _ASSIGN, _ASSIGN_P, _BCAST, _BITCAST, _BUFFER, _CALL, \
+  _CAST, _CONST, _CONTIGUOUS, _COPY, _DEFINE_VAR, _EXPAND, _EXPANDOP, _FLIP, _FUNCTION, _GETTUPLE, _IDENT, _INFO, \
+  _MD_OUT, _NOOP, _PAD, _PARAM, _PERMUTE, _REDUCE, _REDUCEOP, _RESHAPE, _SHRINK, _SINK, _TALU_I, _TDT_I, _TG, _TOPS, \
+  _TUPLE, _WEAK, _tcallinfo, _tfields, _tg_metadata, _tmake_checked, _tmake_for, shape_to_shape_arg, UOpMetaClass
 
 _args_objs, _meta_vals, _core_info = ARGS.objs, META.vals, CORE.info
 _wref = weakref.ref
@@ -70,8 +69,7 @@ class _Out:
     n = len(ids)
     start = np.zeros(n + 1, np.int64)
     np.cumsum(nsrc, out=start[1:])
-    one, lazy, mk, talu, tdt, weak, fold, reduced = self._one, self._lazy, self.mk, _TALU_I, _TDT_I, _WEAK, self.fold, \
-      self.reduced
+    one, lazy, mk, talu, tdt, weak, reduced = self._one, self._lazy, self.mk, _TALU_I, _TDT_I, _WEAK, self.reduced
     # tinygrad's hash-consed creation inline for the ALU ops (see _tmake_for), unless its checked constructor is in use
     direct = mk is not _tmake_checked
     # a small table is made by the Python loop: the C loop's setup (plans, the columns as bytes) costs more than the
